@@ -1,0 +1,282 @@
+"""Stochastic-gradient MCMC kernels for :class:`pyro.infer.MCMC`."""
+
+import math
+from abc import abstractmethod
+from typing import NamedTuple
+
+import torch
+from pyro.infer.autoguide.initialization import init_to_uniform
+from pyro.infer.mcmc.mcmc_kernel import MCMCKernel
+from pyro.infer.svgd import SteinKernel
+
+from .potential import ParticlePotential, SamplerDivergenceError
+from .repulsion import RBFKernel, stein_coupling
+from .schedules import as_schedule
+from .updates import AdamState, MomentumState, adam_sgld_update, sghmc_update, sgld_update
+
+
+def _check_repulsion(repulsion, num_particles):
+    if repulsion is None:
+        return None
+    if isinstance(repulsion, str):
+        if repulsion != "rbf":
+            raise ValueError(f"repulsion must be None, 'rbf' or a SteinKernel, got {repulsion!r}")
+        repulsion = RBFKernel()
+    elif not isinstance(repulsion, SteinKernel):
+        raise TypeError(
+            "repulsion must be None, 'rbf' or a pyro.infer.svgd.SteinKernel instance, "
+            f"got {type(repulsion).__name__}"
+        )
+    if num_particles < 2:
+        raise ValueError("repulsion acts between particles: it needs num_particles >= 2")
+    return repulsion
+
+
+class SGMCMCKernel(MCMCKernel):
+    """
+    Base class of the stochastic-gradient kernels: ``L`` particles, optionally repelling
+    one another, each a Markov chain on the model's latent sites.
+
+    Particles live in unconstrained space. :meth:`sample` returns a dict of unconstrained
+    site values with a leading particle dimension when ``num_particles > 1``;
+    :attr:`transforms` maps them back, as for :class:`pyro.infer.HMC`. Use
+    :class:`pyro_ext.infer.MCMC` to have particles reported as chains.
+
+    :param callable model: a Pyro model; data may be subsampled with
+        ``pyro.plate(..., subsample_size=...)``, in which case a fresh minibatch is drawn
+        at every step and the likelihood is scaled by ``N / |batch|``.
+    :param step_size: a positive float or a schedule ``t -> float`` (see
+        :mod:`pyro_ext.infer.sgmcmc.schedules`).
+    :param int num_particles: the number ``L`` of particles (chains).
+    :param repulsion: ``None`` for independent particles, ``"rbf"`` for
+        :class:`~pyro_ext.infer.RBFKernel` with the median heuristic, or any
+        :class:`pyro.infer.svgd.SteinKernel`.
+    :param float temperature: scales the injected noise variance; ``0`` turns the sampler
+        into its optimiser (SGLD+R into SVGD), ``1`` samples the posterior.
+    :param callable init_strategy: a Pyro initialisation strategy, applied to each
+        particle independently (default :func:`~pyro.infer.autoguide.init_to_uniform`).
+    """
+
+    def __init__(
+        self,
+        model,
+        step_size,
+        num_particles=1,
+        repulsion=None,
+        temperature=1.0,
+        init_strategy=init_to_uniform,
+    ):
+        if not callable(model):
+            raise TypeError("model must be a callable Pyro model")
+        if isinstance(num_particles, bool) or not isinstance(num_particles, int) or num_particles < 1:
+            raise ValueError(f"num_particles must be a positive integer, got {num_particles!r}")
+        if not (isinstance(temperature, (int, float)) and math.isfinite(temperature) and temperature >= 0):
+            raise ValueError(f"temperature must be a finite number >= 0, got {temperature!r}")
+        self.model = model
+        self.step_size = as_schedule(step_size)
+        self.num_particles = num_particles
+        self.repulsion = _check_repulsion(repulsion, num_particles)
+        self.temperature = float(temperature)
+        self.init_strategy = init_strategy
+        self.potential = None
+        self.transforms = None
+        self._initial_params = None
+        self._state = None
+        self._step = 0
+        self._warmup_steps = 0
+        self._last_params = None
+        self._last_log_density = None
+        self._current_step_size = None
+
+    # -- framework wiring ------------------------------------------------------------
+    def setup(self, warmup_steps, *args, **kwargs):
+        self._warmup_steps = warmup_steps
+        self._step = 0
+        self.potential = ParticlePotential(self.model, args, kwargs)
+        self.transforms = self.potential.transforms
+        if self._initial_params is None:
+            z = self.potential.initial_particles(self.num_particles, self.init_strategy)
+        else:
+            z = self.potential.flatten(self._initial_params, self.num_particles)
+        self._state = self._init_state(z.clone())
+        self._last_params = None
+
+    def cleanup(self):
+        self._last_log_density = None
+
+    @property
+    def initial_params(self):
+        if self._state is not None:
+            return self._to_params(self._state.z)
+        return self._initial_params
+
+    @initial_params.setter
+    def initial_params(self, params):
+        self._initial_params = params
+
+    @property
+    def particles(self):
+        """The current flat unconstrained particles, shape ``(L, D)``."""
+        return self._state.z
+
+    def _to_params(self, z):
+        values = self.potential.unflatten(z)
+        if self.num_particles == 1:
+            values = {name: value[0] for name, value in values.items()}
+        self._last_params = values
+        return values
+
+    def sample(self, params):
+        if params is not self._last_params:
+            # A caller (e.g. a hook) replaced the particles: continue from its values.
+            self._state = self._state._replace(z=self.potential.flatten(params, self.num_particles))
+        step_size = float(self.step_size(self._step))
+        if not (math.isfinite(step_size) and step_size > 0):
+            raise ValueError(f"step size schedule gave {step_size} at step {self._step}; expected > 0")
+        z = self._state.z
+        log_density, grad = self.potential.log_density_and_grad(z)
+        self._check_finite(log_density, grad)
+        coupling = None if self.repulsion is None else stein_coupling(self.repulsion, z)
+        self._state = self._update(self._state, grad, step_size, coupling)
+        self._last_log_density = log_density
+        self._current_step_size = step_size
+        self._step += 1
+        return self._to_params(self._state.z)
+
+    def _check_finite(self, log_density, grad):
+        finite_grad = torch.isfinite(grad)
+        finite = torch.isfinite(log_density) & finite_grad.all(-1)
+        if bool(finite.all()):
+            return
+        particles = (~finite).nonzero().flatten().tolist()
+        columns = (~finite_grad).any(0).nonzero().flatten().tolist()
+        sites = sorted({self.potential.site_of(c) for c in columns})
+        raise SamplerDivergenceError(self._step, sites, particles)
+
+    def logging(self):
+        if self._last_log_density is None:
+            return {}
+        return {
+            "step size": f"{self._current_step_size:.2e}",
+            "log density": f"{self._last_log_density.mean().item():.3g}",
+        }
+
+    def diagnostics(self):
+        if self._current_step_size is None:
+            return {}
+        return {"step_size": self._current_step_size}
+
+    # -- checkpointing ---------------------------------------------------------------
+    def state_dict(self):
+        """The sampler's full state, for checkpointing long runs."""
+        return {"step": self._step, "state": self._state._asdict()}
+
+    def load_state_dict(self, state_dict):
+        """Restore a state saved by :meth:`state_dict`; call after :meth:`setup`."""
+        self._step = state_dict["step"]
+        self._state = type(self._state)(**state_dict["state"])
+        self._last_params = None
+
+    # -- per-sampler pieces ----------------------------------------------------------
+    @abstractmethod
+    def _init_state(self, z):
+        """The sampler state (a NamedTuple with field ``z``) at particles ``z``."""
+
+    @abstractmethod
+    def _update(self, state, grad, step_size, coupling):
+        """One transition from ``state`` given the stochastic gradient at ``state.z``."""
+
+
+class _ZState(NamedTuple):
+    z: torch.Tensor
+
+
+class SGLD(SGMCMCKernel):
+    r"""
+    Stochastic gradient Langevin dynamics (thesis eq. 2.1; Welling & Teh, 2011) and, with
+    ``repulsion``, SGLD+R (Algorithm 2.1, eq. 2.7-2.8)::
+
+        z_i <- z_i + eps/L sum_j [k(z_j, z_i) grad log p(z_j) + grad_{z_j} k(z_j, z_i)] + eta_i
+        eta ~ N(0, 2 eps T K (x) I / L)
+
+    Example (the same code runs on CUDA tensors)::
+
+        kernel = SGLD(model, step_size=1e-3, num_particles=20, repulsion="rbf")
+        mcmc = pyro_ext.infer.MCMC(kernel, num_samples=500, warmup_steps=500)
+        mcmc.run(x, y)
+        mcmc.get_samples()["w"].shape      # (500 * 20, D)
+
+    See :class:`SGMCMCKernel` for the parameters.
+    """
+
+    def _init_state(self, z):
+        return _ZState(z)
+
+    def _update(self, state, grad, step_size, coupling):
+        noise = torch.randn_like(state.z)
+        return _ZState(sgld_update(state.z, grad, step_size, noise, coupling, self.temperature))
+
+
+class SGHMC(SGMCMCKernel):
+    r"""
+    Stochastic gradient Hamiltonian Monte Carlo (Chen et al., 2014) in SGD-with-momentum
+    form, the thesis' SGDm; with ``repulsion``, SGDm+R (Algorithm 2.2, made a valid sampler
+    by friction and matching noise). See :func:`~pyro_ext.infer.sgmcmc.updates.sghmc_update`.
+
+    :param float friction: ``1 - momentum``, in ``(0, 1]``; ``1`` recovers SGLD with step
+        size ``step_size``.
+
+    Other parameters as in :class:`SGMCMCKernel`.
+    """
+
+    def __init__(self, model, step_size, friction=0.1, **kwargs):
+        if not (isinstance(friction, (int, float)) and 0 < friction <= 1):
+            raise ValueError(f"friction must lie in (0, 1], got {friction!r}")
+        self.friction = float(friction)
+        super().__init__(model, step_size, **kwargs)
+
+    def _init_state(self, z):
+        # Momenta start at their stationary law N(0, I), i.e. velocity ~ N(0, step_size T).
+        scale = math.sqrt(float(self.step_size(0)) * self.temperature)
+        return MomentumState(z, scale * torch.randn_like(z))
+
+    def _update(self, state, grad, step_size, coupling):
+        noise = torch.randn_like(state.z)
+        return sghmc_update(state, grad, step_size, self.friction, noise, coupling, self.temperature)
+
+
+class AdamSGLD(SGMCMCKernel):
+    r"""
+    Adam-preconditioned Langevin dynamics, the thesis' Adam+N; with ``repulsion``, Adam+NR
+    (section 2.3.2). See :func:`~pyro_ext.infer.sgmcmc.updates.adam_sgld_update`.
+
+    :param tuple betas: Adam's ``(beta1, beta2)``; ``1 - beta1`` is the friction.
+    :param float eps: added to ``sqrt(v)`` in the mass matrix.
+    :param bool adapt_after_warmup: keep adapting the mass matrix after warmup (Adam
+        behaviour, a small bias). By default it is frozen at the end of warmup, which
+        makes the post-warmup chain a valid sampler.
+
+    Other parameters as in :class:`SGMCMCKernel`.
+    """
+
+    def __init__(self, model, step_size, betas=(0.9, 0.999), eps=1e-8, adapt_after_warmup=False, **kwargs):
+        beta1, beta2 = betas
+        if not (0 <= beta1 < 1 and 0 <= beta2 < 1):
+            raise ValueError(f"betas must lie in [0, 1), got {betas!r}")
+        if not eps > 0:
+            raise ValueError(f"eps must be positive, got {eps!r}")
+        self.betas = (float(beta1), float(beta2))
+        self.eps = float(eps)
+        self.adapt_after_warmup = adapt_after_warmup
+        super().__init__(model, step_size, **kwargs)
+
+    def _init_state(self, z):
+        zeros = torch.zeros_like(z)
+        return AdamState(z, zeros, zeros.clone(), 0)
+
+    def _update(self, state, grad, step_size, coupling):
+        adapt = state.count == 0 or self.adapt_after_warmup or self._step < self._warmup_steps
+        noise = torch.randn_like(state.z)
+        return adam_sgld_update(
+            state, grad, step_size, noise, coupling, self.temperature, self.betas, self.eps, adapt
+        )

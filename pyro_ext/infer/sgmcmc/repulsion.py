@@ -1,0 +1,111 @@
+"""Particle interactions of the repulsive samplers (thesis section 2.3).
+
+With ``L`` particles stacked as ``z`` of shape ``(L, D)``, the diffusion matrix of SGLD+R
+(eq. 2.7) is ``D_K = K (x) I_D / L`` with the ``L x L`` kernel matrix ``K``, and its
+correction term is the SVGD repulsion ``sum_j grad_{z_j} k(z_j, z_i) / L``. A
+:class:`Coupling` holds both; it is all the update functions need, so memory stays
+``O(L^2 + L D)`` for the built-in RBF kernel.
+"""
+
+import math
+from typing import NamedTuple
+
+import torch
+from pyro.infer.svgd import SteinKernel
+
+
+class Coupling(NamedTuple):
+    """
+    :ivar torch.Tensor matrix: the ``(L, L)`` kernel matrix ``K_ij = k(z_i, z_j)``.
+    :ivar torch.Tensor repulsion: the ``(L, D)`` term ``sum_j grad_{z_j} k(z_j, z_i)``.
+    """
+
+    matrix: torch.Tensor
+    repulsion: torch.Tensor
+
+
+class RBFKernel(SteinKernel):
+    r"""
+    Isotropic RBF kernel :math:`k(z, z') = \exp(-\|z - z'\|^2 / h)` of thesis eq. (2.4).
+
+    The bandwidth ``h`` defaults to the median heuristic ``median_{i<j} \|z_i - z_j\|^2 /
+    \log(L + 1)`` (the choice of :class:`pyro.infer.RBFSteinKernel`, but over whole
+    particles rather than per dimension), recomputed at every step.
+
+    It is also a :class:`pyro.infer.svgd.SteinKernel`, so the same kernel can drive
+    :class:`pyro.infer.SVGD` in ``mode="multivariate"``.
+
+    :param float bandwidth: a fixed bandwidth ``h > 0``; ``None`` for the median heuristic.
+    """
+
+    def __init__(self, bandwidth=None):
+        if bandwidth is not None and not (bandwidth > 0 and math.isfinite(bandwidth)):
+            raise ValueError(f"bandwidth must be a positive finite number, got {bandwidth}")
+        self.bandwidth = bandwidth
+
+    def _squared_distances(self, z):
+        sq_norms = z.pow(2).sum(-1)
+        sq = (sq_norms.unsqueeze(-1) + sq_norms.unsqueeze(-2) - 2.0 * z @ z.T).clamp_min(0.0)
+        return sq.fill_diagonal_(0.0)
+
+    def _bandwidth(self, sq):
+        if self.bandwidth is not None:
+            return torch.as_tensor(self.bandwidth, dtype=sq.dtype, device=sq.device)
+        num_particles = sq.shape[0]
+        rows, cols = torch.triu_indices(num_particles, num_particles, offset=1, device=sq.device)
+        h = sq[rows, cols].median() / math.log(num_particles + 1)
+        # Coincident particles give h = 0; any positive h then gives the same (flat) kernel.
+        return torch.where(h > 0, h, torch.ones_like(h))
+
+    @torch.no_grad()
+    def coupling(self, z: torch.Tensor) -> Coupling:
+        sq = self._squared_distances(z)
+        h = self._bandwidth(sq)
+        matrix = torch.exp(-sq / h)
+        # sum_j k_ij (2/h)(z_i - z_j), without forming the (L, L, D) differences.
+        repulsion = (2.0 / h) * (matrix.sum(-1, keepdim=True) * z - matrix @ z)
+        return Coupling(matrix, repulsion)
+
+    @torch.no_grad()
+    def log_kernel_and_grad(self, particles):
+        sq = self._squared_distances(particles)
+        h = self._bandwidth(sq)
+        delta = particles.unsqueeze(0) - particles.unsqueeze(1)
+        return (-sq / h).unsqueeze(-1), 2.0 * delta / h
+
+
+def stein_coupling(kernel: SteinKernel, z: torch.Tensor) -> Coupling:
+    """
+    The :class:`Coupling` of any :class:`pyro.infer.svgd.SteinKernel`, read the way
+    :class:`pyro.infer.SVGD` reads it in ``mode="multivariate"``.
+
+    Kernels other than :class:`RBFKernel` return ``(L, L, D)`` tensors, so they cost
+    ``O(L^2 D)`` memory.
+    """
+    if isinstance(kernel, RBFKernel):
+        return kernel.coupling(z)
+    with torch.no_grad():
+        log_kernel, kernel_grad = kernel.log_kernel_and_grad(z)
+        matrix = log_kernel.sum(-1).exp()
+        repulsion = -torch.einsum("nm,nm...->n...", matrix, kernel_grad)
+    return Coupling(matrix, repulsion)
+
+
+def coupled_noise(coupling: Coupling, noise: torch.Tensor) -> torch.Tensor:
+    """
+    Map standard normal ``noise`` ``(L, D)`` to ``N(0, K (x) I_D / L)``, the noise
+    covariance of eq. (2.7) up to the factor ``2 eps``.
+    """
+    matrix = coupling.matrix
+    num_particles = matrix.shape[0]
+    eye = torch.eye(num_particles, dtype=matrix.dtype, device=matrix.device)
+    # The RBF Gram matrix is positive semi-definite but often numerically singular.
+    jitter = 1e-6 if matrix.dtype == torch.float64 else 1e-4
+    for _ in range(6):
+        chol, info = torch.linalg.cholesky_ex(matrix + jitter * eye)
+        if not info.any():
+            break
+        jitter *= 10.0
+    else:
+        raise RuntimeError("the particle kernel matrix is not positive definite")
+    return chol @ noise / math.sqrt(num_particles)

@@ -1,0 +1,78 @@
+"""Step-size schedules: callables from the step index ``t = 0, 1, ...`` to a step size."""
+
+import math
+
+
+def _check_positive(name, value):
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number, got {type(value).__name__}")
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"{name} must be a positive finite number, got {value}")
+    return float(value)
+
+
+class ConstantStepSize:
+    """A fixed step size, the practical choice of thesis section 2.3.3."""
+
+    def __init__(self, step_size):
+        self.step_size = _check_positive("step_size", step_size)
+
+    def __call__(self, t):
+        return self.step_size
+
+    def __repr__(self):
+        return f"ConstantStepSize({self.step_size:g})"
+
+
+class PolynomialDecay:
+    r"""
+    Robbins-Monro decay :math:`\epsilon_t = a (b + t)^{-\gamma}`. With
+    :math:`\gamma \in (0.5, 1]` it meets :math:`\sum_t \epsilon_t = \infty`,
+    :math:`\sum_t \epsilon_t^2 < \infty` (thesis section 2.3, after Proposition 2.1).
+    """
+
+    def __init__(self, a, b=1.0, gamma=0.55):
+        self.a = _check_positive("a", a)
+        self.b = _check_positive("b", b)
+        self.gamma = _check_positive("gamma", gamma)
+        if self.gamma > 1:
+            raise ValueError(f"gamma must lie in (0, 1], got {gamma}")
+
+    def __call__(self, t):
+        return self.a * (self.b + t) ** (-self.gamma)
+
+    def __repr__(self):
+        return f"PolynomialDecay(a={self.a:g}, b={self.b:g}, gamma={self.gamma:g})"
+
+
+class CyclicalStepSize:
+    r"""
+    Cosine cycles of Zhang et al. (2020, cyclical SG-MCMC):
+    :math:`\epsilon_t = \frac{\epsilon_0}{2}[\cos(\pi \bmod(t, c) / c) + 1]`,
+    :math:`c = \lceil T / M \rceil` for ``M = num_cycles`` cycles over ``T = num_steps``.
+    """
+
+    def __init__(self, step_size, num_cycles, num_steps):
+        self.step_size = _check_positive("step_size", step_size)
+        if not (isinstance(num_cycles, int) and isinstance(num_steps, int)):
+            raise TypeError("num_cycles and num_steps must be integers")
+        if not 1 <= num_cycles <= num_steps:
+            raise ValueError(
+                f"need 1 <= num_cycles <= num_steps, got num_cycles={num_cycles}, "
+                f"num_steps={num_steps}"
+            )
+        self.cycle_length = math.ceil(num_steps / num_cycles)
+
+    def __call__(self, t):
+        phase = (t % self.cycle_length) / self.cycle_length
+        return 0.5 * self.step_size * (math.cos(math.pi * phase) + 1.0)
+
+    def __repr__(self):
+        return f"CyclicalStepSize({self.step_size:g}, cycle_length={self.cycle_length})"
+
+
+def as_schedule(step_size):
+    """A number becomes :class:`ConstantStepSize`; a callable ``t -> float`` is kept."""
+    if callable(step_size):
+        return step_size
+    return ConstantStepSize(step_size)

@@ -1,0 +1,123 @@
+r"""
+Pure update functions of the stochastic-gradient samplers (thesis sections 2.2-2.3).
+
+Each takes the particles ``z`` ``(L, D)`` in unconstrained space, the stochastic gradient
+of the log density ``grad`` ``(L, D)`` (``-\nabla H`` in the thesis' notation), the step
+size, standard normal noise and an optional :class:`~.repulsion.Coupling`, and returns the
+new state. Randomness is an argument, so each function is deterministic and testable.
+
+Without a coupling the particles are independent chains. With one, the drift becomes the
+SVGD direction :math:`\phi_i = \frac1L \sum_j [k(z_j, z_i) \nabla\log\pi(z_j) +
+\nabla_{z_j} k(z_j, z_i)]` of eq. (2.4)/(2.8), and position noise is correlated across
+particles with covariance :math:`K \otimes I / L` (eq. 2.7).
+"""
+
+import math
+from typing import NamedTuple, Optional
+
+import torch
+
+from .repulsion import Coupling, coupled_noise
+
+
+def drift(grad: torch.Tensor, coupling: Optional[Coupling]) -> torch.Tensor:
+    """The drift ``D_K grad + Gamma_K`` of eq. (2.5); ``grad`` itself without coupling."""
+    if coupling is None:
+        return grad
+    return (coupling.matrix @ grad + coupling.repulsion) / grad.shape[0]
+
+
+def _couple(velocity: torch.Tensor, coupling: Optional[Coupling]) -> torch.Tensor:
+    if coupling is None:
+        return velocity
+    return coupling.matrix @ velocity / velocity.shape[0]
+
+
+def sgld_update(z, grad, step_size, noise, coupling=None, temperature=1.0):
+    r"""
+    SGLD, eq. (2.1) (``D = I``, ``Q = 0`` in eq. 2.2), and SGLD+R, eq. (2.7)-(2.8)::
+
+        z <- z + eps * drift(grad) + sqrt(2 eps T) * eta,   eta ~ N(0, D_K)
+
+    With ``temperature=0`` and a coupling this is exactly one SVGD step (eq. 2.6).
+    """
+    if coupling is not None:
+        noise = coupled_noise(coupling, noise)
+    return z + step_size * drift(grad, coupling) + math.sqrt(2.0 * step_size * temperature) * noise
+
+
+class MomentumState(NamedTuple):
+    z: torch.Tensor
+    velocity: torch.Tensor
+
+
+def sghmc_update(state, grad, step_size, friction, noise, coupling=None, temperature=1.0):
+    r"""
+    SGHMC (Chen et al., 2014) in its SGD-with-momentum form, and SGDm+R (Algorithm 2.2).
+
+    The augmented state ``(z, m)`` follows eq. (2.5) with curl matrix
+    ``Q_K = [[0, -K], [K, 0]] / L`` and friction ``D = diag(0, a I)`` on the momenta. In the
+    velocity ``v = eps' m`` with learning rate ``step_size = eps'^2`` and
+    ``friction = a eps'``::
+
+        v <- (1 - friction) v + step_size * drift(grad) + sqrt(2 friction step_size T) xi
+        z <- z + K v / L          (z <- z + v without coupling)
+
+    The repulsion enters the momentum only: ``Q_K`` depends on ``z`` alone, so its
+    correction term ``Gamma`` vanishes in the position block.
+    """
+    velocity = (
+        (1.0 - friction) * state.velocity
+        + step_size * drift(grad, coupling)
+        + math.sqrt(2.0 * friction * step_size * temperature) * noise
+    )
+    return MomentumState(state.z + _couple(velocity, coupling), velocity)
+
+
+class AdamState(NamedTuple):
+    z: torch.Tensor
+    velocity: torch.Tensor
+    second_moment: torch.Tensor
+    count: int
+
+
+def adam_sgld_update(
+    state,
+    grad,
+    step_size,
+    noise,
+    coupling=None,
+    temperature=1.0,
+    betas=(0.9, 0.999),
+    eps=1e-8,
+    adapt=True,
+):
+    r"""
+    Adam plus noise (and repulsion): Adam+N / Adam+NR of thesis section 2.3.2.
+
+    Each particle ``l`` carries the mass matrix ``M_l = diag(sqrt(v_l) + eps)`` built from
+    Adam's bias-corrected second-moment estimate ``v_l`` of its gradients, and the momentum
+    dynamics of :func:`sghmc_update` with friction ``1 - beta1`` and noise matched to
+    ``M_l``::
+
+        v_l <- beta2 v_l + (1 - beta2) grad_l^2                     (only while adapting)
+        u   <- beta1 u + step_size * drift(grad) + sqrt(2 (1 - beta1) step_size T M) xi
+        z   <- z + K (M^{-1} u) / L                                 (z + M^{-1} u alone)
+
+    With ``M`` frozen the chain targets the posterior exactly as ``step_size -> 0``
+    (eq. 2.5 with a constant diagonal mass); while adapting it behaves like Adam.
+    """
+    beta1, beta2 = betas
+    second_moment, count = state.second_moment, state.count
+    if adapt:
+        count = count + 1
+        second_moment = beta2 * second_moment + (1.0 - beta2) * grad.pow(2)
+    mass = (second_moment / (1.0 - beta2**count)).sqrt() + eps
+    friction = 1.0 - beta1
+    velocity = (
+        beta1 * state.velocity
+        + step_size * drift(grad, coupling)
+        + math.sqrt(2.0 * friction * step_size * temperature) * mass.sqrt() * noise
+    )
+    z = state.z + _couple(velocity / mass, coupling)
+    return AdamState(z, velocity, second_moment, count)

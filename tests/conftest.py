@@ -1,0 +1,29 @@
+import os
+
+import pyro
+import pytest
+import torch
+
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+@pytest.fixture(params=DEVICES)
+def device(request):
+    """Every test that takes ``device`` runs on the CPU and, when present, on CUDA."""
+    return torch.device(request.param)
+
+
+@pytest.fixture(autouse=True)
+def _seed_and_clear():
+    pyro.set_rng_seed(0)
+    pyro.clear_param_store()
+    yield
+    pyro.clear_param_store()
+
+
+def pytest_configure(config):
+    # Tests read the shared data folder the same way CI does.
+    if "PYRO_EXT_DATA" not in os.environ:
+        shared = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data")
+        if os.path.isdir(shared):
+            os.environ["PYRO_EXT_DATA"] = os.path.abspath(shared)
