@@ -13,7 +13,6 @@ import http.client
 import logging
 import os
 import tempfile
-import urllib.error
 import urllib.request
 from pathlib import Path, PurePosixPath
 
@@ -216,18 +215,18 @@ def get_data_path(relative_path, verify=False):
         try:
             _download(rel, url, cached)
             return cached
+        except DatasetChecksumError:
+            raise
         except (OSError, http.client.HTTPException) as e:
-            if isinstance(e, DatasetChecksumError):
-                raise
-            download = f"download from {url} failed: {e}"
+            download = f"download from {url} failed: {e!r}"
     else:
         download = _NOT_DOWNLOADABLE.get(rel, "no download URL is known for this file")
 
-    env = f"${DATA_ENV_VAR}/{rel} = {candidates[0]}" if root else f"${DATA_ENV_VAR} is not set"
+    env = f"{candidates[0]} (not found)" if root else "not searched: it is not set"
     raise DatasetNotFoundError(
         f"Dataset file '{rel}' not found. Looked in:\n"
-        f"  1. {env}\n"
-        f"  2. the user cache: {cached}\n"
+        f"  1. ${DATA_ENV_VAR}: {env}\n"
+        f"  2. the user cache: {cached} (not found)\n"
         f"  3. {download}\n"
         f"To fix this, set ${DATA_ENV_VAR} to a folder laid out like the shared data folder "
         f"(containing '{rel}'), copy the file to {cached}"
@@ -245,8 +244,8 @@ def float_dtype(dtype):
 
 
 def as_float(array, dtype, device):
-    """Convert a numpy array to a floating tensor of ``dtype`` (validated) on ``device``."""
-    return torch.as_tensor(np.asarray(array), device=device).to(float_dtype(dtype))
+    """Convert an array to a tensor of floating ``dtype`` (``None``: the default) on ``device``."""
+    return torch.as_tensor(np.asarray(array), dtype=float_dtype(dtype), device=device)
 
 
 def as_long(array, device):

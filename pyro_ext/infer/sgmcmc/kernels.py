@@ -135,21 +135,23 @@ class SGMCMCKernel(MCMCKernel):
             raise ValueError(f"step size schedule gave {step_size} at step {self._step}; expected > 0")
         z = self._state.z
         log_density, grad = self.potential.log_density_and_grad(z)
-        self._check_finite(log_density, grad)
         coupling = None if self.repulsion is None else stein_coupling(self.repulsion, z)
-        self._state = self._update(self._state, grad, step_size, coupling)
+        state = self._update(self._state, grad, step_size, coupling)
+        self._check_finite(log_density, grad, state.z)
+        self._state = state
         self._last_log_density = log_density
         self._current_step_size = step_size
         self._step += 1
         return self._to_params(self._state.z)
 
-    def _check_finite(self, log_density, grad):
-        finite_grad = torch.isfinite(grad)
-        finite = torch.isfinite(log_density) & finite_grad.all(-1)
+    def _check_finite(self, log_density, grad, new_z):
+        # One device sync per step: the three checks are reduced before reading them.
+        finite_columns = torch.isfinite(grad) & torch.isfinite(new_z)
+        finite = torch.isfinite(log_density) & finite_columns.all(-1)
         if bool(finite.all()):
             return
         particles = (~finite).nonzero().flatten().tolist()
-        columns = (~finite_grad).any(0).nonzero().flatten().tolist()
+        columns = (~finite_columns).any(0).nonzero().flatten().tolist()
         sites = sorted({self.potential.site_of(c) for c in columns})
         raise SamplerDivergenceError(self._step, sites, particles)
 

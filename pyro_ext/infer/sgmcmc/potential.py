@@ -45,15 +45,22 @@ class _SiteLayout(NamedTuple):
     end: int
     unconstrained_shape: torch.Size
     transform: torch.distributions.Transform
+    batch_shape: torch.Size
 
 
 class _LogJointMessenger(Messenger):
-    """Conditions latent sites and plate subsamples, and accumulates the scaled log joint."""
+    """
+    Conditions latent sites and plate subsamples, and accumulates the scaled log joint.
 
-    def __init__(self, values, subsamples):
+    ``particle_dims`` is ``None`` when one particle is evaluated (the log joint is a
+    scalar), else the number of plate dims right of the particle dim, which are summed.
+    """
+
+    def __init__(self, values, subsamples, particle_dims=None):
         super().__init__()
         self.values = values
         self.subsamples = subsamples
+        self.particle_dims = particle_dims
         self.log_joint = 0.0
 
     def _pyro_sample(self, msg):
@@ -75,7 +82,12 @@ class _LogJointMessenger(Messenger):
         if site_is_subsample(msg) or msg["infer"].get("_deterministic"):
             return
         log_prob = msg["fn"].log_prob(msg["value"], *msg["args"], **msg["kwargs"])
-        self.log_joint = self.log_joint + scale_and_mask(log_prob, msg["scale"], msg["mask"]).sum()
+        log_prob = scale_and_mask(log_prob, msg["scale"], msg["mask"])
+        if self.particle_dims is None:
+            log_prob = log_prob.sum()
+        elif self.particle_dims:
+            log_prob = log_prob.sum(tuple(range(-self.particle_dims, 0)))
+        self.log_joint = self.log_joint + log_prob
 
 
 def _subsampled_frames(site):
@@ -130,14 +142,23 @@ class ParticlePotential:
             transform = biject_to(fn.support)
             unconstrained = transform.inv(site["value"])
             size = unconstrained.numel()
+            batch_ndim = site["value"].dim() - fn.event_dim
             self.layout[name] = _SiteLayout(
-                start, start + size, unconstrained.shape, transform
+                start, start + size, unconstrained.shape, transform, site["value"].shape[:batch_ndim]
             )
             start += size
         if not self.layout:
             raise ValueError("model has no latent sample sites to draw")
         self.dim = start
-        self._trace = trace
+        plate_dims = [
+            -f.dim
+            for site in trace.nodes.values()
+            if site["type"] == "sample"
+            for f in site["cond_indep_stack"]
+            if f.vectorized
+        ]
+        self.max_plate_nesting = max(plate_dims, default=0)
+        self.vectorize = None
 
     @property
     def transforms(self) -> Dict[str, torch.distributions.Transform]:
@@ -217,24 +238,76 @@ class ParticlePotential:
             self.model(*self.model_args, **self.model_kwargs)
         return joint.log_joint + log_jacobian
 
+    def log_density_plate(self, z: torch.Tensor, subsamples) -> torch.Tensor:
+        """
+        Log densities ``(L,)`` at particles ``z`` ``(L, D)`` by running the model once
+        inside a ``pyro.plate`` over particles (the way :class:`pyro.infer.SVGD`
+        vectorises); needs a model whose batch dimensions broadcast.
+        """
+        num_particles, nesting = z.shape[0], self.max_plate_nesting
+        values = {}
+        log_jacobian = 0.0
+        for name, s in self.layout.items():
+            unconstrained = z[:, s.start : s.end].reshape((num_particles,) + s.unconstrained_shape)
+            value = s.transform(unconstrained)
+            log_jacobian = log_jacobian + s.transform.log_abs_det_jacobian(
+                unconstrained, value
+            ).reshape(num_particles, -1).sum(-1)
+            if len(s.batch_shape) > nesting:
+                raise ValueError(
+                    f"site {name!r} has batch shape {tuple(s.batch_shape)} outside any "
+                    "pyro.plate; declare its dimensions with .to_event() or a plate"
+                )
+            pad = (1,) * (nesting - len(s.batch_shape))
+            values[name] = value.reshape((num_particles,) + pad + value.shape[1:])
+        with _LogJointMessenger(values, subsamples, particle_dims=nesting) as joint:
+            with pyro.plate("_pyro_ext_particles", num_particles, dim=-nesting - 1):
+                self.model(*self.model_args, **self.model_kwargs)
+        return joint.log_joint.reshape(-1).expand(num_particles) + log_jacobian
+
+    def _log_density_vmap(self, z, subsamples):
+        return torch.func.vmap(
+            lambda particle: self.log_density(particle, subsamples), randomness="different"
+        )(z)
+
+    def _log_density_all(self, z, subsamples):
+        if z.shape[0] == 1:
+            return self.log_density(z[0], subsamples).reshape(1)
+        if self.vectorize == "vmap":
+            return self._log_density_vmap(z, subsamples)
+        if self.vectorize == "plate":
+            return self.log_density_plate(z, subsamples)
+        # First call: vmap runs any model written for one draw, unless it uses an
+        # operation vmap cannot batch (e.g. boolean masking); then fall back to a
+        # particle plate, which needs broadcastable batch dimensions.
+        try:
+            log_density = self._log_density_vmap(z, subsamples)
+            self.vectorize = "vmap"
+        except RuntimeError as vmap_error:
+            try:
+                log_density = self.log_density_plate(z, subsamples)
+            except Exception as plate_error:
+                raise RuntimeError(
+                    "could not evaluate the particles in one vectorised pass. "
+                    f"torch.func.vmap failed with: {vmap_error}; a particle pyro.plate "
+                    f"failed with: {plate_error}"
+                ) from plate_error
+            self.vectorize = "plate"
+        return log_density
+
     def log_density_and_grad(self, z: torch.Tensor, subsamples=None):
         """
         Log densities ``(L,)`` and their gradients ``(L, D)`` at particles ``z`` ``(L, D)``.
 
-        A single particle runs the model directly; several run it once under
-        :func:`torch.func.vmap`, so the model sees per-particle values of their usual shape.
+        A single particle runs the model directly. Several run it once: under
+        :func:`torch.func.vmap` (the model sees per-particle values of their usual shape)
+        or, when vmap cannot batch one of its operations, inside a particle plate.
         """
         if subsamples is None:
             subsamples = self.draw_subsamples(z.device)
         z = z.detach().requires_grad_(True)
         # Distribution argument checks branch on tensor values, which vmap cannot trace.
         with torch.enable_grad(), pyro.validation_enabled(False):
-            if z.shape[0] == 1:
-                log_density = self.log_density(z[0], subsamples).reshape(1)
-            else:
-                log_density = torch.func.vmap(
-                    lambda particle: self.log_density(particle, subsamples),
-                    randomness="different",
-                )(z)
+            log_density = self._log_density_all(z, subsamples)
             (grad,) = torch.autograd.grad(log_density.sum(), z)
         return log_density.detach(), grad
