@@ -27,3 +27,8 @@ def pytest_configure(config):
         shared = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data")
         if os.path.isdir(shared):
             os.environ["PYRO_EXT_DATA"] = os.path.abspath(shared)
+
+
+# The suite is many tiny tensor programs; intra-op threads only add contention on the
+# 2-core CI machine (pytest-xdist already runs one worker per core).
+torch.set_num_threads(1)

@@ -134,17 +134,18 @@ class SGMCMCKernel(MCMCKernel):
         if not (math.isfinite(step_size) and step_size > 0):
             raise ValueError(f"step size schedule gave {step_size} at step {self._step}; expected > 0")
         z = self._state.z
-        log_density, grad = self.potential.log_density_and_grad(z)
+        subsamples = self.potential.draw_subsamples(z.device)
+        log_density, grad = self.potential.log_density_and_grad(z, subsamples)
         coupling = None if self.repulsion is None else stein_coupling(self.repulsion, z)
         state = self._update(self._state, grad, step_size, coupling)
-        self._check_finite(log_density, grad, state.z)
+        self._check_finite(log_density, grad, state.z, subsamples)
         self._state = state
         self._last_log_density = log_density
         self._current_step_size = step_size
         self._step += 1
         return self._to_params(self._state.z)
 
-    def _check_finite(self, log_density, grad, new_z):
+    def _check_finite(self, log_density, grad, new_z, subsamples):
         # One device sync per step: the three checks are reduced before reading them.
         finite_columns = torch.isfinite(grad) & torch.isfinite(new_z)
         finite = torch.isfinite(log_density) & finite_columns.all(-1)
@@ -152,8 +153,9 @@ class SGMCMCKernel(MCMCKernel):
             return
         particles = (~finite).nonzero().flatten().tolist()
         columns = (~finite_columns).any(0).nonzero().flatten().tolist()
-        sites = sorted({self.potential.site_of(c) for c in columns})
-        raise SamplerDivergenceError(self._step, sites, particles)
+        sites = {self.potential.site_of(c) for c in columns}
+        sites.update(self.potential.nonfinite_sites(self._state.z[particles[0]], subsamples))
+        raise SamplerDivergenceError(self._step, sorted(sites), particles)
 
     def logging(self):
         if self._last_log_density is None:

@@ -265,6 +265,25 @@ class ParticlePotential:
                 self.model(*self.model_args, **self.model_kwargs)
         return joint.log_joint.reshape(-1).expand(num_particles) + log_jacobian
 
+    def nonfinite_sites(self, z: torch.Tensor, subsamples) -> list:
+        """Names of sites whose log density (or log-Jacobian) is not finite at particle ``z``."""
+        bad = []
+        with torch.no_grad(), pyro.validation_enabled(False):
+            values = {}
+            for name, s in self.layout.items():
+                unconstrained = z[s.start : s.end].reshape(s.unconstrained_shape)
+                values[name] = s.transform(unconstrained)
+                if not torch.isfinite(s.transform.log_abs_det_jacobian(unconstrained, values[name])).all():
+                    bad.append(name)
+            with pyro.poutine.trace() as tracer, _LogJointMessenger(values, subsamples):
+                self.model(*self.model_args, **self.model_kwargs)
+            for name, site in tracer.trace.nodes.items():
+                if site["type"] == "sample" and not site_is_subsample(site):
+                    log_prob = site["fn"].log_prob(site["value"], *site["args"], **site["kwargs"])
+                    if not torch.isfinite(log_prob).all() and name not in bad:
+                        bad.append(name)
+        return bad
+
     def _log_density_vmap(self, z, subsamples):
         return torch.func.vmap(
             lambda particle: self.log_density(particle, subsamples), randomness="different"

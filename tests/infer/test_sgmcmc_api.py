@@ -1,0 +1,348 @@
+"""Framework wiring of the SG-MCMC kernels: Pyro interop, errors, reproducibility."""
+
+import math
+
+import pyro
+import pyro.distributions as dist
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from pyro.infer import SVGD, Predictive, RBFSteinKernel
+from pyro.optim import SGD
+
+from pyro_ext.infer import (
+    MCMC,
+    SGHMC,
+    SGLD,
+    AdamSGLD,
+    CyclicalStepSize,
+    PolynomialDecay,
+    RBFKernel,
+    SamplerDivergenceError,
+)
+from pyro_ext.infer.sgmcmc.repulsion import coupled_noise
+from pyro_ext.infer.sgmcmc.updates import sgld_update
+
+KERNELS = [SGLD, SGHMC, AdamSGLD]
+
+
+def logistic_model(x, y):
+    w = pyro.sample("w", dist.Normal(x.new_zeros(x.shape[1]), 1.0).to_event(1))
+    with pyro.plate("data", x.shape[0], subsample_size=100) as idx:
+        pyro.sample("y", dist.Bernoulli(logits=x[idx] @ w), obs=None if y is None else y[idx])
+
+
+def logistic_data(device, n=500, d=3):
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(n, d, generator=generator)
+    w = torch.tensor([1.0, -2.0, 0.5])[:d]
+    y = torch.bernoulli(torch.sigmoid(x @ w), generator=generator)
+    return x.to(device), y.to(device)
+
+
+def run(kernel, *args, num_samples=20, warmup_steps=10, **kwargs):
+    mcmc = MCMC(kernel, num_samples=num_samples, warmup_steps=warmup_steps, disable_progbar=True, **kwargs)
+    mcmc.run(*args)
+    return mcmc
+
+
+def test_contract_snippet(device):
+    x, y = logistic_data(device)
+    kernel = SGLD(logistic_model, step_size=1e-3, num_particles=20, repulsion="rbf")
+    mcmc = run(kernel, x, y, num_samples=50, warmup_steps=50)
+    samples = mcmc.get_samples()
+    assert samples["w"].shape == (50 * 20, 3)
+    assert samples["w"].device.type == device.type
+    grouped = mcmc.get_samples(group_by_chain=True)
+    assert grouped["w"].shape == (20, 50, 3)
+    # group_by_chain=False concatenates particles in order.
+    assert torch.equal(grouped["w"][1], samples["w"][50:100])
+    predictive = Predictive(logistic_model, posterior_samples={"w": samples["w"][:30]})(x, None)
+    assert predictive["y"].shape == (30, 100)
+    diagnostics = mcmc.diagnostics()
+    assert diagnostics["w"]["r_hat"].shape == (3,)
+    mcmc.summary()
+    assert mcmc.num_chains == 20
+
+
+@pytest.mark.parametrize("kernel_class", KERNELS)
+@pytest.mark.parametrize("repulsion", [None, "rbf"])
+def test_all_kernels_learn_logistic_weights(device, kernel_class, repulsion):
+    x, y = logistic_data(device, n=1000)
+    step_size = {SGLD: 1e-3, SGHMC: 1e-3, AdamSGLD: 5e-3}[kernel_class]
+    if repulsion:
+        step_size *= 8  # the kernel-weighted drift of eq. (2.7) averages over the L = 8 particles
+    kernel = kernel_class(logistic_model, step_size=step_size, num_particles=8, repulsion=repulsion)
+    samples = run(kernel, x, y, num_samples=100, warmup_steps=300).get_samples()["w"]
+    assert torch.allclose(samples.mean(0).cpu(), torch.tensor([1.0, -2.0, 0.5]), atol=0.35)
+
+
+def test_plain_pyro_mcmc_runs_a_single_particle(device):
+    x, y = logistic_data(device)
+    kernel = SGLD(logistic_model, step_size=1e-3)
+    mcmc = pyro.infer.MCMC(kernel, num_samples=30, warmup_steps=20, disable_progbar=True)
+    mcmc.run(x, y)
+    assert mcmc.get_samples()["w"].shape == (30, 3)
+
+
+def test_plain_pyro_mcmc_returns_constrained_values():
+    data = torch.tensor([0.5, 1.5, 1.0])
+
+    def model(data):
+        scale = pyro.sample("scale", dist.LogNormal(0.0, 1.0))
+        with pyro.plate("data", 3):
+            pyro.sample("obs", dist.Normal(0.0, scale), obs=data)
+
+    mcmc = pyro.infer.MCMC(SGLD(model, step_size=1e-2), num_samples=50, warmup_steps=10, disable_progbar=True)
+    mcmc.run(data)
+    assert (mcmc.get_samples()["scale"] > 0).all()
+
+
+@settings(max_examples=12, deadline=None)
+@given(
+    num_particles=st.integers(1, 5),
+    shape=st.lists(st.integers(1, 3), min_size=0, max_size=3),
+    simplex_size=st.integers(2, 4),
+    kernel_index=st.integers(0, 2),
+)
+def test_sample_shapes(num_particles, shape, simplex_size, kernel_index):
+    shape = tuple(shape)
+
+    def model():
+        pyro.sample("loc", dist.Normal(torch.zeros(shape), 1.0).to_event(len(shape)))
+        pyro.sample("probs", dist.Dirichlet(torch.ones(simplex_size)))
+
+    kernel = KERNELS[kernel_index](model, step_size=1e-3, num_particles=num_particles)
+    mcmc = run(kernel, num_samples=4, warmup_steps=2)
+    grouped = mcmc.get_samples(group_by_chain=True)
+    assert grouped["loc"].shape == (num_particles, 4) + shape
+    assert grouped["probs"].shape == (num_particles, 4, simplex_size)
+    assert mcmc.get_samples()["loc"].shape == (num_particles * 4,) + shape
+    assert torch.allclose(grouped["probs"].sum(-1), torch.ones(num_particles, 4))
+
+
+@pytest.mark.parametrize("repulsion", ["ours", "pyro"])
+def test_noise_free_sgld_r_is_one_svgd_step(repulsion):
+    data = torch.tensor([0.3, -1.2, 2.0, 0.7])
+
+    # One latent site (positive, so the log-Jacobian matters): SVGD's flat parameter is
+    # then laid out particle by particle.
+    def model():
+        w = pyro.sample("w", dist.LogNormal(torch.zeros(3), 1.0).to_event(1))
+        with pyro.plate("data", 4):
+            pyro.sample("obs", dist.Normal(w.sum(-1).log(), 1.0), obs=data)
+
+    num_particles, step_size = 7, 0.05
+    stein_kernel = RBFKernel() if repulsion == "ours" else RBFSteinKernel()
+    svgd = SVGD(model, stein_kernel, SGD({"lr": step_size}), num_particles, 1, mode="multivariate")
+    svgd.guide()  # creates the particle parameter
+    particles = torch.randn(num_particles, 3)
+    pyro.get_param_store()["svgd_particles"] = particles.reshape(-1).clone()
+    svgd.step()
+    expected = pyro.param("svgd_particles").detach().reshape(num_particles, 3)
+
+    kernel = SGLD(model, step_size=step_size, num_particles=num_particles, repulsion=stein_kernel, temperature=0.0)
+    kernel.initial_params = {"w": particles}
+    kernel.setup(0)
+    params = kernel.sample(kernel.initial_params)
+    assert torch.allclose(params["w"], expected, atol=1e-5)
+    assert not torch.allclose(params["w"], particles, atol=1e-2)
+
+
+def test_rbf_repulsion_matches_autograd():
+    z = torch.randn(6, 4, dtype=torch.float64)
+    kernel = RBFKernel(bandwidth=1.7)
+    coupling = kernel.coupling(z)
+    zj = z.clone().requires_grad_(True)
+    k = torch.exp(-((zj.unsqueeze(1) - z.unsqueeze(0)) ** 2).sum(-1) / 1.7)  # k[j, i] = k(z_j, z_i)
+    expected = torch.stack([torch.autograd.grad(k[:, i].sum(), zj, retain_graph=True)[0].sum(0) for i in range(6)])
+    assert torch.allclose(coupling.repulsion, expected)
+    assert torch.allclose(coupling.matrix, k.detach())
+
+
+def test_coupled_noise_covariance():
+    z = torch.randn(5, 3, dtype=torch.float64)
+    coupling = RBFKernel().coupling(z)
+    draws = coupled_noise(coupling, torch.randn(4000, 5, 3, dtype=torch.float64))
+    cov = torch.einsum("sid,sjd->ij", draws, draws) / (draws.shape[0] * 3)
+    assert torch.allclose(cov, coupling.matrix / 5, atol=0.01)
+
+
+def test_sgld_update_without_noise_is_gradient_ascent():
+    z, grad = torch.randn(3, 2), torch.randn(3, 2)
+    assert torch.allclose(sgld_update(z, grad, 0.1, torch.randn(3, 2), temperature=0.0), z + 0.1 * grad)
+
+
+def test_same_seed_same_draws():
+    x, y = logistic_data("cpu")
+    draws = []
+    for _ in range(2):
+        pyro.set_rng_seed(3)
+        kernel = SGHMC(logistic_model, step_size=1e-3, num_particles=4, repulsion="rbf")
+        draws.append(run(kernel, x, y).get_samples()["w"])
+    assert torch.equal(draws[0], draws[1])
+
+
+@pytest.mark.parametrize("kernel_class", KERNELS)
+def test_checkpoint_resume_gives_identical_draws(tmp_path, kernel_class):
+    x, y = logistic_data("cpu")
+    kwargs = dict(num_samples=30, warmup_steps=20, thinning=2)
+
+    pyro.set_rng_seed(5)
+    reference = run(kernel_class(logistic_model, 1e-3, num_particles=3, repulsion="rbf"), x, y, **kwargs)
+
+    class Interrupt(Exception):
+        pass
+
+    def crash(kernel, params, stage, step):
+        if step == 47:
+            raise Interrupt
+
+    path = str(tmp_path / "run.ckpt")
+    pyro.set_rng_seed(5)
+    first = MCMC(
+        kernel_class(logistic_model, 1e-3, num_particles=3, repulsion="rbf"),
+        checkpoint_path=path,
+        checkpoint_every=15,
+        hook_fn=crash,
+        disable_progbar=True,
+        **kwargs,
+    )
+    with pytest.raises(Interrupt):
+        first.run(x, y)
+    resumed = MCMC(
+        kernel_class(logistic_model, 1e-3, num_particles=3, repulsion="rbf"),
+        checkpoint_path=path,
+        disable_progbar=True,
+        **kwargs,
+    )
+    pyro.set_rng_seed(123)  # resume restores the generator state itself
+    resumed.resume(x, y)
+    assert torch.equal(resumed.get_samples()["w"], reference.get_samples()["w"])
+
+
+def test_divergence_names_step_and_site_and_keeps_draws(device):
+    def model():
+        pyro.sample("stiff", dist.Normal(torch.zeros(2, device=device), 1e-3).to_event(1))
+        pyro.sample("soft", dist.Normal(torch.zeros((), device=device), 1.0))
+
+    kernel = SGLD(model, step_size=0.1, num_particles=2)
+    mcmc = MCMC(kernel, num_samples=100, warmup_steps=0, disable_progbar=True)
+    with pytest.raises(SamplerDivergenceError, match=r"step \d+.*'stiff'") as info:
+        mcmc.run()
+    assert info.value.sites == ["stiff"]
+    kept = mcmc.get_samples(group_by_chain=True)["stiff"]
+    assert kept.shape == (2, info.value.step, 2)
+    assert torch.isfinite(kept).all()
+
+
+def test_initial_params_are_used():
+    def model():
+        pyro.sample("a", dist.Normal(0.0, 1.0))
+
+    kernel = SGLD(model, step_size=1e-8, num_particles=3, temperature=0.0)
+    mcmc = MCMC(kernel, num_samples=2, warmup_steps=0, initial_params={"a": torch.tensor([5.0, 6.0, 7.0])}, disable_progbar=True)
+    mcmc.run()
+    assert torch.allclose(mcmc.get_samples(group_by_chain=True)["a"][:, 0], torch.tensor([5.0, 6.0, 7.0]), atol=1e-4)
+
+
+def test_step_size_schedules():
+    decay = PolynomialDecay(a=0.1, b=10.0, gamma=0.55)
+    assert decay(0) == pytest.approx(0.1 * 10**-0.55)
+    assert decay(90) == pytest.approx(0.1 * 100**-0.55)
+    cyclic = CyclicalStepSize(0.2, num_cycles=2, num_steps=10)
+    assert [cyclic(t) for t in (0, 5)] == [pytest.approx(0.2), pytest.approx(0.2)]
+    assert cyclic(4) < cyclic(3) < cyclic(0)
+
+    def model():
+        pyro.sample("a", dist.Normal(0.0, 1.0))
+
+    kernel = SGLD(model, step_size=decay)
+    run(kernel, num_samples=3, warmup_steps=0)
+    assert kernel.diagnostics()["step_size"] == pytest.approx(decay(2))
+
+
+def discrete_model():
+    pyro.sample("k", dist.Categorical(torch.ones(3)))
+
+
+def local_latent_model(x):
+    with pyro.plate("data", x.shape[0], subsample_size=2):
+        pyro.sample("z", dist.Normal(0.0, 1.0))
+
+
+@pytest.mark.parametrize(
+    "make, match",
+    [
+        (lambda: SGLD(discrete_model, 1e-3).setup(0), "latent site 'k' is discrete"),
+        (lambda: SGLD(local_latent_model, 1e-3).setup(0, torch.zeros(5)), "'z' lies inside the subsampled plate 'data'"),
+        (lambda: SGLD(logistic_model, step_size=0.0), "step_size must be a positive"),
+        (lambda: SGLD(logistic_model, step_size=-1e-3), "step_size must be a positive"),
+        (lambda: SGLD(logistic_model, step_size=float("nan")), "step_size must be a positive"),
+        (lambda: SGLD(logistic_model, 1e-3, num_particles=0), "num_particles must be a positive integer"),
+        (lambda: SGLD(logistic_model, 1e-3, num_particles=4, repulsion="gaussian"), "repulsion must be None, 'rbf'"),
+        (lambda: SGLD(logistic_model, 1e-3, repulsion="rbf"), "needs num_particles >= 2"),
+        (lambda: SGLD(logistic_model, 1e-3, temperature=-1.0), "temperature must be"),
+        (lambda: SGHMC(logistic_model, 1e-3, friction=0.0), "friction must lie in"),
+        (lambda: AdamSGLD(logistic_model, 1e-3, betas=(1.0, 0.9)), "betas must lie in"),
+        (lambda: PolynomialDecay(a=0.1, gamma=1.5), "gamma must lie in"),
+        (lambda: RBFKernel(bandwidth=-1.0), "bandwidth must be a positive"),
+        (lambda: MCMC(SGLD(logistic_model, 1e-3), num_samples=10, num_chains=2), "set num_particles"),
+        (lambda: MCMC(SGLD(logistic_model, 1e-3), num_samples=10, thinning=0), "thinning must be a positive"),
+    ],
+)
+def test_bad_input_gives_clear_errors(make, match):
+    with pytest.raises((ValueError, TypeError), match=match):
+        make()
+
+
+def test_bad_initial_params_shape():
+    x, y = logistic_data("cpu")
+    kernel = SGLD(logistic_model, 1e-3, num_particles=2)
+    kernel.initial_params = {"w": torch.zeros(5, 3)}
+    with pytest.raises(ValueError, match=r"initial_params\['w'\] has shape \(5, 3\)"):
+        kernel.setup(0, x, y)
+
+
+def test_schedule_returning_bad_step_size_is_reported():
+    def model():
+        pyro.sample("a", dist.Normal(0.0, 1.0))
+
+    kernel = SGLD(model, step_size=lambda t: 0.1 if t < 2 else -1.0)
+    with pytest.raises(ValueError, match="step size schedule gave -1.0 at step 2"):
+        run(kernel, num_samples=5, warmup_steps=0)
+
+
+def test_minibatch_gradient_is_unbiased():
+    x, y = logistic_data("cpu", n=400)
+    kernel = SGLD(logistic_model, 1e-3, num_particles=2)
+    kernel.setup(0, x, y)
+    z = torch.randn(2, 3)
+    potential = kernel.potential
+    # Four disjoint minibatches that cover the data average to the full-data gradient.
+    partition = torch.randperm(400).reshape(4, 100)
+    full_grad = torch.stack([potential.log_density_and_grad(z, {"data": b})[1] for b in partition]).mean(0)
+    grads = torch.stack([potential.log_density_and_grad(z)[1] for _ in range(3000)])
+    se = grads.std(0) / math.sqrt(grads.shape[0])
+    assert ((grads.mean(0) - full_grad).abs() < 4 * se).all()
+
+
+def test_vmap_and_plate_paths_agree():
+    counts = torch.tensor([3.0, 10.0, 7.0])
+
+    def vectorisable(counts):
+        probs = pyro.sample("probs", dist.Dirichlet(torch.ones(3)))
+        with pyro.plate("rep", 2):
+            pyro.sample("obs", dist.Multinomial(20, probs), obs=counts)
+
+    kernel = SGLD(vectorisable, 1e-3, num_particles=4)
+    kernel.setup(0, counts)
+    z = torch.randn(4, 2)
+    subsamples = {}
+    by_plate = kernel.potential.log_density_plate(z, subsamples)
+    by_loop = torch.stack([kernel.potential.log_density(particle, subsamples) for particle in z])
+    assert torch.allclose(by_plate, by_loop)
+    log_density, _ = kernel.potential.log_density_and_grad(z, subsamples)
+    assert kernel.potential.vectorize == "plate"  # Multinomial masks by boolean index
+    assert torch.allclose(log_density, by_loop)
