@@ -1,0 +1,38 @@
+# The README's two commands: `make demo` and `make test`. Both create (or reuse) a local
+# virtual environment; constraints.txt pins torch to the local CPU wheel here.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip install --disable-pip-version-check -q -c constraints.txt
+SHARED_DATA := $(abspath ../shared/data)
+export PYRO_EXT_DATA ?= $(if $(wildcard $(SHARED_DATA)),$(SHARED_DATA),)
+
+.PHONY: demo test test-slow bench clean
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+
+$(VENV)/.installed: $(PY) pyproject.toml constraints.txt
+	$(PIP) -e .
+	@touch $@
+
+$(VENV)/.installed-test: $(VENV)/.installed
+	$(PIP) -e ".[test]"
+	@touch $@
+
+demo: $(VENV)/.installed
+	$(PY) -m pyro_ext.demo
+
+# pytest exits 5 when it collects no test: that is not a failure of the suite.
+test: $(VENV)/.installed-test
+	$(PY) -m pytest -n 2 -q; rc=$$?; if [ $$rc -eq 5 ]; then exit 0; fi; exit $$rc
+
+test-slow: $(VENV)/.installed-test
+	$(PY) -m pytest -n 2 -q -m slow; rc=$$?; if [ $$rc -eq 5 ]; then exit 0; fi; exit $$rc
+
+bench: $(VENV)/.installed
+	$(PY) benchmarks/sgmcmc_synthetic.py
+	$(PY) benchmarks/sgmcmc_speed.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis
