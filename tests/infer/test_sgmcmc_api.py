@@ -346,3 +346,20 @@ def test_vmap_and_plate_paths_agree():
     log_density, _ = kernel.potential.log_density_and_grad(z, subsamples)
     assert kernel.potential.vectorize == "plate"  # Multinomial masks by boolean index
     assert torch.allclose(log_density, by_loop)
+
+
+def test_arviz_from_pyro():
+    az = pytest.importorskip("arviz")
+    x, y = logistic_data("cpu")
+
+    def vectorisable_model(x, y):
+        w = pyro.sample("w", dist.Normal(x.new_zeros(x.shape[1]), 1.0).to_event(1))
+        with pyro.plate("data", x.shape[0], subsample_size=100) as idx:
+            pyro.sample("y", dist.Bernoulli(logits=(x[idx] * w.unsqueeze(-2)).sum(-1)), obs=y[idx])
+
+    mcmc = run(SGLD(vectorisable_model, 1e-3, num_particles=4), x, y)
+    idata = az.from_pyro(mcmc)
+    assert idata.posterior["w"].shape == (4, 20, 3)
+    assert idata.log_likelihood["y"].shape == (4, 20, 100)
+    assert not idata.sample_stats["diverging"].values.any()
+    assert set(az.summary(idata).index) == {"w[0]", "w[1]", "w[2]"}

@@ -166,9 +166,12 @@ class SGMCMCKernel(MCMCKernel):
         }
 
     def diagnostics(self):
-        if self._current_step_size is None:
-            return {}
-        return {"step_size": self._current_step_size}
+        # A non-finite state raises SamplerDivergenceError, so a finished chain has no
+        # divergent transitions; the key keeps Pyro's and ArviZ's summaries working.
+        diagnostics = {"divergences": []}
+        if self._current_step_size is not None:
+            diagnostics["step_size"] = self._current_step_size
+        return diagnostics
 
     # -- checkpointing ---------------------------------------------------------------
     def state_dict(self):
