@@ -142,7 +142,9 @@ class MCMC(pyro.infer.MCMC):
                     if kept > 0 and kept % self.thinning == 0:
                         draws.append(kernel.particles.detach().clone())
                     if self._hook_fn is not None:
-                        self._hook_fn(kernel, params, stage, step)
+                        # As in pyro.infer.MCMC, the index restarts at 0 for the sampling stage.
+                        index = step if step < self.warmup_steps else step - self.warmup_steps
+                        self._hook_fn(kernel, params, stage, index)
                     progress.set_description(stage, refresh=False)
                     if step % 10 == 0:
                         progress.set_postfix(kernel.logging(), refresh=False)

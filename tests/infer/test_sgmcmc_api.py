@@ -195,8 +195,8 @@ def test_checkpoint_resume_gives_identical_draws(tmp_path, kernel_class):
     class Interrupt(Exception):
         pass
 
-    def crash(kernel, params, stage, step):
-        if step == 47:
+    def crash(kernel, params, stage, index):
+        if stage == "Sample" and index == 27:
             raise Interrupt
 
     path = str(tmp_path / "run.ckpt")
@@ -363,3 +363,42 @@ def test_arviz_from_pyro():
     assert idata.log_likelihood["y"].shape == (4, 20, 100)
     assert not idata.sample_stats["diverging"].values.any()
     assert set(az.summary(idata).index) == {"w[0]", "w[1]", "w[2]"}
+
+
+def test_mixture_latent_site_is_sampled_in_unconstrained_space():
+    def model():
+        mixture = dist.MixtureSameFamily(dist.Categorical(torch.ones(2)), dist.Exponential(torch.tensor([1.5, 0.5])))
+        pyro.sample("x", mixture)
+
+    samples = run(SGLD(model, 0.05, num_particles=4), num_samples=50).get_samples()["x"]
+    assert (samples > 0).all()
+
+
+def test_repulsive_divergence_is_reported_not_a_linear_algebra_error():
+    def model():
+        pyro.sample("stiff", dist.Normal(torch.zeros(2), 1e-3).to_event(1))
+
+    mcmc = MCMC(SGLD(model, 0.1, num_particles=5, repulsion="rbf"), num_samples=200, warmup_steps=0, disable_progbar=True)
+    with pytest.raises(SamplerDivergenceError, match="'stiff'"):
+        mcmc.run()
+    assert torch.isfinite(mcmc.get_samples()["stiff"]).all()
+
+
+@pytest.mark.parametrize("num_particles", [1, 4])
+def test_jit_compile_gives_the_same_draws(num_particles):
+    x, y = logistic_data("cpu")
+
+    def vectorisable_model(x, y):
+        w = pyro.sample("w", dist.Normal(x.new_zeros(x.shape[1]), 1.0).to_event(1))
+        scale = pyro.sample("scale", dist.LogNormal(0.0, 1.0))
+        with pyro.plate("data", x.shape[0], subsample_size=100) as idx:
+            logits = (x[idx] * w.unsqueeze(-2)).sum(-1) / scale.unsqueeze(-1)
+            pyro.sample("y", dist.Bernoulli(logits=logits), obs=y[idx])
+
+    draws = []
+    for jit_compile in (False, True):
+        pyro.set_rng_seed(0)
+        kernel = SGHMC(vectorisable_model, 1e-3, num_particles=num_particles, jit_compile=jit_compile)
+        draws.append(run(kernel, x, y).get_samples())
+    for name in ("w", "scale"):
+        assert torch.allclose(draws[0][name], draws[1][name], atol=1e-5)

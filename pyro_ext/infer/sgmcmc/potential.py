@@ -8,6 +8,7 @@ from the plates, and all particles are evaluated in one :func:`torch.func.vmap` 
 shares one fresh subsample per plate and step.
 """
 
+import warnings
 from typing import Callable, Dict, NamedTuple, Tuple
 
 import pyro
@@ -16,7 +17,8 @@ from pyro.distributions.util import scale_and_mask
 from pyro.infer.autoguide.initialization import InitMessenger
 from pyro.poutine.messenger import Messenger
 from pyro.poutine.util import site_is_subsample
-from torch.distributions import biject_to
+from pyro.util import ignore_jit_warnings
+from torch.distributions import biject_to, constraints
 
 
 class SamplerDivergenceError(RuntimeError):
@@ -46,6 +48,7 @@ class _SiteLayout(NamedTuple):
     unconstrained_shape: torch.Size
     transform: torch.distributions.Transform
     batch_shape: torch.Size
+    is_real: bool  # unconstrained already: no transform, no Jacobian
 
 
 class _LogJointMessenger(Messenger):
@@ -90,6 +93,13 @@ class _LogJointMessenger(Messenger):
         self.log_joint = self.log_joint + log_prob
 
 
+def _base_support(support):
+    # torch has no bijection registered for a mixture's support: it is its components'.
+    while isinstance(support, constraints.MixtureSameFamilyConstraint):
+        support = support.base_constraint
+    return support
+
+
 def _subsampled_frames(site):
     return [
         f for f in site["cond_indep_stack"] if f.full_size is not None and f.full_size != f.size
@@ -103,10 +113,16 @@ class ParticlePotential:
     :param callable model: a Pyro model with continuous latent sites and static structure.
     :param tuple model_args: positional arguments of ``model``.
     :param dict model_kwargs: keyword arguments of ``model``.
+    :param bool jit_compile: trace the log density with :func:`torch.jit.trace` (as
+        ``pyro.infer.HMC(jit_compile=True)`` does) for one particle, or for several when
+        the model vectorises under a particle plate. The model must then have static
+        control flow; its arguments are baked into the trace.
     """
 
-    def __init__(self, model, model_args=(), model_kwargs=None):
+    def __init__(self, model, model_args=(), model_kwargs=None, jit_compile=False):
         self.model = model
+        self.jit_compile = jit_compile
+        self._compiled = {}
         self.model_args = tuple(model_args)
         self.model_kwargs = {} if model_kwargs is None else dict(model_kwargs)
         with pyro.poutine.block():
@@ -139,12 +155,20 @@ class ParticlePotential:
                     "stochastic-gradient samplers draw global latent variables only. Move "
                     "local latents out of subsampled plates or marginalise them."
                 )
-            transform = biject_to(fn.support)
+            support = _base_support(fn.support)
+            transform = biject_to(support)
             unconstrained = transform.inv(site["value"])
             size = unconstrained.numel()
             batch_ndim = site["value"].dim() - fn.event_dim
+            while isinstance(support, constraints.independent):
+                support = support.base_constraint
             self.layout[name] = _SiteLayout(
-                start, start + size, unconstrained.shape, transform, site["value"].shape[:batch_ndim]
+                start,
+                start + size,
+                unconstrained.shape,
+                transform,
+                site["value"].shape[:batch_ndim],
+                support is constraints.real,
             )
             start += size
         if not self.layout:
@@ -158,6 +182,7 @@ class ParticlePotential:
             if f.vectorized
         ]
         self.max_plate_nesting = max(plate_dims, default=0)
+        self._trace = trace
         self.vectorize = None
 
     @property
@@ -200,8 +225,17 @@ class ParticlePotential:
             columns.append(value.reshape(num_particles, -1))
         return torch.cat(columns, dim=-1)
 
-    def initial_particles(self, num_particles: int, init_strategy: Callable) -> torch.Tensor:
-        """Draw ``num_particles`` flat unconstrained starting points with ``init_strategy``."""
+    def initial_particles(self, num_particles: int, init_strategy=None, radius=2.0) -> torch.Tensor:
+        """
+        Draw ``num_particles`` flat unconstrained starting points: uniformly in
+        ``(-radius, radius)`` per unconstrained coordinate (what
+        :func:`~pyro.infer.autoguide.init_to_uniform` does, for all particles at once),
+        or by running a Pyro ``init_strategy`` once per particle.
+        """
+        if init_strategy is None:
+            first = self._trace.nodes[next(iter(self.layout))]["value"]
+            u = torch.rand(num_particles, self.dim, dtype=first.dtype, device=first.device)
+            return (2 * u - 1) * radius
         draws = []
         for _ in range(num_particles):
             with pyro.poutine.block():
@@ -225,15 +259,25 @@ class ParticlePotential:
             for name, (size, subsample_size) in self.subsample_sizes.items()
         }
 
+    def _constrain(self, z: torch.Tensor):
+        """Site values and the summed log-Jacobian at particles ``z`` of shape ``(..., D)``."""
+        batch = z.shape[:-1]
+        values = {}
+        log_jacobian = z.new_zeros(batch)
+        for name, s in self.layout.items():
+            unconstrained = z[..., s.start : s.end].reshape(batch + s.unconstrained_shape)
+            if s.is_real:
+                values[name] = unconstrained
+                continue
+            value = s.transform(unconstrained)
+            log_det = s.transform.log_abs_det_jacobian(unconstrained, value)
+            log_jacobian = log_jacobian + log_det.reshape(batch + (-1,)).sum(-1)
+            values[name] = value
+        return values, log_jacobian
+
     def log_density(self, z: torch.Tensor, subsamples: Dict[str, torch.Tensor]) -> torch.Tensor:
         """Log joint plus log-Jacobian at one flat unconstrained particle ``z`` of shape (D,)."""
-        values = {}
-        log_jacobian = 0.0
-        for name, s in self.layout.items():
-            unconstrained = z[s.start : s.end].reshape(s.unconstrained_shape)
-            value = s.transform(unconstrained)
-            log_jacobian = log_jacobian + s.transform.log_abs_det_jacobian(unconstrained, value).sum()
-            values[name] = value
+        values, log_jacobian = self._constrain(z)
         with _LogJointMessenger(values, subsamples) as joint:
             self.model(*self.model_args, **self.model_kwargs)
         return joint.log_joint + log_jacobian
@@ -245,21 +289,15 @@ class ParticlePotential:
         vectorises); needs a model whose batch dimensions broadcast.
         """
         num_particles, nesting = z.shape[0], self.max_plate_nesting
-        values = {}
-        log_jacobian = 0.0
+        values, log_jacobian = self._constrain(z)
         for name, s in self.layout.items():
-            unconstrained = z[:, s.start : s.end].reshape((num_particles,) + s.unconstrained_shape)
-            value = s.transform(unconstrained)
-            log_jacobian = log_jacobian + s.transform.log_abs_det_jacobian(
-                unconstrained, value
-            ).reshape(num_particles, -1).sum(-1)
             if len(s.batch_shape) > nesting:
                 raise ValueError(
                     f"site {name!r} has batch shape {tuple(s.batch_shape)} outside any "
                     "pyro.plate; declare its dimensions with .to_event() or a plate"
                 )
             pad = (1,) * (nesting - len(s.batch_shape))
-            values[name] = value.reshape((num_particles,) + pad + value.shape[1:])
+            values[name] = values[name].reshape((num_particles,) + pad + values[name].shape[1:])
         with _LogJointMessenger(values, subsamples, particle_dims=nesting) as joint:
             with pyro.plate("_pyro_ext_particles", num_particles, dim=-nesting - 1):
                 self.model(*self.model_args, **self.model_kwargs)
@@ -314,6 +352,34 @@ class ParticlePotential:
             self.vectorize = "plate"
         return log_density
 
+    def _compiled_log_density(self, z, subsamples):
+        """The traced log density for this number of particles, or None if untraceable."""
+        key = z.shape[0]
+        if key not in self._compiled:
+            names = sorted(subsamples)
+            if key == 1:
+                fn = lambda z, *idx: self.log_density(z[0], dict(zip(names, idx))).reshape(1)  # noqa: E731
+            else:
+                fn = lambda z, *idx: self.log_density_plate(z, dict(zip(names, idx)))  # noqa: E731
+            try:
+                with ignore_jit_warnings():
+                    self._compiled[key] = torch.jit.trace(fn, (z,) + tuple(subsamples[n] for n in names))
+                if key > 1:
+                    self.vectorize = "plate"
+            except Exception as error:
+                if key == 1:
+                    raise
+                warnings.warn(
+                    f"jit_compile: the model does not trace under a particle plate ({error}); "
+                    "evaluating the particles with torch.func.vmap instead, uncompiled",
+                    RuntimeWarning,
+                )
+                self._compiled[key] = None
+        compiled = self._compiled[key]
+        if compiled is None:
+            return None
+        return compiled(z, *(subsamples[n] for n in sorted(subsamples)))
+
     def log_density_and_grad(self, z: torch.Tensor, subsamples=None):
         """
         Log densities ``(L,)`` and their gradients ``(L, D)`` at particles ``z`` ``(L, D)``.
@@ -327,6 +393,10 @@ class ParticlePotential:
         z = z.detach().requires_grad_(True)
         # Distribution argument checks branch on tensor values, which vmap cannot trace.
         with torch.enable_grad(), pyro.validation_enabled(False):
-            log_density = self._log_density_all(z, subsamples)
+            log_density = None
+            if self.jit_compile:
+                log_density = self._compiled_log_density(z, subsamples)
+            if log_density is None:
+                log_density = self._log_density_all(z, subsamples)
             (grad,) = torch.autograd.grad(log_density.sum(), z)
         return log_density.detach(), grad

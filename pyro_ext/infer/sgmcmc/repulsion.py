@@ -107,5 +107,9 @@ def coupled_noise(coupling: Coupling, noise: torch.Tensor) -> torch.Tensor:
             break
         jitter *= 10.0
     else:
-        raise RuntimeError("the particle kernel matrix is not positive definite")
+        if not torch.isfinite(matrix).all():
+            # Overflowing particles: let the update turn non-finite, so that the kernel
+            # reports a divergence at this step rather than a linear-algebra error.
+            return torch.full_like(noise, math.nan)
+        raise RuntimeError("the particle kernel matrix is not positive semi-definite")
     return chol @ noise / math.sqrt(num_particles)
