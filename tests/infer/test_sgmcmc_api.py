@@ -392,13 +392,14 @@ def test_jit_compile_gives_the_same_draws(num_particles):
         w = pyro.sample("w", dist.Normal(x.new_zeros(x.shape[1]), 1.0).to_event(1))
         scale = pyro.sample("scale", dist.LogNormal(0.0, 1.0))
         with pyro.plate("data", x.shape[0], subsample_size=100) as idx:
-            logits = (x[idx] * w.unsqueeze(-2)).sum(-1) / scale.unsqueeze(-1)
-            pyro.sample("y", dist.Bernoulli(logits=logits), obs=y[idx])
+            pyro.sample("y", dist.Bernoulli(logits=(x[idx] * w).sum(-1) / scale), obs=y[idx])
 
     draws = []
     for jit_compile in (False, True):
         pyro.set_rng_seed(0)
         kernel = SGHMC(vectorisable_model, 1e-3, num_particles=num_particles, jit_compile=jit_compile)
         draws.append(run(kernel, x, y).get_samples())
+    assert list(kernel.potential._compiled) == [num_particles]
+    assert kernel.potential._compiled[num_particles] is not None
     for name in ("w", "scale"):
         assert torch.allclose(draws[0][name], draws[1][name], atol=1e-5)

@@ -362,7 +362,10 @@ class ParticlePotential:
             else:
                 fn = lambda z, *idx: self.log_density_plate(z, dict(zip(names, idx)))  # noqa: E731
             try:
-                with ignore_jit_warnings():
+                with ignore_jit_warnings(), warnings.catch_warnings():
+                    # TorchScript tracing is deprecated in favour of torch.compile, whose
+                    # compile time (about a minute for a small BNN) defeats the purpose here.
+                    warnings.simplefilter("ignore", DeprecationWarning)
                     self._compiled[key] = torch.jit.trace(fn, (z,) + tuple(subsamples[n] for n in names))
                 if key > 1:
                     self.vectorize = "plate"

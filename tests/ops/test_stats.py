@@ -1,0 +1,168 @@
+import math
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from pyro_ext.ops import kernel_stein_discrepancy
+from pyro_ext.ops.stats import kernel_stein_discrepancy as from_module
+
+
+def standard_normal_score(x):
+    return -x
+
+
+def imq(x, y, c, beta):
+    return (c**2 + (x - y).pow(2).sum()) ** beta
+
+
+def brute_force_ksd(samples, score, c, beta):
+    """sqrt(mean_ij k0(x_i, x_j)) with every derivative of the IMQ kernel by autograd."""
+    grad_x = torch.func.grad(imq, argnums=0)
+    grad_y = torch.func.grad(imq, argnums=1)
+    # d/dx_j of d/dy_i k: its trace is the divergence term nabla_x . nabla_y k.
+    cross = torch.func.jacrev(grad_y, argnums=0)
+    total = 0.0
+    for x, sx in zip(samples, score):
+        for y, sy in zip(samples, score):
+            total = total + (
+                torch.trace(cross(x, y, c, beta))
+                + grad_x(x, y, c, beta) @ sy
+                + grad_y(x, y, c, beta) @ sx
+                + imq(x, y, c, beta) * (sx @ sy)
+            )
+    return (total / samples.shape[0] ** 2).sqrt()
+
+
+def test_reexported():
+    import pyro_ext.ops
+
+    assert kernel_stein_discrepancy is from_module
+    assert pyro_ext.ops.__all__ == ["kernel_stein_discrepancy"]
+
+
+# The device fixture is a constant per test, so reusing it across examples is safe.
+@settings(
+    max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    num_samples=st.integers(1, 6),
+    dim=st.integers(1, 4),
+    c=st.floats(0.3, 3.0),
+    beta=st.floats(-0.95, -0.05),
+    seed=st.integers(0, 2**16),
+)
+def test_matches_brute_force(device, num_samples, dim, c, beta, seed):
+    generator = torch.Generator().manual_seed(seed)
+    samples = 2.0 * torch.randn(num_samples, dim, generator=generator, dtype=torch.float64)
+    score = torch.randn(num_samples, dim, generator=generator, dtype=torch.float64)
+    expected = brute_force_ksd(samples, score, c, beta)
+    actual = kernel_stein_discrepancy(samples.to(device), score.to(device), c=c, beta=beta)
+    assert actual.device.type == device.type
+    assert actual.dtype == torch.float64
+    assert actual.shape == ()
+    assert torch.allclose(actual.cpu(), expected, rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("c,beta", [(1.0, -0.5), (0.5, -0.2), (2.0, -0.9)])
+def test_single_point_closed_form(device, c, beta):
+    # For n = 1: k0(x, x) = -2 beta d c^(2 beta - 2) + c^(2 beta) |s(x)|^2.
+    x = torch.tensor([[0.3, -1.0, 2.0]], dtype=torch.float64, device=device)
+    score = torch.tensor([[1.0, 2.0, -0.5]], dtype=torch.float64, device=device)
+    expected = math.sqrt(-2 * beta * 3 * c ** (2 * beta - 2) + c ** (2 * beta) * 5.25)
+    actual = kernel_stein_discrepancy(x, score, c=c, beta=beta)
+    assert actual.item() == pytest.approx(expected, rel=1e-12)
+
+
+def test_callable_score_equals_tensor_score(device):
+    x = torch.randn(50, 3, device=device)
+    assert torch.equal(
+        kernel_stein_discrepancy(x, standard_normal_score),
+        kernel_stein_discrepancy(x, standard_normal_score(x)),
+    )
+
+
+@pytest.mark.parametrize("chunk_size", [1, 7, 64, 199, 200, 5000])
+def test_chunked_equals_unchunked(device, chunk_size):
+    x = torch.randn(200, 3, dtype=torch.float64, device=device) + 0.3
+    unchunked = kernel_stein_discrepancy(x, standard_normal_score, chunk_size=200)
+    chunked = kernel_stein_discrepancy(x, standard_normal_score, chunk_size=chunk_size)
+    assert torch.allclose(chunked, unchunked, rtol=1e-12)
+
+
+def test_float32_agrees_with_float64(device):
+    x = torch.randn(300, 2, dtype=torch.float64, device=device) * 3.0 + 100.0
+    score = -(x - 100.0)
+    exact = kernel_stein_discrepancy(x, score)
+    single = kernel_stein_discrepancy(x.float(), score.float())
+    assert single.dtype == torch.float32
+    assert single.item() == pytest.approx(exact.item(), rel=1e-3)
+
+
+def test_exact_samples_decay_as_inverse_square_root(device):
+    # E[KSD^2] = E[k0(x, x)] / n = 2 d / n for N(0, I) with c = 1, beta = -1/2, since the
+    # off-diagonal terms have mean zero (Stein's identity).
+    dim, reps = 2, 30
+    generator = torch.Generator().manual_seed(0)
+    sizes = [100, 400, 1600]
+    mean_sq = []
+    for n in sizes:
+        draws = torch.randn(reps, n, dim, generator=generator, dtype=torch.float64).to(device)
+        values = torch.stack([kernel_stein_discrepancy(x, standard_normal_score) for x in draws])
+        mean_sq.append(values.pow(2).mean().item())
+    for n, value in zip(sizes, mean_sq):
+        assert value == pytest.approx(2 * dim / n, rel=0.25)
+    slope = math.log(mean_sq[-1] / mean_sq[0]) / math.log(sizes[-1] / sizes[0])
+    assert slope == pytest.approx(-1.0, abs=0.15)  # KSD ~ n^(-1/2)
+
+
+@pytest.mark.parametrize(
+    "transform", [lambda x: x + 0.5, lambda x: 0.5 * x], ids=["shifted", "shrunk"]
+)
+def test_detects_wrong_distribution(device, transform):
+    generator = torch.Generator().manual_seed(1)
+    x = torch.randn(2000, 2, generator=generator, dtype=torch.float64).to(device)
+    exact = kernel_stein_discrepancy(x, standard_normal_score)
+    wrong = kernel_stein_discrepancy(transform(x), standard_normal_score)
+    assert wrong > 5 * exact
+
+
+def test_differentiable(device):
+    x = torch.randn(8, 2, dtype=torch.float64, device=device, requires_grad=True)
+    assert torch.autograd.gradcheck(
+        lambda x: kernel_stein_discrepancy(x, standard_normal_score, chunk_size=3), (x,)
+    )
+
+
+def test_integer_samples_are_promoted():
+    x = torch.tensor([[0, 1], [2, -1]])
+    expected = kernel_stein_discrepancy(x.to(torch.get_default_dtype()), standard_normal_score)
+    assert torch.equal(kernel_stein_discrepancy(x, standard_normal_score), expected)
+
+
+@pytest.mark.parametrize(
+    "samples,score,kwargs,match",
+    [
+        (torch.randn(5), torch.randn(5), {}, "shape \\(n, d\\)"),
+        (torch.randn(2, 3, 4), torch.randn(2, 3, 4), {}, "shape \\(n, d\\)"),
+        (torch.randn(0, 2), torch.randn(0, 2), {}, "shape \\(n, d\\)"),
+        (torch.randn(5, 2), torch.randn(5, 3), {}, "score must have the shape"),
+        (torch.randn(5, 2), lambda x: x[:, :1], {}, "score must have the shape"),
+        (torch.tensor([[0.0, float("nan")]]), torch.zeros(1, 2), {}, "samples contains NaN"),
+        (torch.zeros(1, 2), torch.tensor([[float("inf"), 0.0]]), {}, "score contains NaN"),
+        (torch.randn(5, 2), torch.randn(5, 2), {"c": 0.0}, "c must be"),
+        (torch.randn(5, 2), torch.randn(5, 2), {"c": -1.0}, "c must be"),
+        (torch.randn(5, 2), torch.randn(5, 2), {"c": float("inf")}, "c must be"),
+        (torch.randn(5, 2), torch.randn(5, 2), {"beta": 0.0}, "beta must"),
+        (torch.randn(5, 2), torch.randn(5, 2), {"beta": -1.0}, "beta must"),
+        (torch.randn(5, 2), torch.randn(5, 2), {"beta": 0.5}, "beta must"),
+        (torch.randn(5, 2), torch.randn(5, 2), {"beta": float("nan")}, "beta must"),
+        (torch.randn(5, 2), torch.randn(5, 2), {"chunk_size": 0}, "chunk_size"),
+        (torch.randn(5, 2), torch.randn(5, 2), {"chunk_size": 2.0}, "chunk_size"),
+        (torch.randn(5, 2), torch.randn(5, 2, dtype=torch.cfloat), {}, "must be real"),
+    ],
+)
+def test_errors(samples, score, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        kernel_stein_discrepancy(samples, score, **kwargs)
