@@ -462,6 +462,7 @@ def table_peers(data, budget):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--output", type=Path, default=RESULTS, help="where the tables are written")
     parser.add_argument("--quick", action="store_true", help="few steps, 2 repeats")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads on CPU")
@@ -491,8 +492,8 @@ def main():
     )
     report = "\n\n".join([preamble] + sections) + "\n"
     print(report)
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(report)
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(report)
 
 
 if __name__ == "__main__":

@@ -342,6 +342,7 @@ def tune_section(grids):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.strip().split("\n\n")[0])
+    parser.add_argument("--output", type=Path, default=RESULTS, help="where the tables are written")
     parser.add_argument("--quick", action="store_true", help="2 seeds (smoke test)")
     parser.add_argument("--seeds", type=int, default=None, help="number of seeds (default 10)")
     parser.add_argument("--tune", action="store_true", help="re-run the step-size search first")
@@ -371,8 +372,8 @@ def main():
     )
     report = "\n\n".join([preamble] + sections) + "\n"
     print(report)
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(report)
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(report)
 
 
 if __name__ == "__main__":
