@@ -215,6 +215,10 @@ class SGLD(SGMCMCKernel):
         z_i <- z_i + eps/L sum_j [k(z_j, z_i) grad log p(z_j) + grad_{z_j} k(z_j, z_i)] + eta_i
         eta ~ N(0, 2 eps T K (x) I / L)
 
+    With repulsion the drift averages over the particles (the factor ``K / L``), so when
+    they are far apart relative to the bandwidth each moves with an effective step of
+    about ``step_size / L``: scale ``step_size`` up with ``L``.
+
     Example (the same code runs on CUDA tensors)::
 
         kernel = SGLD(model, step_size=1e-3, num_particles=20, repulsion="rbf")

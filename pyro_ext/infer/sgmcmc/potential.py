@@ -17,7 +17,6 @@ from pyro.distributions.util import scale_and_mask
 from pyro.infer.autoguide.initialization import InitMessenger
 from pyro.poutine.messenger import Messenger
 from pyro.poutine.util import site_is_subsample
-from pyro.util import ignore_jit_warnings
 from torch.distributions import biject_to, constraints
 
 
@@ -362,10 +361,13 @@ class ParticlePotential:
             else:
                 fn = lambda z, *idx: self.log_density_plate(z, dict(zip(names, idx)))  # noqa: E731
             try:
-                with ignore_jit_warnings(), warnings.catch_warnings():
+                with warnings.catch_warnings():
                     # TorchScript tracing is deprecated in favour of torch.compile, whose
                     # compile time (about a minute for a small BNN) defeats the purpose here.
+                    # Tracer warnings flag Python-level constants (plate sizes, scales),
+                    # which are indeed fixed for a model with static structure.
                     warnings.simplefilter("ignore", DeprecationWarning)
+                    warnings.simplefilter("ignore", torch.jit.TracerWarning)
                     self._compiled[key] = torch.jit.trace(fn, (z,) + tuple(subsamples[n] for n in names))
                 if key > 1:
                     self.vectorize = "plate"
