@@ -62,6 +62,8 @@ from pyro_ext.infer import MCMC, SGHMC, SGLD, AdamSGLD  # noqa: E402
 from pyro_ext.infer.sgmcmc import ParticlePotential  # noqa: E402
 from pyro_ext.infer.sgmcmc.repulsion import RBFKernel  # noqa: E402
 
+from _report import markdown, write_report  # noqa: E402
+
 RESULTS = REPO / "benchmarks" / "results" / "sgmcmc_speed.md"
 HIDDEN = 50
 BATCH = 100
@@ -370,12 +372,6 @@ def verdict(ratio, target):
     return f"<= {target}: {'yes' if ratio <= target else 'NO'}"
 
 
-def markdown(header, rows):
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
-    return "\n".join(lines)
-
-
 def table_baselines(data, budget):
     rows = []
     for sampler, num_particles, jit_compile, target in [
@@ -490,11 +486,7 @@ def main():
         f"times are medians, ratios medians of per-repeat ratios. "
         f"Total {time.perf_counter() - started:.0f} s."
     )
-    report = "\n\n".join([preamble] + sections) + "\n"
-    print(report)
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(report)
-
+    write_report(preamble, sections, args.output)
 
 if __name__ == "__main__":
     main()

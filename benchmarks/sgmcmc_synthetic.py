@@ -72,6 +72,8 @@ from pyro_ext.infer import MCMC, SGLD
 from pyro_ext.infer.sgmcmc import ParticlePotential
 from pyro_ext.ops import kernel_stein_discrepancy
 
+from _report import markdown, write_report
+
 RESULTS = Path(__file__).resolve().parent / "results" / "sgmcmc_synthetic.md"
 WARMUP, KEPT_STEPS, THINNING = 500, 500, 10
 METHODS = {"SGLD": None, "SGLD+R": "rbf"}
@@ -259,11 +261,6 @@ def median_iqr(values, digits):
     return f"{median:.{digits}f} ({q1:.{digits}f}–{q3:.{digits}f})"
 
 
-def markdown(header, rows):
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows])
-
-
 def wins(ours, key, higher_is_better):
     """Seeds on which SGLD+R beats SGLD, paired by seed."""
     pairs = zip(ours["SGLD"][key], ours["SGLD+R"][key])
@@ -370,11 +367,7 @@ def main():
         f"({torch.get_num_threads()} thread), pyro {pyro.__version__}. "
         f"Total {time.perf_counter() - started:.0f} s."
     )
-    report = "\n\n".join([preamble] + sections) + "\n"
-    print(report)
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(report)
-
+    write_report(preamble, sections, args.output)
 
 if __name__ == "__main__":
     main()
