@@ -1,0 +1,55 @@
+"""Execute every tutorial notebook end to end, in quick mode (``PYRO_EXT_QUICK=1``)."""
+
+import re
+from pathlib import Path
+
+import pytest
+
+nbformat = pytest.importorskip("nbformat")
+nbclient = pytest.importorskip("nbclient")
+pytest.importorskip("ipykernel")
+pytest.importorskip("matplotlib")
+
+TUTORIALS = Path(__file__).resolve().parents[1] / "tutorials"
+NOTEBOOKS = sorted(TUTORIALS.glob("*.ipynb"))
+CELL_TIMEOUT = 600  # seconds per cell
+ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*m")
+
+
+@pytest.fixture
+def quick_mode_env(monkeypatch):
+    # nbclient starts the kernel as a subprocess, which inherits this environment.
+    monkeypatch.setenv("PYRO_EXT_QUICK", "1")
+    monkeypatch.setenv("MPLBACKEND", "Agg")
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
+def test_tutorial_runs(path, quick_mode_env):
+    notebook = nbformat.read(path, as_version=4)
+    client = nbclient.NotebookClient(
+        notebook,
+        kernel_name="python3",
+        timeout=CELL_TIMEOUT,
+        resources={"metadata": {"path": str(path.parent)}},
+    )
+    failure = None
+    try:
+        client.execute()
+    except nbclient.exceptions.CellExecutionError as error:
+        # The message holds the failing cell's source, its output so far and the traceback.
+        failure = f"{path.name}: a cell raised an error\n{ANSI_ESCAPE.sub('', str(error))}"
+    except nbclient.exceptions.CellTimeoutError as error:
+        failure = f"{path.name}: a cell ran longer than {CELL_TIMEOUT} s\n{error}"
+    if failure is not None:
+        pytest.fail(failure, pytrace=False)
+
+
+def test_tutorials_are_saved_without_outputs():
+    """Notebooks are committed with cleared outputs, which keeps the repository small."""
+    assert NOTEBOOKS, f"no notebooks found in {TUTORIALS}"
+    for path in NOTEBOOKS:
+        notebook = nbformat.read(path, as_version=4)
+        for index, cell in enumerate(notebook.cells):
+            if cell.cell_type == "code":
+                assert not cell.get("outputs"), f"{path.name}: cell {index} has saved outputs"
+                assert cell.get("execution_count") is None, f"{path.name}: cell {index} has an execution count"
