@@ -2,6 +2,7 @@
 
 import math
 from abc import abstractmethod
+from collections.abc import Mapping
 from typing import NamedTuple
 
 import torch
@@ -29,6 +30,35 @@ def _check_repulsion(repulsion, num_particles):
     if num_particles < 2:
         raise ValueError("repulsion acts between particles: it needs num_particles >= 2")
     return repulsion
+
+
+class _ParticleParams(Mapping):
+    """
+    Unconstrained site values of the particles, as :meth:`SGMCMCKernel.sample` returns
+    them. They are split out of the flat particles only when read: the sampler itself,
+    and :class:`pyro_ext.infer.MCMC`, work on the flat tensor.
+    """
+
+    def __init__(self, potential, z, squeeze):
+        self._potential, self._z, self._squeeze = potential, z, squeeze
+        self._values = None
+
+    def _unflattened(self):
+        if self._values is None:
+            values = self._potential.unflatten(self._z)
+            if self._squeeze:
+                values = {name: value[0] for name, value in values.items()}
+            self._values = values
+        return self._values
+
+    def __getitem__(self, name):
+        return self._unflattened()[name]
+
+    def __iter__(self):
+        return iter(self._potential.layout)
+
+    def __len__(self):
+        return len(self._potential.layout)
 
 
 class SGMCMCKernel(MCMCKernel):
@@ -126,11 +156,8 @@ class SGMCMCKernel(MCMCKernel):
         return self._state.z
 
     def _to_params(self, z):
-        values = self.potential.unflatten(z)
-        if self.num_particles == 1:
-            values = {name: value[0] for name, value in values.items()}
-        self._last_params = values
-        return values
+        self._last_params = _ParticleParams(self.potential, z, squeeze=self.num_particles == 1)
+        return self._last_params
 
     def sample(self, params):
         if params is not self._last_params:
@@ -152,9 +179,10 @@ class SGMCMCKernel(MCMCKernel):
         return self._to_params(self._state.z)
 
     def _check_finite(self, log_density, grad, new_z, subsamples):
-        # A single reduction, so a healthy step costs one device sync; a sum that
-        # overflows although every term is finite is ruled out by the diagnosis below.
-        if bool(torch.isfinite(log_density.sum() + grad.sum() + new_z.sum())):
+        # One reduction and one device sync for a healthy step: a non-finite gradient
+        # makes the new particles non-finite too. A sum that overflows although every
+        # term is finite is ruled out by the diagnosis below.
+        if bool(torch.isfinite(log_density.sum() + new_z.sum())):
             return
         finite_columns = torch.isfinite(grad) & torch.isfinite(new_z)
         finite = torch.isfinite(log_density) & finite_columns.all(-1)
