@@ -1,0 +1,175 @@
+r"""Common API of agents and environments for threatened Markov decision processes.
+
+A TMDP (Gallego, 2021, Definition 4.1) is a tuple :math:`(\mathcal{S}, \mathcal{A},
+\mathcal{B}, \mathcal{T}, R, p_A)`: the supported agent A (the decision maker, DM) picks
+:math:`a \in \mathcal{A}`, her opponent B picks :math:`b \in \mathcal{B}`, and both the
+transition and the reward depend on the pair :math:`(a, b)`.
+
+Everything is batched: a leading dimension ``B`` indexes *independent runs* (independent
+environments, each with its own agent tables), so that many seeds vectorise. States are
+integer indices (``LongTensor`` of shape ``(B,)``), actions too.
+"""
+
+import math
+import numbers
+from abc import ABC, abstractmethod
+
+import torch
+
+__all__ = ["Agent", "Environment"]
+
+
+def check_probability(value, name, *, low_open=False, high_open=False):
+    """Validate a real hyperparameter in ``[0, 1]`` (ends optionally open)."""
+    ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+    ok = ok and (0 < value if low_open else 0 <= value) and (value < 1 if high_open else value <= 1)
+    if not ok:
+        interval = ("(" if low_open else "[") + "0, 1" + (")" if high_open else "]")
+        raise ValueError(f"{name} must be a number in {interval}, got {value!r}")
+    return float(value)
+
+
+def check_positive_int(value, name, minimum=1):
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    return int(value)
+
+
+def check_actions(actions, num_actions, name):
+    """Raise a ValueError if ``actions`` holds an index outside ``[0, num_actions)``."""
+    if actions.dtype not in (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8):
+        raise ValueError(f"{name} must be an integer tensor, got dtype {actions.dtype}")
+    if actions.numel() and (int(actions.min()) < 0 or int(actions.max()) >= num_actions):
+        raise ValueError(
+            f"{name} must lie in [0, {num_actions}), got values in "
+            f"[{int(actions.min())}, {int(actions.max())}]"
+        )
+
+
+class Agent(ABC):
+    r"""A (batched) player of a two-player stochastic game.
+
+    Lifecycle: :meth:`attach` fixes the sizes of the game *seen from this agent's side*
+    (its own actions, its opponent's actions); :meth:`reset` allocates the tables of
+    ``batch_size`` independent runs on ``generator.device``; then :meth:`act` and
+    :meth:`update` alternate. An opponent uses the very same API from its own side, i.e.
+    with ``action`` and ``opponent_action`` (and the two rewards) swapped.
+
+    Sizes given to the constructor (``num_actions``, ``num_opponent_actions``) are checked
+    against the game in :meth:`attach`, so that a mismatched action space is a clear error.
+    """
+
+    def __init__(self, num_actions=None, num_opponent_actions=None):
+        self._declared = {
+            "num_actions": None
+            if num_actions is None
+            else check_positive_int(num_actions, "num_actions"),
+            "num_opponent_actions": None
+            if num_opponent_actions is None
+            else check_positive_int(num_opponent_actions, "num_opponent_actions"),
+        }
+        self.num_states = self.num_actions = self.num_opponent_actions = None
+        self.generator = None
+        self.batch_size = None
+
+    def attach(self, num_states, num_actions, num_opponent_actions):
+        """Fix the game sizes seen from this agent's side; raise on mismatched spaces."""
+        sizes = {"num_actions": num_actions, "num_opponent_actions": num_opponent_actions}
+        for name, size in sizes.items():
+            declared = self._declared[name]
+            if declared is not None and declared != size:
+                raise ValueError(
+                    f"{type(self).__name__} was built for {name}={declared} but the game has "
+                    f"{name}={size}"
+                )
+        self.num_states = check_positive_int(num_states, "num_states")
+        self.num_actions = check_positive_int(num_actions, "num_actions")
+        self.num_opponent_actions = check_positive_int(num_opponent_actions, "num_opponent_actions")
+        return self
+
+    def reset(self, batch_size, generator):
+        """Allocate the state of ``batch_size`` independent runs on ``generator.device``."""
+        if self.num_actions is None:
+            raise ValueError(f"{type(self).__name__}.attach(...) must be called before reset")
+        self.batch_size = check_positive_int(batch_size, "batch_size")
+        if not isinstance(generator, torch.Generator):
+            raise ValueError(f"generator must be a torch.Generator, got {type(generator)}")
+        self.generator = generator
+        return self
+
+    @property
+    def device(self):
+        return self.generator.device
+
+    @abstractmethod
+    def action_probs(self, state):
+        """Policy :math:`\\pi(a | s)` of every run: ``(B,) -> (B, num_actions)``."""
+
+    def act(self, state):
+        """Sample an action for every run: LongTensor ``(B,) -> (B,)``."""
+        from .policies import sample
+
+        return sample(self.action_probs(state), self.generator)
+
+    @abstractmethod
+    def update(
+        self,
+        state,
+        action,
+        opponent_action,
+        reward,
+        next_state,
+        opponent_reward=None,
+        done=None,
+        mask=None,
+    ):
+        """Learn from the transition ``(s, a, b, r_A, r_B, s')`` of every run.
+
+        :param done: bool ``(B,)``, True where ``next_state`` is terminal (no bootstrap).
+        :param mask: bool ``(B,)``, rows where it is False (runs whose episode has already
+            ended) are left untouched.
+        """
+
+    def check_transition(self, action, opponent_action):
+        check_actions(action, self.num_actions, "action")
+        check_actions(opponent_action, self.num_opponent_actions, "opponent_action")
+
+
+class Environment(ABC):
+    """A batched two-player game with a small common API.
+
+    Attributes: ``num_states``, ``num_actions`` (the supported agent's), ``num_opponent_actions``
+    (each opponent's), ``num_opponents`` (1 unless several opponents act, then opponent
+    actions and rewards carry a trailing dimension of that size) and ``horizon`` (maximum
+    number of steps of an episode). ``done`` returned by :meth:`step` marks *terminal*
+    states (no bootstrapping); reaching the horizon is a truncation, not a termination, so
+    repeated games (one state, ``horizon=1``) keep discounting across rounds as in the thesis.
+    """
+
+    num_opponents = 1
+
+    @abstractmethod
+    def reset(self, batch_size, generator):
+        """Start an episode in ``batch_size`` independent runs; return the states ``(B,)``."""
+
+    @abstractmethod
+    def step(self, action, opponent_action):
+        """Return ``(next_state, reward, opponent_reward, done)`` for every run."""
+
+    def features(self, state):
+        """Real feature vectors of the states, ``(B,) -> (B, num_features)`` (default one-hot)."""
+        return torch.nn.functional.one_hot(state, self.num_states).to(torch.get_default_dtype())
+
+    @property
+    def num_features(self):
+        return self.num_states
+
+    def check_actions(self, action, opponent_action):
+        check_actions(action, self.num_actions, "action")
+        check_actions(opponent_action, self.num_opponent_actions, "opponent_action")
+        expected = action.shape if self.num_opponents == 1 else (*action.shape, self.num_opponents)
+        if tuple(opponent_action.shape) != tuple(expected):
+            raise ValueError(
+                f"opponent_action must have shape {tuple(expected)}, "
+                f"got {tuple(opponent_action.shape)}"
+            )
