@@ -100,7 +100,7 @@ class Recorder:
 
 
 class RecordingL2(Recorder, LevelKQLearner):
-    pass
+    """A level-2 learner that counts its own actions."""
 
 
 # ---------------------------------------------------------------------------------------------

@@ -193,7 +193,7 @@ def test_checkpoint_resume_gives_identical_draws(tmp_path, kernel_class):
     reference = run(kernel_class(logistic_model, 1e-3, num_particles=3, repulsion="rbf"), x, y, **kwargs)
 
     class Interrupt(Exception):
-        pass
+        """A simulated crash in the middle of the sampling stage."""
 
     def crash(kernel, params, stage, index):
         if stage == "Sample" and index == 27:
