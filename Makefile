@@ -31,8 +31,7 @@ test-slow: $(VENV)/.installed-test
 	$(PY) -m pytest -n 2 -q -m slow; rc=$$?; if [ $$rc -eq 5 ]; then exit 0; fi; exit $$rc
 
 bench: $(VENV)/.installed
-	$(PY) benchmarks/sgmcmc_synthetic.py
-	$(PY) benchmarks/sgmcmc_speed.py
+	for script in benchmarks/[!_]*.py; do $(PY) $$script || exit 1; done
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis
