@@ -105,10 +105,17 @@ class BayesianMLP(PyroModule):
     puts ``Gamma(1, 0.1)`` on both precisions) used in thesis section 2.3.3.
 
     The observations ``"obs"`` lie in ``pyro.plate("data", N, subsample_size=...)`` (dim
-    ``-1``), so a minibatch likelihood is scaled by ``N / |batch|``. The network runs
-    once over all of ``x``; the return value is its output for every row of ``x``: the
-    regression mean or the logits, of shape ``(N,)`` when ``out_features == 1`` (Gaussian
-    and Bernoulli) and ``(N, out_features)`` otherwise (always for Categorical).
+    ``-1``), so a minibatch likelihood is scaled by ``N / |batch|``. By default
+    (``full_output=True``) the network runs once over all of ``x`` and the return value is
+    its output for every row of ``x``: the regression mean or the logits, of shape
+    ``(N,)`` when ``out_features == 1`` (Gaussian and Bernoulli) and ``(N, out_features)``
+    otherwise (always for Categorical). That makes every minibatch step cost O(N); with
+    ``full_output=False`` and a ``subsample_size``, the network runs on the minibatch rows
+    only and the return value is the output for those rows, ``(B,)`` or
+    ``(B, out_features)`` with ``B = subsample_size``, in the order of the plate's
+    indices. The log joint is the same either way; without ``subsample_size`` the two
+    settings are identical. Use ``full_output=False`` for stochastic-gradient MCMC on
+    large data sets.
 
     Weight draws may carry leading batch dimensions (a particle plate, or
     ``Predictive(parallel=True)``): the output then has those in front, ``(S, N, ...)``.
@@ -127,6 +134,9 @@ class BayesianMLP(PyroModule):
     :param tuple noise_prior: ``(shape, rate)`` of the Gamma prior on ``"precision"``.
     :param tuple weight_precision_prior: ``(shape, rate)`` of the Gamma prior on
         ``"weight_precision"``.
+    :param bool full_output: when subsampling, run the network over all rows of ``x``
+        and return the full output (default, O(N) per call), or, if ``False``, over the
+        minibatch rows only and return the minibatch output (O(batch) per call).
 
     Example::
 
@@ -148,8 +158,12 @@ class BayesianMLP(PyroModule):
         hierarchical=False,
         noise_prior=(1.0, 0.1),
         weight_precision_prior=(1.0, 0.1),
+        full_output=True,
     ):
         super().__init__()
+        if not isinstance(full_output, bool):
+            raise ValueError(f"full_output must be a bool, got {full_output!r}")
+        self.full_output = full_output
         if isinstance(hidden, int) and not isinstance(hidden, bool):
             hidden = (hidden,)
         widths = [in_features, *hidden, out_features]
@@ -251,7 +265,8 @@ class BayesianMLP(PyroModule):
         """
         Run the model on inputs ``x`` ``(N, in_features)`` with optional observations
         ``y``; ``subsample_size`` draws a minibatch of rows for the likelihood.
-        Returns the network output for all rows of ``x`` (see the class docstring).
+        Returns the network output for all rows of ``x``, or with ``full_output=False``
+        and a ``subsample_size`` for the minibatch rows only (see the class docstring).
         """
         y = self._check_data(x, y)
         num = x.shape[0]
@@ -260,17 +275,29 @@ class BayesianMLP(PyroModule):
         ):
             raise ValueError(f"subsample_size must be an integer in [1, {num}], got {subsample_size!r}")
         precision = self.precision if self.likelihood == "gaussian" else None
-        h = x
-        for i, layer in enumerate(self.layers):
-            h = layer(h)
-            if i < len(self.layers) - 1:
-                h = self.activation(h)
-        output = h.squeeze(-1) if self.out_features == 1 else h
+        if subsample_size is not None and not self.full_output:
+            # Draw the weights outside the data plate (PyroModule caches them for this
+            # call), so that their sites are neither batched nor rescaled by it.
+            for layer in self.layers:
+                _ = (layer.weight, layer.bias)
+            with pyro.plate("data", num, subsample_size=subsample_size, dim=-1, device=x.device) as idx:
+                rows = self._network(x.index_select(0, idx))
+                obs = None if y is None else y.index_select(0, idx)
+                pyro.sample("obs", self.likelihood_dist(rows, precision), obs=obs)
+            return rows
+        output = self._network(x)
         with pyro.plate("data", num, subsample_size=subsample_size, dim=-1, device=x.device) as idx:
             rows = output.index_select(-1 if self.out_features == 1 else -2, idx)
             obs = None if y is None else y.index_select(0, idx)
             pyro.sample("obs", self.likelihood_dist(rows, precision), obs=obs)
         return output
+
+    def _network(self, h):
+        for i, layer in enumerate(self.layers):
+            h = layer(h)
+            if i < len(self.layers) - 1:
+                h = self.activation(h)
+        return h.squeeze(-1) if self.out_features == 1 else h
 
 
 def _latent_names(net, x):

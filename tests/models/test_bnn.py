@@ -88,6 +88,49 @@ def test_subsample_scales_likelihood(likelihood, out_features, device):
     assert torch.equal(sub.nodes["_RETURN"]["value"], full.nodes["_RETURN"]["value"])
 
 
+@pytest.mark.parametrize("likelihood,out_features", CASES)
+def test_full_output_false_same_log_joint_on_subsample(likelihood, out_features, device):
+    x, y = _data(likelihood, out_features, device)
+    kwargs = dict(hidden=(4,), out_features=out_features, likelihood=likelihood, hierarchical=True)
+    full_net = BayesianMLP(D, **kwargs).to(device)
+    mini_net = BayesianMLP(D, full_output=False, **kwargs).to(device)
+    latents = {
+        k: v["value"]
+        for k, v in pyro.poutine.trace(full_net).get_trace(x).nodes.items()
+        if v["type"] == "sample" and k not in ("obs", "data")
+    }
+    idx = torch.tensor([7, 1, 10, 4], device=device)
+    traces = []
+    for net in (full_net, mini_net):
+        trace = pyro.poutine.trace(pyro.poutine.condition(net, {**latents, "data": idx})).get_trace(
+            x, y, subsample_size=4
+        )
+        traces.append(trace)
+    full, mini = traces
+    assert torch.allclose(mini.log_prob_sum(), full.log_prob_sum(), rtol=1e-5)
+    assert torch.allclose(mini.nodes["obs"]["fn"].log_prob(y[idx]), full.nodes["obs"]["fn"].log_prob(y[idx]))
+    # Only the minibatch output comes back, in the order of the plate's indices.
+    full_out, mini_out = full.nodes["_RETURN"]["value"], mini.nodes["_RETURN"]["value"]
+    assert mini_out.shape[0] == 4
+    assert torch.allclose(mini_out, full_out[idx], atol=1e-6)
+    # Without subsampling both settings are identical.
+    plain = [pyro.poutine.condition(net, latents)(x) for net in (full_net, mini_net)]
+    assert torch.equal(plain[0], plain[1])
+
+
+def test_full_output_false_under_sgld_potential():
+    x, y = _data("gaussian", 1, "cpu")
+    nets = [BayesianMLP(D, hidden=(4,), full_output=flag) for flag in (True, False)]
+    potentials = [ParticlePotential(net, (x, y), {"subsample_size": 5}) for net in nets]
+    z = torch.randn(3, potentials[0].dim)
+    subsamples = potentials[0].draw_subsamples(z.device)
+    values = [p.log_density_and_grad(z, subsamples) for p in potentials]
+    assert torch.allclose(values[0][0], values[1][0], rtol=1e-5)
+    assert torch.allclose(values[0][1], values[1][1], rtol=1e-4, atol=1e-5)
+    with pytest.raises(ValueError, match="full_output"):
+        BayesianMLP(D, full_output="no")
+
+
 @pytest.mark.parametrize("hierarchical", [False, True])
 def test_particle_plate_matches_vmap_and_single(hierarchical):
     x, y = _data("gaussian", 1, "cpu")
