@@ -145,9 +145,11 @@ class MCMC(pyro.infer.MCMC):
                         # As in pyro.infer.MCMC, the index restarts at 0 for the sampling stage.
                         index = step if step < self.warmup_steps else step - self.warmup_steps
                         self._hook_fn(kernel, params, stage, index)
-                    progress.set_description(stage, refresh=False)
-                    if step % 10 == 0:
-                        progress.set_postfix(kernel.logging(), refresh=False)
+                    if not progress.disable:
+                        # kernel.logging() reads device values: only pay for it when shown.
+                        progress.set_description(stage, refresh=False)
+                        if step % 10 == 0:
+                            progress.set_postfix(kernel.logging(), refresh=False)
                     progress.progress_bars[0].update()
                     if self.checkpoint_path is not None and (step + 1) % every == 0:
                         self._save_checkpoint(step + 1, draws)
