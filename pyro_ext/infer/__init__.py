@@ -1,4 +1,5 @@
-"""Inference: stochastic-gradient MCMC kernels with repulsion and a particle-aware MCMC."""
+"""Inference: stochastic-gradient MCMC kernels with repulsion, a particle-aware MCMC, and
+variationally inferred sampling (VIS)."""
 
 from .mcmc import MCMC
 from .sgmcmc import (
@@ -12,6 +13,7 @@ from .sgmcmc import (
     SamplerDivergenceError,
     SGMCMCKernel,
 )
+from .vis import VIS
 
 __all__ = [
     "AdamSGLD",
@@ -24,4 +26,5 @@ __all__ = [
     "SGLD",
     "SGMCMCKernel",
     "SamplerDivergenceError",
+    "VIS",
 ]

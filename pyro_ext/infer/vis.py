@@ -1,0 +1,568 @@
+r"""
+Variationally inferred sampling (VIS), thesis section 2.4 and appendix 2.A.
+
+A tractable base guide :math:`q_{0,\phi}` is refined by ``T`` steps of a gradient-based
+sampler :math:`Q_{\eta,T}` on the model's log joint, giving the refined approximation of
+eq. (2.9)
+
+.. math:: q_{\phi,\eta}(z) = \int Q_{\eta,T}(z | z_0)\, q_{0,\phi}(z_0)\, dz_0 .
+
+Sampling from it is easy; its log density is not, so the refined ELBO (2.10) uses one of
+the thesis' approximations of :math:`\log q_{\phi,\eta}(z_T)`:
+
+* ``"particle"`` (VIS-P): a Dirac at :math:`z_T`, regularised by the entropy of
+  :math:`q_0`, i.e. :math:`\log q(z_T) := \log q_0(z_0)`;
+* ``"mc"`` (VIS-MC): the joint over the chain, :math:`\log q_0(z_0) + \sum_t \log
+  \mathcal N(z_t | z_{t-1} + \eta \nabla\log p(z_{t-1}), 2\eta I)` (SGLD only);
+* ``"gaussian"`` (VIS-G): :math:`z \sim \mathcal N(z_T, \sigma_\phi)` with a learnable
+  scale :math:`\sigma_\phi` per site;
+* ``"fokker_planck"`` (VIS-FP): the deterministic flow of eq. (2.11),
+  :math:`z_t = z_{t-1} + \eta(\nabla\log p - \nabla\log q_t)(z_{t-1})`, with the RBF
+  kernel estimate of :math:`\nabla\log q_t` over the particles (appendix 2.A), and the
+  VIS-P regulariser :math:`\log q_0(z_0)`.
+
+The sampler runs in unconstrained space on :math:`\log p(x, z) + \log|J|`, so every log
+density above is one of unconstrained values; the guide reports it for the constrained
+value by subtracting :math:`\log|J(u_T)|` (and :math:`\log q_0` is read off the base guide
+in constrained space, hence the :math:`+ \log|J(u_0)|`).
+
+``gradient="full"`` backpropagates through the ``T`` steps (the step size :math:`\eta`
+is learned from the refined ELBO), ``gradient="fast"`` uses eq. (2.13),
+:math:`z_T = z_0 + \mathrm{stop\_grad}(\sum_t \Delta z_t)`.
+"""
+
+import math
+import warnings
+from contextlib import ExitStack
+
+import pyro
+import pyro.distributions as dist
+import pyro.poutine as poutine
+import torch
+from pyro.distributions.util import sum_rightmost
+from pyro.infer.mcmc.util import TraceEinsumEvaluator
+from pyro.infer.svgd import SteinKernel
+from pyro.poutine.messenger import Messenger
+from pyro.poutine.util import site_is_subsample
+from torch.distributions import biject_to, constraints
+
+from .sgmcmc.repulsion import Coupling, RBFKernel, coupled_noise, stein_coupling
+from .sgmcmc.updates import (
+    AdamState,
+    MomentumState,
+    adam_sgld_update,
+    drift,
+    sghmc_update,
+)
+
+SAMPLERS = ("sgd", "sgld", "sghmc", "adam", "svgd")
+ENTROPIES = ("particle", "mc", "gaussian", "fokker_planck")
+GRADIENTS = ("full", "fast")
+
+
+def _rbf(kernel, z):
+    """Differentiable RBF Gram matrix and its (detached, median-heuristic) bandwidth."""
+    sq = kernel._squared_distances(z)
+    h = kernel._bandwidth(sq.detach())
+    return torch.exp(-sq / h), h
+
+
+def _coupling(kernel, z):
+    # RBFKernel.coupling runs under no_grad (MCMC never differentiates through it); here
+    # the ELBO does, so the RBF case is rebuilt from the differentiable Gram matrix.
+    if not isinstance(kernel, RBFKernel):
+        return stein_coupling(kernel, z)
+    matrix, h = _rbf(kernel, z)
+    return Coupling(matrix, (2.0 / h) * (matrix.sum(-1, keepdim=True) * z - matrix @ z))
+
+
+def fokker_planck_score(kernel, z):
+    r"""
+    The kernel estimate of :math:`-\nabla\log q(z_m)` at particles ``z`` ``(L, D)``
+    (appendix 2.A), with :math:`\nabla_{z_m} K(z_m, z_n) = -\frac2h (z_m - z_n) K_{mn}`::
+
+        - sum_n grad K(z_m, z_n) / sum_n K_mn  -  sum_l grad K(z_m, z_l) / sum_n K_nl
+    """
+    matrix, h = _rbf(kernel, z)
+    mass = matrix.sum(-1, keepdim=True)  # K is symmetric: row sums = column sums
+    own = z - matrix @ z / mass
+    others = z * (matrix @ mass.reciprocal()) - matrix @ (z / mass)
+    return (2.0 / h) * (own + others)
+
+
+def _differentiable_noise(noise, step_size):
+    # sghmc/adam updates scale their noise by math.sqrt(step_size), a Python float. Dividing
+    # by that float and multiplying by the tensor sqrt leaves the value unchanged and lets
+    # the gradient of the noise scale reach the step size.
+    root = torch.sqrt(step_size)
+    return noise * root / root.detach().item()
+
+
+def refine(z0, grad_fn, step_size, num_steps, sampler="sgd", kernel=None,
+           fokker_planck=False, friction=0.1, track_density=False, fast=False):
+    r"""
+    Run ``num_steps`` sampler steps from particles ``z0`` ``(L, D)`` (unconstrained).
+
+    :param callable grad_fn: ``(z, create_graph) -> grad`` of the log joint, ``(L, D)``.
+    :param torch.Tensor step_size: the step size :math:`\eta` (0-dim).
+    :param str sampler: one of :data:`SAMPLERS`; ``"sgd"`` and ``"svgd"`` are noise-free.
+    :param kernel: a :class:`~pyro.infer.svgd.SteinKernel` coupling the particles (SVGD,
+        or the repulsion of the SG-MCMC samplers), or the kernel of the VIS-FP estimate.
+    :param bool fokker_planck: add the VIS-FP term :func:`fokker_planck_score` (eq. 2.11).
+    :param bool track_density: also return the summed SGLD transition log densities
+        :math:`\sum_t \log\mathcal N(z_t | z_{t-1} + \eta\,\mathrm{drift}, 2\eta I)`,
+        elementwise ``(L, D)`` (VIS-MC).
+    :param bool fast: eq. (2.13): return :math:`z_0 + \mathrm{stop\_grad}(z_T - z_0)`.
+    :returns: ``(z_T, log_density)``, ``log_density`` ``None`` unless ``track_density``.
+    """
+    if fast:
+        step_size, z = step_size.detach(), z0.detach()
+    else:
+        z = z0
+    log_density = torch.zeros_like(z0) if track_density else None
+    zeros = torch.zeros_like(z)
+    momentum = MomentumState(z, zeros)
+    adam = AdamState(z, zeros, zeros, 0)
+    for _ in range(num_steps):
+        grad = grad_fn(z, not fast)
+        if fokker_planck:
+            grad = grad + fokker_planck_score(kernel, z)
+            coupling = None
+        else:
+            coupling = None if kernel is None else _coupling(kernel, z)
+        if sampler in ("sgd", "svgd"):
+            z = z + step_size * drift(grad, coupling)
+            continue
+        noise = torch.randn_like(z)
+        if sampler == "sgld":
+            correlated = noise if coupling is None else coupled_noise(coupling, noise)
+            z = z + step_size * drift(grad, coupling) + torch.sqrt(2 * step_size) * correlated
+            if track_density:
+                # z_t - mean_t = sqrt(2 eta) * noise exactly, so log N(z_t | mean_t, 2 eta I)
+                # is this, elementwise.
+                log_density = log_density - 0.5 * (
+                    noise.pow(2) + torch.log(4 * math.pi * step_size)
+                )
+        else:
+            noise = _differentiable_noise(noise, step_size)
+            with warnings.catch_warnings():
+                # The float conversion it warns about is undone by _differentiable_noise.
+                warnings.filterwarnings("ignore", "Converting a tensor with requires_grad")
+                if sampler == "sghmc":
+                    momentum = sghmc_update(
+                        momentum._replace(z=z), grad, step_size, friction, noise, coupling
+                    )
+                    z = momentum.z
+                else:
+                    adam = adam_sgld_update(adam._replace(z=z), grad, step_size, noise, coupling)
+                    z = adam.z
+    if fast:
+        z = z0 + (z - z0.detach())
+    return z, log_density
+
+
+class _HideAndRecord(Messenger):
+    """
+    Records the base guide's sample sites and hides them from outer traces, while outer
+    plates (e.g. a vectorised particle plate) still act on them.
+    """
+
+    def __init__(self):
+        super().__init__()
+        self.sites = {}
+
+    def _process_message(self, msg):
+        if msg["type"] == "sample" and not msg["is_observed"]:
+            msg["infer"] = dict(msg["infer"], _do_not_trace=True, is_auxiliary=True)
+
+    def _postprocess_message(self, msg):
+        if msg["type"] == "sample" and not msg["is_observed"]:
+            self.sites[msg["name"]] = msg.copy()
+
+
+class _Site:
+    """A refined latent site: its transform and its layout in the flat particles."""
+
+    def __init__(self, name, base, model_site, particle_dim, num_particles):
+        self.name, self.base = name, base
+        fn = model_site["fn"]
+        self.transform = biject_to(fn.support)
+        self.event_dim = fn.event_dim
+        self.u_event_dim = (
+            fn.event_dim - self.transform.codomain.event_dim + self.transform.domain.event_dim
+        )
+        u0 = self.transform.inv(base["value"])
+        self.shape = u0.shape
+        # Rows are particles: the particle plate's dim moves first (L = 1 without one).
+        if particle_dim is None:
+            self.pos = None
+            self.moved_shape = (1,) + u0.shape
+        else:
+            self.pos = u0.dim() + particle_dim - self.u_event_dim
+            if self.pos < 0 or u0.shape[self.pos] != num_particles:
+                raise ValueError(
+                    f"site {name!r} of the base guide does not vary along the particle plate"
+                )
+            self.moved_shape = u0.movedim(self.pos, 0).shape
+        self.numel = u0.numel() // num_particles
+        self.u0 = u0
+
+    def rows(self, u):
+        if self.pos is None:
+            return u.reshape(1, -1)
+        return u.movedim(self.pos, 0).reshape(self.moved_shape[0], -1)
+
+    def unrows(self, rows):
+        u = rows.reshape(self.moved_shape)
+        return u[0] if self.pos is None else u.movedim(0, self.pos)
+
+    def log_jacobian(self, u, x):
+        """``log|dx/du|`` summed over the site's event dims (batch shape)."""
+        ld = self.transform.log_abs_det_jacobian(u, x)
+        return sum_rightmost(ld, self.u_event_dim - self.transform.domain.event_dim)
+
+
+class VIS:
+    r"""
+    A Pyro guide refining ``base_guide`` by ``num_steps`` sampler steps (thesis sec. 2.4).
+
+    Use it wherever a guide goes: :class:`~pyro.infer.SVI` with
+    :class:`~pyro.infer.Trace_ELBO` or :class:`~pyro.infer.TraceEnum_ELBO` (discrete
+    model sites the base guide does not sample are enumerated in the ELBO and
+    marginalised, by the same enumeration, in the sampler's potential), and
+    :class:`~pyro.infer.Predictive`. Each call runs the base guide (its sample sites are
+    hidden from the ELBO), maps its draws of the model's latent sites to unconstrained
+    space, refines them on :math:`\log p(x, z) + \log|J|` and samples the refined values.
+
+    Data subsampled with ``pyro.plate(..., subsample_size=...)`` in the base guide is
+    used by the potential too: the model's plates are conditioned on the base guide's
+    subsample indices. The potential is the log joint as Pyro scales it (the likelihood
+    of a global latent is scaled by ``N / B``), but the gradient of a site is divided by
+    the scale of that site, so a local latent :math:`z_i` moves along the per-datapoint
+    :math:`\nabla_{z_i}\log p(x_i, z_i)`.
+
+    Interacting samplers (``"svgd"``, ``repulsion``, VIS-FP) need several particles in
+    one call: run under ``Trace_ELBO(num_particles=L, vectorize_particles=True,
+    max_plate_nesting=...)``, ``Predictive(..., parallel=True)`` or
+    :meth:`sample_posterior`. Any plate enclosing the guide that the model itself does
+    not declare is taken as the particle plate.
+
+    :param callable model: the Pyro model.
+    :param callable base_guide: the initial guide :math:`q_{0,\phi}`, reparameterised
+        (e.g. an AutoGuide, or an amortised encoder guide).
+    :param str sampler: ``"sgd"`` (noise-free gradient ascent, the thesis' default),
+        ``"sgld"``, ``"sghmc"``, ``"adam"`` (Adam+N) or ``"svgd"``.
+    :param int num_steps: ``T >= 0`` refinement steps; ``T = 0`` is the base guide,
+        except with ``entropy="gaussian"``, which is then :math:`\mathcal N(z_0,
+        \sigma_\phi)`.
+    :param float step_size: the initial step size :math:`\eta > 0`.
+    :param bool learn_step_size: make :math:`\eta` the positive ``pyro.param``
+        ``f"{name}_step_size"``.
+    :param str entropy: ``"particle"`` (VIS-P), ``"mc"`` (VIS-MC, SGLD without
+        repulsion only: the deterministic samplers have no transition density),
+        ``"gaussian"`` (VIS-G, scales ``f"{name}_{site}_scale"``) or
+        ``"fokker_planck"`` (VIS-FP, with ``sampler="sgd"``, which it turns into the flow
+        of eq. 2.11).
+    :param str gradient: ``"full"`` differentiates through the ``T`` steps: the
+        potential's gradient is taken with ``create_graph=True``, so the loss is
+        second-order and its graph (memory) grows linearly with ``T``; the step size is
+        learned. ``"fast"`` (eq. 2.13) detaches the update ``z_T - z_0``: first-order,
+        memory independent of ``T``, and the step size gets no gradient.
+    :param repulsion: ``None``, ``"rbf"`` or a :class:`~pyro.infer.svgd.SteinKernel`
+        coupling the particles of ``"sgld"``, ``"sghmc"`` or ``"adam"`` (thesis sec.
+        2.3); the kernel of ``"svgd"`` (RBF by default).
+    :param float friction: the SGHMC friction.
+    :param float gaussian_scale: the initial :math:`\sigma_\phi` of VIS-G.
+    :param str name: prefix of the guide's parameters.
+    """
+
+    def __init__(self, model, base_guide, sampler="sgd", num_steps=1, step_size=1e-3,
+                 learn_step_size=True, entropy="particle", gradient="full", repulsion=None,
+                 friction=0.1, gaussian_scale=0.1, name="vis"):
+        for arg, value, choices in (
+            ("sampler", sampler, SAMPLERS),
+            ("entropy", entropy, ENTROPIES),
+            ("gradient", gradient, GRADIENTS),
+        ):
+            if value not in choices:
+                raise ValueError(f"{arg} must be one of {choices}, got {value!r}")
+        if isinstance(num_steps, bool) or not isinstance(num_steps, int) or num_steps < 0:
+            raise ValueError(f"num_steps must be an integer >= 0, got {num_steps!r}")
+        for arg, value in (("step_size", step_size), ("gaussian_scale", gaussian_scale)):
+            if not (isinstance(value, (int, float)) and 0 < value < math.inf):
+                raise ValueError(f"{arg} must be a positive finite float, got {value!r}")
+        if repulsion is not None:
+            if sampler not in ("sgld", "sghmc", "adam", "svgd"):
+                raise ValueError(
+                    f"repulsion applies to sampler 'sgld', 'sghmc', 'adam' or 'svgd', not "
+                    f"{sampler!r} (sgd with repulsion is sampler='svgd')"
+                )
+            if repulsion == "rbf":
+                repulsion = RBFKernel()
+            elif not isinstance(repulsion, SteinKernel):
+                raise ValueError(
+                    f"repulsion must be None, 'rbf' or a SteinKernel, got {repulsion!r}"
+                )
+        if entropy == "mc" and (sampler != "sgld" or repulsion is not None):
+            raise ValueError(
+                "entropy='mc' needs sampler='sgld' without repulsion: the VIS-MC term is "
+                "the Gaussian transition density of SGLD, which the other samplers lack"
+            )
+        if entropy == "fokker_planck" and sampler != "sgd":
+            raise ValueError(
+                "entropy='fokker_planck' is the deterministic flow of eq. (2.11): use "
+                f"sampler='sgd', got sampler={sampler!r}"
+            )
+        self.model, self.base_guide = model, base_guide
+        self.sampler, self.num_steps, self.entropy = sampler, num_steps, entropy
+        self.step_size, self.learn_step_size = float(step_size), learn_step_size
+        self.gradient, self.friction = gradient, friction
+        self.gaussian_scale, self.name = float(gaussian_scale), name
+        if sampler == "svgd" or entropy == "fokker_planck":
+            repulsion = repulsion or RBFKernel()
+        self.kernel = repulsion
+        self._prototype = None
+
+    # -- model structure ---------------------------------------------------------------
+
+    def _setup(self, args, kwargs):
+        # Reading the model's structure must not consume randomness: with T = 0 the guide
+        # has to draw exactly what the base guide draws under the same seed.
+        rng_state = pyro.util.get_rng_state()
+        with poutine.block():
+            trace = poutine.trace(self.model).get_trace(*args, **kwargs)
+        pyro.util.set_rng_state(rng_state)
+        latents, plates, nesting = {}, set(), 0
+        for name, site in trace.nodes.items():
+            if site["type"] != "sample":
+                continue
+            for frame in site["cond_indep_stack"]:
+                plates.add(frame.name)
+                if frame.vectorized:
+                    nesting = max(nesting, -frame.dim)
+            if site_is_subsample(site) or site["is_observed"]:
+                continue
+            latents[name] = site
+        self._enumerated = {
+            name for name, site in latents.items()
+            if site["fn"].support.is_discrete and site["infer"].get("enumerate") == "parallel"
+        }
+        self._prototype = latents
+        self._model_plates = plates
+        self.max_plate_nesting = nesting
+
+    def _discrete_error(self, name):
+        return ValueError(
+            f"latent site {name!r} is discrete: VIS refines continuous latents only. Leave it "
+            "out of the base guide and enumerate it in the model with "
+            'infer={"enumerate": "parallel"}, then train with TraceEnum_ELBO'
+        )
+
+    # -- potential ---------------------------------------------------------------------
+
+    def _log_joint(self, values, subsamples, args, kwargs, enumerate_):
+        """Scaled log joint of the model conditioned on ``values`` and the subsamples."""
+        model = poutine.condition(self.model, {**values, **subsamples})
+        if enumerate_:
+            model = poutine.enum(model, first_available_dim=-self.max_plate_nesting - 1)
+        with poutine.block():
+            trace = poutine.trace(model).get_trace(*args, **kwargs)
+        if enumerate_:
+            evaluator = TraceEinsumEvaluator(trace, True, self.max_plate_nesting)
+            return evaluator.log_prob(trace), trace
+        return trace.log_prob_sum(lambda name, site: not site_is_subsample(site)), trace
+
+    def _grad_fn(self, sites, subsamples, args, kwargs, enumerate_):
+        # Predictive may run the guide under no_grad; the sampler needs gradients anyway.
+        @torch.enable_grad()
+        def grad_fn(z, create_graph):
+            if not z.requires_grad:
+                z = z.detach().requires_grad_()
+            values, log_jacobian, start = {}, 0.0, 0
+            us = {}
+            for site in sites:
+                u = site.unrows(z[:, start:start + site.numel])
+                start += site.numel
+                values[site.name] = site.transform(u)
+                us[site.name] = u
+            log_joint, trace = self._log_joint(values, subsamples, args, kwargs, enumerate_)
+            scales = [trace.nodes[site.name]["scale"] for site in sites]
+            for site, scale in zip(sites, scales):
+                ld = site.log_jacobian(us[site.name], values[site.name])
+                log_jacobian = log_jacobian + scale * ld.sum()
+            (grad,) = torch.autograd.grad(
+                log_joint + log_jacobian, z, create_graph=create_graph
+            )
+            # Per-site gradients without the site's own (plate) scale: a local latent then
+            # follows its datapoint's posterior, not N / B times it.
+            start, columns = 0, []
+            for site, scale in zip(sites, scales):
+                columns.append(grad[:, start:start + site.numel] / scale)
+                start += site.numel
+            return torch.cat(columns, -1)
+
+        return grad_fn
+
+    # -- the guide ---------------------------------------------------------------------
+
+    def __call__(self, *args, **kwargs):
+        return self._guide(self.num_steps, args, kwargs)
+
+    def _guide(self, num_steps, args, kwargs):
+        if self._prototype is None:
+            self._setup(args, kwargs)
+        recorder = _HideAndRecord()
+        with recorder:
+            self.base_guide(*args, **kwargs)
+        base = recorder.sites
+        subsamples = {n: s["value"] for n, s in base.items() if site_is_subsample(s)}
+        refined = [n for n, s in base.items() if n in self._prototype and not site_is_subsample(s)]
+        for name in refined:
+            if base[name]["fn"].support.is_discrete:
+                raise self._discrete_error(name)
+        for name, site in self._prototype.items():
+            if site["fn"].support.is_discrete and name not in self._enumerated:
+                raise self._discrete_error(name)
+
+        # Plates enclosing the guide that the model does not declare hold the particles.
+        particle_frames = {
+            f.name: f for n in refined for f in base[n]["cond_indep_stack"]
+            if f.name not in self._model_plates
+        }
+        interacting = self.kernel is not None
+        if len(particle_frames) > 1:
+            raise ValueError(
+                f"VIS found several particle plates {sorted(particle_frames)}; expected at most one"
+            )
+        frame = next(iter(particle_frames.values()), None)
+        num_particles = 1 if frame is None else frame.size
+        if interacting and num_particles < 2:
+            raise ValueError(
+                "num_particles must be >= 2 for sampler='svgd', repulsion or "
+                "entropy='fokker_planck' (the particles interact): run the guide under "
+                "Trace_ELBO(num_particles=L, vectorize_particles=True, max_plate_nesting=...), "
+                "Predictive(..., parallel=True) or VIS.sample_posterior"
+            )
+        if frame is not None and self._enumerated:
+            raise NotImplementedError(
+                "VIS with enumerated model sites runs one particle per guide call"
+            )
+        if not interacting:
+            frame, num_particles = None, 1  # independent chains: all coordinates in one row
+
+        sites = [
+            _Site(n, base[n], self._prototype[n], None if frame is None else frame.dim,
+                  num_particles)
+            for n in refined
+        ]
+        z_T = log_density = None
+        if num_steps > 0 or self.entropy == "gaussian":
+            z0 = torch.cat([site.rows(site.u0) for site in sites], -1)
+            step_size = self._step_size(z0)
+            grad_fn = self._grad_fn(sites, subsamples, args, kwargs, bool(self._enumerated))
+            z_T, log_density = refine(
+                z0, grad_fn, step_size, num_steps, self.sampler, kernel=self.kernel,
+                fokker_planck=self.entropy == "fokker_planck", friction=self.friction,
+                track_density=self.entropy == "mc", fast=self.gradient == "fast",
+            )
+        return self._emit(base, sites, subsamples, num_steps, z_T, log_density)
+
+    def _step_size(self, like):
+        if not self.learn_step_size:
+            return torch.tensor(self.step_size, dtype=like.dtype, device=like.device)
+        return pyro.param(
+            f"{self.name}_step_size",
+            lambda: torch.tensor(self.step_size, dtype=like.dtype, device=like.device),
+            constraint=constraints.positive,
+        )
+
+    def _emit(self, base, sites, subsamples, num_steps, z_T, log_density):
+        """Sample the refined sites, in the base guide's order, inside its model plates."""
+        plates = {}
+        by_name = {site.name: site for site in sites}
+        result, start = {}, 0
+        for name, site in base.items():
+            if site_is_subsample(site):
+                continue
+            with ExitStack() as stack:
+                for f in reversed(site["cond_indep_stack"]):
+                    if f.name not in self._model_plates:
+                        continue
+                    if f.name not in plates:
+                        plates[f.name] = pyro.plate(
+                            f.name, f.full_size or f.size, subsample=subsamples.get(f.name),
+                            dim=f.dim,
+                        )
+                    stack.enter_context(plates[f.name])
+                if name not in by_name:
+                    # An auxiliary site of the base guide: its log density is part of
+                    # log q0, which every entropy but VIS-G keeps.
+                    if self.entropy != "gaussian":
+                        lp = site["fn"].log_prob(site["value"], *site["args"], **site["kwargs"])
+                        pyro.factor(name, lp, has_rsample=site["fn"].has_rsample)
+                    continue
+                s = by_name[name]
+                fn = site["fn"]
+                if z_T is None:
+                    # T = 0: the base guide's own draw and log density, bit for bit.
+                    lp = fn.log_prob(site["value"], *site["args"], **site["kwargs"])
+                    result[name] = pyro.sample(
+                        name, dist.Delta(site["value"], log_density=lp, event_dim=s.event_dim)
+                    )
+                    continue
+                u_T = s.unrows(z_T[:, start:start + s.numel])
+                if self.entropy == "gaussian":
+                    scale = pyro.param(
+                        f"{self.name}_{name}_scale",
+                        lambda: torch.full(
+                            u_T.shape[u_T.dim() - s.u_event_dim:], self.gaussian_scale,
+                            dtype=u_T.dtype, device=u_T.device,
+                        ),
+                        constraint=constraints.positive,
+                    )
+                    q = dist.TransformedDistribution(
+                        dist.Normal(u_T, scale).to_event(s.u_event_dim), s.transform
+                    )
+                    result[name] = pyro.sample(name, q)
+                else:
+                    x_T = s.transform(u_T)
+                    # log q(x_T) = log q_u(u_T) - log|J(u_T)| with log q_u(u_T) taken as
+                    # log q_u0(u_0) = log q0(x_0) + log|J(u_0)| (+ the VIS-MC chain terms).
+                    lp = fn.log_prob(site["value"], *site["args"], **site["kwargs"])
+                    lp = lp + s.log_jacobian(s.u0, site["value"]) - s.log_jacobian(u_T, x_T)
+                    if log_density is not None:
+                        terms = s.unrows(log_density[:, start:start + s.numel])
+                        lp = lp + sum_rightmost(terms, s.u_event_dim)
+                    result[name] = pyro.sample(
+                        name, dist.Delta(x_T, log_density=lp, event_dim=s.event_dim)
+                    )
+                start += s.numel
+        return result
+
+    # -- inference phase ---------------------------------------------------------------
+
+    def sample_posterior(self, *args, num_samples=1000, num_steps=None, **kwargs):
+        """
+        ``num_samples`` refined draws of each latent site, ``(num_samples, *shape)``,
+        drawn together as the particles of one run (VIS-X-Y: ``num_steps`` overrides the
+        training ``T``). Gradients of the draws are not kept.
+        """
+        if num_steps is None:
+            num_steps = self.num_steps
+        if isinstance(num_steps, bool) or not isinstance(num_steps, int) or num_steps < 0:
+            raise ValueError(f"num_steps must be an integer >= 0, got {num_steps!r}")
+        if self._prototype is None:
+            self._setup(args, kwargs)
+        with poutine.trace() as tracer, pyro.plate(
+            "_vis_samples", num_samples, dim=-self.max_plate_nesting - 1
+        ):
+            self._guide(num_steps, args, kwargs)
+        draws = {}
+        for name, site in tracer.trace.nodes.items():
+            if name not in self._prototype:
+                continue
+            value = site["value"].detach()
+            # Drop the padding dims between the samples plate and the site's own shape.
+            ndim = self._prototype[name]["value"].dim()
+            draws[name] = value.reshape((num_samples,) + value.shape[value.dim() - ndim:])
+        return draws

@@ -1,0 +1,73 @@
+"""State-space inference with the hidden states marginalised exactly (thesis 2.4.2, 1.2.2).
+
+Discrete hidden Markov models (forward–backward, Viterbi, forward-filter backward-sample and
+prediction by parallel scans over the sum-product and max-product semirings) and dynamic
+linear models (Kalman filtering, RTS smoothing, simulation smoothing and forecasting), as
+functions, as Pyro distributions and as ready-made Pyro models.
+"""
+
+from .dlm import (
+    DLM,
+    Autoregressive,
+    DLMDistribution,
+    LinearGaussian,
+    LocalLevel,
+    LocalLinearTrend,
+    Regression,
+    Seasonal,
+    StateSpaceMatrices,
+    dlm_observe,
+)
+from .hmm import (
+    HiddenMarkovDistribution,
+    check_stochastic_matrix,
+    hmm_filter,
+    hmm_log_likelihood,
+    hmm_predict,
+    hmm_sample_paths,
+    hmm_smooth,
+    hmm_viterbi,
+)
+from .kalman import (
+    KalmanFilterResult,
+    KalmanForecast,
+    KalmanSmootherResult,
+    forecast_interval,
+    kalman_filter,
+    kalman_forecast,
+    kalman_log_likelihood,
+    kalman_sample,
+    kalman_smoother,
+)
+from .models import HiddenMarkovModel
+
+__all__ = [
+    "Autoregressive",
+    "DLM",
+    "DLMDistribution",
+    "HiddenMarkovDistribution",
+    "HiddenMarkovModel",
+    "KalmanFilterResult",
+    "KalmanForecast",
+    "KalmanSmootherResult",
+    "LinearGaussian",
+    "LocalLevel",
+    "LocalLinearTrend",
+    "Regression",
+    "Seasonal",
+    "StateSpaceMatrices",
+    "check_stochastic_matrix",
+    "dlm_observe",
+    "forecast_interval",
+    "hmm_filter",
+    "hmm_log_likelihood",
+    "hmm_predict",
+    "hmm_sample_paths",
+    "hmm_smooth",
+    "hmm_viterbi",
+    "kalman_filter",
+    "kalman_forecast",
+    "kalman_log_likelihood",
+    "kalman_sample",
+    "kalman_smoother",
+]

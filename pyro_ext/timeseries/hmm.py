@@ -1,0 +1,543 @@
+r"""
+Exact inference in discrete hidden Markov models, parallel over time.
+
+The latent chain :math:`z_{1:T}` is marginalised exactly, as in thesis §2.4.2 / appendix
+2.B: the forward–backward algorithm (Rabiner 1989) gives the likelihood, filtering and
+smoothing marginals, the Viterbi algorithm (Viterbi 1967) the most probable path, and
+forward-filter backward-sample (FFBS; Frühwirth-Schnatter 1994, Carter & Kohn 1994) exact
+posterior path draws. Every recursion is evaluated as an associative scan with
+:math:`O(\log T)` depth by :mod:`pyro_ext.timeseries.semiring`; there is no Python loop
+over time.
+
+Conventions (all functions are batched over leading dims ``...``, differentiable, and
+follow the device and dtype of their inputs):
+
+* ``init_logits`` ``(..., K)``: distribution of the **first** hidden state :math:`z_1`
+  (the hmmlearn/dynamax convention). :class:`pyro.distributions.DiscreteHMM` instead
+  takes the state *before* the first transition; ``DiscreteHMM(init, trans, obs)`` equals
+  our model with ``init' = logsumexp(init[:, None] + trans, 0)``.
+* ``trans_logits`` ``(..., K, K)``, rows indexing the from-state, or time-varying
+  ``(..., T-1, K, K)`` where entry ``t`` moves :math:`z_{t+1} \to z_{t+2}`. It is read
+  as time-varying exactly when ``trans_logits.dim() == obs_log_probs.dim() + 1``.
+* ``obs_log_probs`` ``(..., T, K)``: :math:`\log p(x_t \mid z_t = k)`.
+* Logits are normalised with ``log_softmax`` along the last dim, so unnormalised logits
+  are fine; ``-inf`` marks impossible states/transitions.
+* ``mask`` ``(..., T)`` bool, optional: ``False`` marks a missing observation, whose
+  emission term is dropped (the time step itself stays). NaN in ``obs_log_probs`` is an
+  error unless masked.
+"""
+
+import functools
+import numbers
+
+import torch
+from pyro.distributions import TorchDistribution, constraints
+from torch.distributions import Distribution, transform_to
+
+from . import semiring
+
+__all__ = [
+    "HiddenMarkovDistribution",
+    "check_stochastic_matrix",
+    "hmm_filter",
+    "hmm_log_likelihood",
+    "hmm_predict",
+    "hmm_sample_paths",
+    "hmm_smooth",
+    "hmm_viterbi",
+]
+
+
+# ---------------------------------------------------------------- validation
+
+
+def check_stochastic_matrix(name, probs, atol=None):
+    """
+    Check that ``probs`` ``(..., K)`` holds probability rows: finite, non-negative, each
+    summing to one within ``atol`` (default: square root of the dtype's epsilon).
+
+    :returns: ``probs`` as a tensor.
+    :raises ValueError: naming ``name``.
+    """
+    probs = torch.as_tensor(probs)
+    if probs.dim() < 1 or probs.shape[-1] < 1:
+        raise ValueError(f"{name} must have a last dim of size >= 1, got {tuple(probs.shape)}")
+    if not probs.is_floating_point():
+        raise ValueError(f"{name} must be a floating point tensor, got {probs.dtype}")
+    if not bool(torch.isfinite(probs).all()):
+        raise ValueError(f"{name} contains NaN or infinite probabilities")
+    if bool((probs < 0).any()):
+        raise ValueError(f"{name} contains negative probabilities")
+    if atol is None:
+        atol = torch.finfo(probs.dtype).eps ** 0.5
+    err = (probs.sum(-1) - 1).abs().max()
+    if float(err) > atol:
+        raise ValueError(f"rows of {name} must sum to one; the worst is off by {float(err):.3g}")
+    return probs
+
+
+def _check_tensor(name, x, min_dim, shape_hint):
+    if not isinstance(x, torch.Tensor):
+        raise ValueError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if not x.is_floating_point():
+        raise ValueError(f"{name} must be a floating point tensor, got {x.dtype}")
+    if x.dim() < min_dim:
+        raise ValueError(f"{name} must have shape {shape_hint}, got {tuple(x.shape)}")
+
+
+def _check_no_nan_or_posinf(name, x):
+    if bool(torch.isnan(x).any()):
+        raise ValueError(f"{name} contains NaN")
+    if bool(torch.isposinf(x).any()):
+        raise ValueError(f"{name} contains +inf")
+
+
+class _Problem:
+    """Validated, normalised inputs in the engine's time-first layout."""
+
+    def __init__(self, init_logits, trans_logits, obs_log_probs, mask):
+        _check_tensor("init_logits", init_logits, 1, "(..., K)")
+        _check_tensor("trans_logits", trans_logits, 2, "(..., K, K) or (..., T-1, K, K)")
+        _check_tensor("obs_log_probs", obs_log_probs, 2, "(..., T, K)")
+        num_states = init_logits.shape[-1]
+        if num_states < 1:
+            raise ValueError("init_logits must have K >= 1 states, got K = 0")
+        if trans_logits.shape[-2:] != (num_states, num_states):
+            raise ValueError(
+                f"trans_logits must end in (K, K) = ({num_states}, {num_states}) to match "
+                f"init_logits, got {tuple(trans_logits.shape)}"
+            )
+        if obs_log_probs.shape[-1] != num_states:
+            raise ValueError(
+                f"obs_log_probs must end in K = {num_states} to match init_logits, "
+                f"got {tuple(obs_log_probs.shape)}"
+            )
+        duration = obs_log_probs.shape[-2]
+        if duration < 1:
+            raise ValueError("obs_log_probs has an empty time axis (T = 0)")
+        if trans_logits.dim() > obs_log_probs.dim() + 1:
+            raise ValueError(
+                f"trans_logits has more dims ({trans_logits.dim()}) than a time-varying "
+                f"(..., T-1, K, K) matching obs_log_probs ({obs_log_probs.dim()} dims) allows"
+            )
+        self.time_varying = trans_logits.dim() == obs_log_probs.dim() + 1
+        if self.time_varying and trans_logits.shape[-3] != duration - 1:
+            raise ValueError(
+                f"time-varying trans_logits must have T-1 = {duration - 1} steps on dim -3, "
+                f"got {tuple(trans_logits.shape)}"
+            )
+        # Checks on tensor values follow torch.distributions' global validation switch
+        # (``pyro.enable_validation``): they branch on data, which torch.func.vmap cannot
+        # trace, so vectorised samplers turn validation off while they evaluate.
+        check_values = Distribution._validate_args
+        if check_values:
+            _check_no_nan_or_posinf("init_logits", init_logits)
+            _check_no_nan_or_posinf("trans_logits", trans_logits)
+            if bool(torch.isposinf(obs_log_probs).any()):
+                raise ValueError("obs_log_probs contains +inf")
+        shapes = [init_logits.shape[:-1], trans_logits.shape[: -3 if self.time_varying else -2]]
+        shapes.append(obs_log_probs.shape[:-2])
+        if mask is not None:
+            mask = self._check_mask(mask, duration)
+            shapes.append(mask.shape[:-1])
+            if check_values and bool((torch.isnan(obs_log_probs) & mask.unsqueeze(-1)).any()):
+                raise ValueError("obs_log_probs contains NaN at observed (mask=True) entries")
+            obs_log_probs = obs_log_probs.masked_fill(~mask.unsqueeze(-1), 0.0)
+        elif check_values and bool(torch.isnan(obs_log_probs).any()):
+            raise ValueError("obs_log_probs contains NaN; mark missing entries with mask=False")
+        try:
+            batch = torch.broadcast_shapes(*shapes)
+        except RuntimeError as e:
+            raise ValueError(f"batch shapes of the arguments do not broadcast: {e}") from None
+        dtype = functools.reduce(
+            torch.promote_types, [init_logits.dtype, trans_logits.dtype, obs_log_probs.dtype]
+        )
+        self.batch_shape = batch
+        self.duration = duration
+        self.num_states = num_states
+        self.log_init = torch.log_softmax(init_logits.to(dtype), -1).expand(batch + (num_states,))
+        log_trans = torch.log_softmax(trans_logits.to(dtype), -1)
+        if self.time_varying:
+            log_trans = log_trans.expand(batch + (duration - 1, num_states, num_states))
+            log_trans = log_trans.movedim(-3, 0)
+        else:
+            log_trans = log_trans.expand(batch + (num_states, num_states))
+        self.log_trans = log_trans  # (T-1, *batch, K, K) or (*batch, K, K)
+        obs = obs_log_probs.to(dtype).expand(batch + (duration, num_states))
+        self.obs = obs.movedim(-2, 0)  # (T, *batch, K)
+
+    @staticmethod
+    def _check_mask(mask, duration):
+        if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
+            raise ValueError("mask must be a bool tensor of shape (..., T)")
+        if mask.dim() < 1 or mask.shape[-1] != duration:
+            raise ValueError(
+                f"mask must have shape (..., T) with T = {duration}, got {tuple(mask.shape)}"
+            )
+        return mask
+
+    def log_first(self):
+        return self.log_init + self.obs[0]
+
+    def log_factors(self):
+        """``(T-1, *batch, K, K)`` log factors ``log A_t[j, k] + log p(x_t | k)``."""
+        return self.log_trans + self.obs[1:].unsqueeze(-2)
+
+    def forward(self):
+        """Filtered probabilities and log normalisers, both time-first."""
+        return semiring.vector_scan(
+            semiring.scaled_vector(self.log_first()),
+            semiring.scaled_matrix(self.log_factors()),
+            semiring.scaled_vec_mat,
+            semiring.scaled_mat_mat,
+        )
+
+
+# ---------------------------------------------------------------- functional floor
+
+
+def hmm_log_likelihood(init_logits, trans_logits, obs_log_probs, mask=None):
+    """:math:`\\log p(x_{1:T})`, shape ``(...)``, by a pairwise tree reduction."""
+    problem = _Problem(init_logits, trans_logits, obs_log_probs, mask)
+    _, log_norm = semiring.vector_reduce(
+        semiring.scaled_vector(problem.log_first()),
+        semiring.scaled_matrix(problem.log_factors()),
+        semiring.scaled_vec_mat,
+        semiring.scaled_mat_mat,
+    )
+    return log_norm
+
+
+def hmm_filter(init_logits, trans_logits, obs_log_probs, mask=None):
+    """Filtered probabilities :math:`p(z_t \\mid x_{1:t})`, shape ``(..., T, K)``."""
+    problem = _Problem(init_logits, trans_logits, obs_log_probs, mask)
+    return problem.forward()[0].movedim(0, -2)
+
+
+def hmm_smooth(init_logits, trans_logits, obs_log_probs, mask=None):
+    """
+    Posterior marginals :math:`p(z_t \\mid x_{1:T})`, shape ``(..., T, K)``: a forward
+    prefix scan times a backward (suffix) scan, ``alpha_t * beta_t`` renormalised.
+    """
+    problem = _Problem(init_logits, trans_logits, obs_log_probs, mask)
+    filtered = problem.forward()[0]
+    # beta_t^T = 1^T X_T^T ... X_{t+1}^T: a prefix scan over the reversed, transposed factors.
+    backward_factors = problem.log_factors().transpose(-1, -2).flip(0)
+    uniform = torch.zeros_like(problem.log_init)
+    beta = semiring.vector_scan(
+        semiring.scaled_vector(uniform),
+        semiring.scaled_matrix(backward_factors),
+        semiring.scaled_vec_mat,
+        semiring.scaled_mat_mat,
+    )[0].flip(0)
+    post = filtered * beta
+    post = post / post.sum(-1, keepdim=True)
+    return post.movedim(0, -2)
+
+
+def hmm_viterbi(init_logits, trans_logits, obs_log_probs, mask=None):
+    """
+    Most probable path and its log joint :math:`\\log p(x_{1:T}, z^*_{1:T})`.
+
+    Max-plus prefix messages give every backpointer in parallel; the path is recovered by
+    pointer jumping over the backpointer maps instead of a loop over time.
+
+    :returns: ``(path, log_score)`` with shapes ``(..., T)`` (long) and ``(...)``.
+    """
+    problem = _Problem(init_logits, trans_logits, obs_log_probs, mask)
+    delta, offset = semiring.vector_scan(
+        semiring.maxplus_vector(problem.log_first()),
+        semiring.maxplus_matrix(problem.log_factors()),
+        semiring.maxplus_vec_mat,
+        semiring.maxplus_mat_mat,
+    )
+    # Each delta_t is shifted to max 0, so the final offset is the best path's score.
+    log_score = offset[-1]
+    backpointers = (delta[:-1].unsqueeze(-1) + problem.log_trans).argmax(-2)
+    last = delta[-1].argmax(-1)
+    path = semiring.compose_maps(last, backpointers.flip(0)).flip(0)
+    return path.movedim(0, -1), log_score
+
+
+def _check_count(name, value):
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    return int(value)
+
+
+def _categorical(logits, shape):
+    """Categorical draws of shape ``shape`` (Gumbel-max); ``logits`` broadcasts to it + (K,)."""
+    u = torch.rand(shape + logits.shape[-1:], dtype=logits.dtype, device=logits.device)
+    # u = 0 gives Gumbel noise -inf, never NaN, so impossible (-inf) entries are never drawn.
+    return (logits - torch.log(-torch.log(u))).argmax(-1)
+
+
+def hmm_sample_paths(init_logits, trans_logits, obs_log_probs, num_samples, mask=None):
+    """
+    Exact posterior draws of :math:`z_{1:T} \\mid x_{1:T}` by forward-filter
+    backward-sample, shape ``(num_samples, ..., T)`` long.
+
+    For every ``t`` and every possible next state ``k`` a state
+    :math:`s_t(k) \\sim p(z_t \\mid z_{t+1} = k, x_{1:t}) \\propto \\alpha_t A_{t+1}[:, k]`
+    is drawn in parallel; composing these maps from :math:`z_T \\sim p(z_T \\mid x_{1:T})`
+    by pointer jumping yields the backward sample.
+    """
+    num_samples = _check_count("num_samples", num_samples)
+    problem = _Problem(init_logits, trans_logits, obs_log_probs, mask)
+    log_filtered = torch.log(problem.forward()[0])
+    # (T-1, *batch, K_next, K_prev): conditional over z_t given z_{t+1} = row.
+    logits = (log_filtered[:-1].unsqueeze(-1) + problem.log_trans).transpose(-1, -2)
+    batch = problem.batch_shape
+    map_shape = (problem.duration - 1, num_samples) + batch + logits.shape[-2:-1]
+    maps = _categorical(logits.unsqueeze(1), map_shape)
+    last = _categorical(log_filtered[-1], (num_samples,) + batch)
+    paths = semiring.compose_maps(last, maps.flip(0)).flip(0)
+    return paths.movedim(0, -1)
+
+
+def _lin_vec_mat(v, m):
+    return (torch.matmul(v[0].unsqueeze(-2), m[0]).squeeze(-2),)
+
+
+def _lin_mat_mat(a, b):
+    return (torch.matmul(a[0], b[0]),)
+
+
+def hmm_predict(init_logits, trans_logits, obs_log_probs, num_steps, mask=None):
+    """
+    Predictive state probabilities :math:`p(z_{T+h} \\mid x_{1:T})`, ``h = 1..num_steps``,
+    shape ``(..., num_steps, K)``; requires time-homogeneous ``trans_logits``.
+    """
+    num_steps = _check_count("num_steps", num_steps)
+    problem = _Problem(init_logits, trans_logits, obs_log_probs, mask)
+    if problem.time_varying:
+        raise ValueError("hmm_predict needs time-homogeneous trans_logits (..., K, K)")
+    last, _ = semiring.vector_reduce(
+        semiring.scaled_vector(problem.log_first()),
+        semiring.scaled_matrix(problem.log_factors()),
+        semiring.scaled_vec_mat,
+        semiring.scaled_mat_mat,
+    )
+    trans = torch.exp(problem.log_trans)
+    steps = trans.expand((num_steps,) + trans.shape)
+    pred = semiring.vector_scan((last,), (steps,), _lin_vec_mat, _lin_mat_mat)[0][1:]
+    return pred.movedim(0, -2)
+
+
+# ---------------------------------------------------------------- distribution
+
+
+class HiddenMarkovDistribution(TorchDistribution):
+    """
+    Discrete HMM with arbitrary emissions, marginalising the latent chain exactly.
+
+    Like :class:`pyro.distributions.DiscreteHMM`, but ``init_logits`` is the distribution
+    of the first state (see the module docstring) and inference uses the scans of this
+    module. Time-varying parameters are recognised by rank relative to ``init_logits``:
+    ``trans_logits`` of shape ``(..., T-1, K, K)`` has ``init_logits.dim() + 2`` dims and
+    an ``observation_dist`` with batch shape ``(..., T, K)`` has ``init_logits.dim() + 1``
+    batch dims (write batch dims of ``init_logits`` out, with size 1 if need be).
+
+    ``value`` has shape ``(..., T, *event_shape)``; NaN entries mark missing observations
+    (a row with any NaN is missing) and are marginalised.
+
+    :param torch.Tensor init_logits: ``(..., K)``.
+    :param torch.Tensor trans_logits: ``(..., K, K)`` or ``(..., T-1, K, K)``.
+    :param observation_dist: batch shape ``(..., K)`` or ``(..., T, K)``.
+    :param int duration: length ``T``, needed only to :meth:`sample` a fully homogeneous
+        model.
+    """
+
+    arg_constraints = {"init_logits": constraints.real, "trans_logits": constraints.real}
+    has_rsample = False
+
+    def __init__(
+        self, init_logits, trans_logits, observation_dist, validate_args=None, duration=None
+    ):
+        _check_tensor("init_logits", init_logits, 1, "(..., K)")
+        _check_tensor("trans_logits", trans_logits, 2, "(..., K, K) or (..., T-1, K, K)")
+        rank = init_logits.dim() - 1
+        if trans_logits.dim() > rank + 3:
+            raise ValueError(
+                f"trans_logits may have at most init_logits.dim() + 2 = {rank + 3} dims, "
+                f"got {tuple(trans_logits.shape)}"
+            )
+        obs_batch = observation_dist.batch_shape
+        if len(obs_batch) < 1 or len(obs_batch) > rank + 2:
+            raise ValueError(
+                f"observation_dist must have batch shape (..., K) or (..., T, K) with at most "
+                f"{rank + 2} dims, got {tuple(obs_batch)}"
+            )
+        self._trans_time_varying = trans_logits.dim() == rank + 3
+        self._obs_time_varying = len(obs_batch) == rank + 2
+        lengths = set()
+        if self._trans_time_varying:
+            lengths.add(trans_logits.shape[-3] + 1)
+            trans_batch = trans_logits.shape[:-3]
+        else:
+            trans_batch = trans_logits.shape[:-2]
+        if self._obs_time_varying:
+            lengths.add(obs_batch[-2])
+            obs_batch = obs_batch[:-2]
+        else:
+            obs_batch = obs_batch[:-1]
+        if duration is not None:
+            lengths.add(_check_count("duration", duration))
+        if len(lengths) > 1:
+            raise ValueError(
+                f"time lengths of trans_logits, observation_dist and duration differ: {lengths}"
+            )
+        if observation_dist.batch_shape[-1] != init_logits.shape[-1]:
+            raise ValueError(
+                f"observation_dist batch shape must end in K = {init_logits.shape[-1]}, "
+                f"got {tuple(observation_dist.batch_shape)}"
+            )
+        try:
+            batch_shape = torch.broadcast_shapes(init_logits.shape[:-1], trans_batch, obs_batch)
+        except RuntimeError as e:
+            raise ValueError(f"batch shapes of the arguments do not broadcast: {e}") from None
+        self.init_logits = init_logits
+        self.trans_logits = trans_logits
+        self.observation_dist = observation_dist
+        self._duration = lengths.pop() if lengths else None
+        event_shape = (self._duration or 1,) + tuple(observation_dist.event_shape)
+        super().__init__(batch_shape, torch.Size(event_shape), validate_args=validate_args)
+
+    @property
+    def duration(self):
+        """Length ``T`` of the time axis, or ``None`` if not fixed by the parameters."""
+        return self._duration
+
+    @constraints.dependent_property(event_dim=2)
+    def support(self):
+        return constraints.independent(self.observation_dist.support, 1)
+
+    def expand(self, batch_shape, _instance=None):
+        batch_shape = torch.Size(batch_shape)
+        num_states = self.init_logits.shape[-1]
+        init = self.init_logits.expand(batch_shape + (num_states,))
+        trans_tail = self.trans_logits.shape[-3 if self._trans_time_varying else -2:]
+        trans = self.trans_logits.expand(batch_shape + trans_tail)
+        obs_tail = self.observation_dist.batch_shape[-2 if self._obs_time_varying else -1:]
+        obs = self.observation_dist.expand(batch_shape + obs_tail)
+        return type(self)(init, trans, obs, validate_args=False, duration=self._duration)
+
+    def _observation_terms(self, value):
+        """Emission log-probs ``(..., T, K)``, the missing mask and the broadcast trans."""
+        event_dim = len(self.observation_dist.event_shape)
+        if value.dim() < 1 + event_dim:
+            raise ValueError(
+                f"value must have shape (..., T, *event_shape), got {tuple(value.shape)}"
+            )
+        if value.is_floating_point():
+            missing = torch.isnan(value)
+        else:
+            missing = torch.zeros_like(value, dtype=torch.bool)
+        if event_dim:
+            missing = missing.flatten(-event_dim).any(-1)
+        filled = value
+        if value.is_floating_point():
+            # Missing rows get a point of the support so emission log-probs stay finite
+            # (and gradients NaN-free) before they are masked out.
+            with torch.no_grad():
+                try:
+                    fill = transform_to(self.observation_dist.support)(torch.zeros_like(value))
+                except NotImplementedError:
+                    fill = torch.zeros_like(value)
+            filled = torch.where(torch.isnan(value), fill, value)
+        if self._validate_args:
+            self._validate_sample(filled)
+        if self._obs_time_varying:
+            obs_lp = self.observation_dist.log_prob(filled.unsqueeze(-1 - event_dim))
+        else:
+            # Time goes first so that a (..., K) batch aligns with value's batch dims, which
+            # are padded to the emission batch rank (parameters may be batched, the data not).
+            filled = filled.movedim(-1 - event_dim, 0)
+            pad = len(self.observation_dist.batch_shape) - 1 - (filled.dim() - 1 - event_dim)
+            filled = filled.reshape(filled.shape[:1] + (1,) * max(pad, 0) + filled.shape[1:])
+            filled = filled.unsqueeze(-1 - event_dim)
+            obs_lp = self.observation_dist.log_prob(filled).movedim(0, -2)
+        duration = obs_lp.shape[-2]
+        # Pad obs_lp to the full batch rank so the floor reads trans_logits' rank correctly.
+        batch = torch.broadcast_shapes(obs_lp.shape[:-2], self.batch_shape)
+        obs_lp = obs_lp.expand(batch + obs_lp.shape[-2:])
+        mask = ~missing.expand(batch + (duration,))
+        trans = self.trans_logits
+        if self._trans_time_varying:
+            trans = trans.reshape((1,) * (obs_lp.dim() + 1 - trans.dim()) + trans.shape)
+        return self.init_logits, trans, obs_lp, mask
+
+    def _validate_sample(self, value):
+        duration = value.size(-self.event_dim) if value.dim() >= self.event_dim else None
+        if self._duration is None and duration is not None:
+            # Homogeneous models accept any length; check against that length.
+            old = self._event_shape
+            self._event_shape = torch.Size((duration,) + old[1:])
+            try:
+                super()._validate_sample(value)
+            finally:
+                self._event_shape = old
+        else:
+            super()._validate_sample(value)
+
+    def log_prob(self, value):
+        return hmm_log_likelihood(*self._observation_terms(value))
+
+    def filter(self, value):
+        """Filtered state probabilities ``(..., T, K)``; see :func:`hmm_filter`."""
+        return hmm_filter(*self._observation_terms(value))
+
+    def smooth(self, value):
+        """Posterior state marginals ``(..., T, K)``; see :func:`hmm_smooth`."""
+        return hmm_smooth(*self._observation_terms(value))
+
+    def viterbi(self, value):
+        """``(path, log_score)``; see :func:`hmm_viterbi`."""
+        return hmm_viterbi(*self._observation_terms(value))
+
+    def sample_paths(self, value, num_samples):
+        """Posterior path draws ``(num_samples, ..., T)``; see :func:`hmm_sample_paths`."""
+        init, trans, obs_lp, mask = self._observation_terms(value)
+        return hmm_sample_paths(init, trans, obs_lp, num_samples, mask=mask)
+
+    def predict(self, value, num_steps):
+        """Predictive state probabilities ``(..., num_steps, K)``; see :func:`hmm_predict`."""
+        init, trans, obs_lp, mask = self._observation_terms(value)
+        return hmm_predict(init, trans, obs_lp, num_steps, mask=mask)
+
+    def sample(self, sample_shape=torch.Size()):
+        """
+        Draw ``(z, x)`` forward and return ``x`` of shape ``sample_shape + batch_shape +
+        event_shape``. States are drawn in parallel as per-step maps ``z_t -> z_{t+1}``
+        composed by pointer jumping.
+        """
+        if self._duration is None:
+            raise ValueError("sampling a homogeneous HiddenMarkovDistribution needs duration")
+        sample_shape = torch.Size(sample_shape)
+        shape = sample_shape + self.batch_shape
+        num_states = self.init_logits.shape[-1]
+        with torch.no_grad():
+            log_init = torch.log_softmax(self.init_logits, -1)
+            log_init = log_init.expand(self.batch_shape + (num_states,))
+            log_trans = torch.log_softmax(self.trans_logits, -1)
+            if self._trans_time_varying:
+                log_trans = log_trans.expand(self.batch_shape + log_trans.shape[-3:]).movedim(-3, 0)
+            else:
+                steps_shape = (self._duration - 1,) + self.batch_shape + (num_states,) * 2
+                log_trans = log_trans.expand(steps_shape)
+            first = _categorical(log_init, shape)
+            # Insert sample dims after time so the per-step maps broadcast over samples.
+            padded = log_trans.shape[:1] + (1,) * len(sample_shape) + log_trans.shape[1:]
+            log_trans = log_trans.reshape(padded)
+            steps = _categorical(log_trans, (self._duration - 1,) + shape + (num_states,))
+            states = semiring.compose_maps(first, steps).movedim(0, -1)  # (*shape, T)
+            event_dim = len(self.observation_dist.event_shape)
+            if self._obs_time_varying:
+                obs_batch = self.batch_shape + (self._duration, num_states)
+                draws = self.observation_dist.expand(obs_batch).sample(sample_shape)
+            else:
+                obs_dist = self.observation_dist.expand(self.batch_shape + (num_states,))
+                draws = obs_dist.sample((self._duration,) + sample_shape).movedim(0, -2 - event_dim)
+            index = states.reshape(states.shape + (1,) * (event_dim + 1))
+            index = index.expand(states.shape + (1,) + self.observation_dist.event_shape)
+            return torch.gather(draws, -1 - event_dim, index).squeeze(-1 - event_dim)

@@ -1,0 +1,748 @@
+r"""Exact inference in linear Gaussian state-space models (Kalman filtering and smoothing).
+
+The model is the dynamic linear model of eqs. (1.2)-(1.3) of Gallego (2021), with the
+first state drawn from its prior::
+
+    x_1 ~ N(init_mean, init_cov)
+    x_t = G_t x_{t-1} + w_t,    w_t ~ N(0, W_t),   t = 2..T      (1.2)
+    y_t = F_t x_t + v_t,        v_t ~ N(0, V_t),   t = 1..T      (1.3)
+
+Everything here is *parallel in time*: filtering and smoothing are associative scans over
+Gaussian elements (Sarkka & Garcia-Fernandez, "Temporal parallelization of Bayesian
+smoothers", IEEE TAC 2021, eqs. (10)-(14) for filtering and (20)-(22) for smoothing), so a
+series of length ``T`` costs ``O(log T)`` batched small-matrix operations instead of ``T``
+sequential Python steps.  The covariance form of those elements only needs
+``I + C_i J_j`` to be invertible, so singular process noise (dummy seasonals, static
+regression coefficients, AR companion forms) is handled exactly.  Pyro's
+:class:`~pyro.distributions.GaussianHMM` is not reused because its precision (information)
+form requires full-rank ``W_t``.
+
+Conventions
+-----------
+* ``y`` has shape ``(..., T, obs_dim)``; its leading dims are the batch shape.  ``NaN``
+  marks a missing coordinate.  Missing coordinates are marginalised exactly: their row of
+  ``F_t`` is zeroed and their block of ``V_t`` replaced by the identity, so they contribute
+  exactly ``-log(2 pi)/2`` to the Gaussian log-density, which is added back.
+* ``y``'s leading dims define the batch shape.  A matrix argument carries a time axis iff
+  it has exactly ``len(batch_shape) + 3`` dims; fewer dims mean a static matrix that
+  broadcasts over the batch (expand ``y`` to batch over parameters).  ``init_mean`` and
+  ``init_cov`` are always static.
+* Time-varying ``transition_matrix`` / ``transition_cov`` have **T entries**, aligned with
+  ``y``: entry ``t`` (0-based) drives the transition into ``x_{t+1}``.  Entry 0 is unused
+  (``x_1`` comes from the prior); keeping it makes covariate-driven ``G_t`` (e.g. the
+  Nerlove-Arrow goodwill block, thesis eq. (1.4)) index-aligned with the data.
+"""
+
+import math
+from typing import NamedTuple
+
+import torch
+
+__all__ = [
+    "KalmanFilterResult",
+    "KalmanForecast",
+    "KalmanSmootherResult",
+    "forecast_interval",
+    "kalman_filter",
+    "kalman_forecast",
+    "kalman_log_likelihood",
+    "kalman_sample",
+    "kalman_smoother",
+]
+
+
+class KalmanFilterResult(NamedTuple):
+    """Output of :func:`kalman_filter`; ``predicted_*`` are the moments of ``x_t | y_{1:t-1}``."""
+
+    log_likelihood: torch.Tensor
+    filtered_means: torch.Tensor
+    filtered_covs: torch.Tensor
+    predicted_means: torch.Tensor
+    predicted_covs: torch.Tensor
+
+
+class KalmanSmootherResult(NamedTuple):
+    """Output of :func:`kalman_smoother` (moments of ``x_t | y_{1:T}``)."""
+
+    smoothed_means: torch.Tensor
+    smoothed_covs: torch.Tensor
+    log_likelihood: torch.Tensor
+
+
+class KalmanForecast(NamedTuple):
+    """Predictive moments of ``y_{T+1..T+h}`` and ``x_{T+1..T+h}`` given ``y_{1:T}``."""
+
+    observation_means: torch.Tensor
+    observation_covs: torch.Tensor
+    state_means: torch.Tensor
+    state_covs: torch.Tensor
+
+
+class _SSM(NamedTuple):
+    """Time-first internal form: ``G[0] = 0``, ``Q[0] = init_cov``, ``mu[0] = init_mean``.
+
+    With these substitutions the prior of ``x_1`` is just another transition, so every
+    time step is treated uniformly (``x_t = G_t x_{t-1} + mu_t + N(0, Q_t)``).
+    """
+
+    G: torch.Tensor  # (T, *b, S, S)
+    F: torch.Tensor  # (T, *b, p, S), rows of missing coordinates zeroed
+    Q: torch.Tensor  # (T, *b, S, S)
+    V: torch.Tensor  # (T, *b, p, p), identity block on missing coordinates
+    mu: torch.Tensor  # (T, *b, S)
+    y: torch.Tensor  # (T, *b, p), zeros where missing
+    mask: torch.Tensor  # (T, *b, p) bool, True where observed
+    num_missing: torch.Tensor  # (*b,)
+
+
+# ---------------------------------------------------------------------------------------
+# Validation and normalisation
+
+
+def _sym(x):
+    return 0.5 * (x + x.mT)
+
+
+def _check_tensor(x, name):
+    if not isinstance(x, torch.Tensor):
+        raise ValueError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if not (x.is_floating_point() or x.dtype in (torch.bool, torch.int32, torch.int64)):
+        raise ValueError(f"{name} must be a real tensor, got dtype {x.dtype}")
+
+
+def _split(x, name, core, num_batch, num_steps, time_ok=True):
+    """Return ``(x, has_time)`` after checking ``x`` is ``(*batch, [time,] *core)``."""
+    k = len(core)
+    if x.dim() < k or tuple(x.shape[x.dim() - k :]) != tuple(core):
+        raise ValueError(f"{name} must have trailing shape {tuple(core)}, got {tuple(x.shape)}")
+    if time_ok and x.dim() == num_batch + k + 1:
+        if x.shape[-k - 1] != num_steps:
+            raise ValueError(
+                f"{name} has a time axis of length {x.shape[-k - 1]} but the series has "
+                f"{num_steps} steps (time-varying matrices need exactly {num_steps} entries)"
+            )
+        return x, True
+    if x.dim() > num_batch + k:
+        raise ValueError(
+            f"{name} has shape {tuple(x.shape)}: too many dims for batch shape of "
+            f"rank {num_batch} (a time axis needs exactly {num_batch + k + 1} dims)"
+        )
+    return x, False
+
+
+def _check_covariance(x, name):
+    """Symmetric, non-negative diagonal and positive semi-definite (up to round-off)."""
+    with torch.no_grad():
+        diag = x.diagonal(dim1=-2, dim2=-1)
+        if not bool(torch.isfinite(x).all()):
+            raise ValueError(f"{name} contains NaN or infinite values")
+        if bool((diag < 0).any()):
+            raise ValueError(f"{name} has negative variances on its diagonal")
+        scale = diag.abs().amax(-1, keepdim=True).unsqueeze(-1) + torch.finfo(x.dtype).tiny
+        tol = 1e3 * torch.finfo(x.dtype).eps
+        if bool(((x - x.mT).abs() > tol * scale).any()):
+            raise ValueError(f"{name} must be symmetric")
+        # A relative jitter of sqrt(eps) lets exactly-singular PSD matrices pass while a
+        # genuinely negative eigenvalue makes the Cholesky factorisation fail.
+        jitter = torch.finfo(x.dtype).eps ** 0.5 * scale
+        eye = torch.eye(x.shape[-1], dtype=x.dtype, device=x.device)
+        if bool((torch.linalg.cholesky_ex(x + jitter * eye).info != 0).any()):
+            raise ValueError(f"{name} is not positive semi-definite (Cholesky failed)")
+
+
+class _Validated(NamedTuple):
+    """Arguments after validation: common dtype/device, own (unexpanded) shapes."""
+
+    y: torch.Tensor
+    G: torch.Tensor
+    F: torch.Tensor
+    W: torch.Tensor
+    V: torch.Tensor
+    m0: torch.Tensor
+    P0: torch.Tensor
+    batch: torch.Size
+    time_varying: bool  # True iff any of G, F, W, V has a time axis
+
+
+def _validate(y, G, F, W, V, m0, P0):
+    names = ["y", "transition_matrix", "observation_matrix", "transition_cov",
+             "observation_cov", "init_mean", "init_cov"]
+    args = [y, G, F, W, V, m0, P0]
+    for x, name in zip(args, names):
+        _check_tensor(x, name)
+    if y.dim() < 2:
+        raise ValueError(f"y must have shape (..., T, obs_dim), got {tuple(y.shape)}")
+    T, p = y.shape[-2:]
+    if T < 1:
+        raise ValueError("y is an empty series (T = 0); need at least one time step")
+    if p < 1:
+        raise ValueError("y must have obs_dim >= 1")
+    if m0.dim() < 1:
+        raise ValueError("init_mean must have shape (..., state_dim)")
+    S = m0.shape[-1]
+    dtype = y.dtype if y.is_floating_point() else torch.get_default_dtype()
+    for x in args[1:]:
+        if x.is_floating_point():
+            dtype = torch.promote_types(dtype, x.dtype)
+    args = [x.to(device=y.device, dtype=dtype) for x in args]
+    y, G, F, W, V, m0, P0 = args
+    nb = y.dim() - 2
+    if bool(torch.isinf(y).any()):
+        raise ValueError("y contains infinite values (use NaN for missing observations)")
+    G, tG = _split(G, "transition_matrix", (S, S), nb, T)
+    F, tF = _split(F, "observation_matrix", (p, S), nb, T)
+    W, tW = _split(W, "transition_cov", (S, S), nb, T)
+    V, tV = _split(V, "observation_cov", (p, p), nb, T)
+    m0, _ = _split(m0, "init_mean", (S,), nb, T, time_ok=False)
+    P0, _ = _split(P0, "init_cov", (S, S), nb, T, time_ok=False)
+    for x, name in [(W, "transition_cov"), (V, "observation_cov"), (P0, "init_cov")]:
+        _check_covariance(x, name)
+    if not bool(torch.isfinite(G).all()) or not bool(torch.isfinite(F).all()):
+        raise ValueError("transition_matrix and observation_matrix must be finite")
+    try:
+        batch = torch.broadcast_shapes(
+            y.shape[:-2],
+            *[x.shape[: x.dim() - (3 if t else 2)]
+              for x, t in [(G, tG), (F, tF), (W, tW), (V, tV)]],
+            m0.shape[:-1], P0.shape[:-2],
+        )
+    except RuntimeError as e:
+        raise ValueError(f"batch shapes of the arguments do not broadcast: {e}") from None
+    return _Validated(y, G, F, W, V, m0, P0, batch, tG or tF or tW or tV)
+
+
+def _build(args):
+    """The time-first :class:`_SSM` of validated arguments."""
+    y, G, F, W, V, m0, P0, batch, _ = args
+    T, p = y.shape[-2:]
+    S = m0.shape[-1]
+    dtype = y.dtype
+    nb = y.dim() - 2
+
+    def time_first(x, k, has_time):
+        if not has_time:
+            x = x.unsqueeze(-k - 1)
+        return x
+
+    G = time_first(G, 2, G.dim() == nb + 3)
+    F = time_first(F, 2, F.dim() == nb + 3)
+    W = time_first(W, 2, W.dim() == nb + 3)
+    V = time_first(V, 2, V.dim() == nb + 3)
+
+    def to_internal(x, core):
+        x = x.expand(*batch, T, *core)
+        return x.movedim(-len(core) - 1, 0)
+
+    G, F = to_internal(G, (S, S)), to_internal(F, (p, S))
+    W, V = to_internal(W, (S, S)), to_internal(V, (p, p))
+    y = to_internal(y, (p,))
+    m0, P0 = m0.expand(*batch, S), P0.expand(*batch, S, S)
+
+    mask = ~torch.isnan(y)
+    maskf = mask.to(dtype)
+    F = F * maskf.unsqueeze(-1)
+    V = V * (maskf.unsqueeze(-1) * maskf.unsqueeze(-2)) + torch.diag_embed(1 - maskf)
+    y = torch.where(mask, y, torch.zeros((), dtype=dtype, device=y.device))
+    G = torch.cat([torch.zeros_like(G[:1]), G[1:]])
+    Q = torch.cat([P0.unsqueeze(0), W[1:]])
+    mu = torch.cat([m0.unsqueeze(0), torch.zeros_like(m0).expand(T - 1, *m0.shape)])
+    return _SSM(G, F, Q, V, mu, y, mask, (~mask).sum((0, -1)).to(dtype))
+
+
+def _prepare(y, G, F, W, V, m0, P0):
+    return _build(_validate(y, G, F, W, V, m0, P0))
+
+
+def _cholesky(x, name):
+    L, info = torch.linalg.cholesky_ex(x)
+    if bool((info != 0).any()):
+        raise ValueError(
+            f"{name} is not positive definite (Cholesky failed); check observation_cov "
+            "and the other covariances for degenerate or negative variances"
+        )
+    return L
+
+
+def _mv(m, v):
+    return (m @ v.unsqueeze(-1)).squeeze(-1)
+
+
+# ---------------------------------------------------------------------------------------
+# Associative scan
+
+
+def _interleave(a, b):
+    n = b.shape[0]
+    pairs = torch.stack([a[:n], b], 1).reshape(2 * n, *a.shape[1:])
+    return torch.cat([pairs, a[n:]]) if a.shape[0] > n else pairs
+
+
+def _associative_scan(combine, elems):
+    """Inclusive prefix scan along dim 0 (odd-even recursion, depth ``O(log T)``)."""
+    n = elems[0].shape[0]
+    if n < 2:
+        return elems
+    reduced = combine(tuple(e[:-1:2] for e in elems), tuple(e[1::2] for e in elems))
+    odd = _associative_scan(combine, reduced)
+    if n % 2 == 0:
+        even = combine(tuple(o[:-1] for o in odd), tuple(e[2::2] for e in elems))
+    else:
+        even = combine(odd, tuple(e[2::2] for e in elems))
+    even = tuple(torch.cat([e[:1], v]) for e, v in zip(elems, even))
+    return tuple(_interleave(v, o) for v, o in zip(even, odd))
+
+
+# ---------------------------------------------------------------------------------------
+# Filtering (Sarkka & Garcia-Fernandez 2021, Lemma 8 / eqs. (10)-(14))
+
+
+def _filter_elements(ssm):
+    G, F, Q, V, mu, y = ssm.G, ssm.F, ssm.Q, ssm.V, ssm.mu, ssm.y
+    eye = torch.eye(G.shape[-1], dtype=G.dtype, device=G.device)
+    L = _cholesky(F @ Q @ F.mT + V, "innovation covariance F W F^T + V")
+    K = torch.cholesky_solve(F @ Q, L).mT
+    IKF = eye - K @ F
+    A = IKF @ G
+    # Joseph form keeps C positive semi-definite under round-off.
+    C = _sym(IKF @ Q @ IKF.mT + K @ V @ K.mT)
+    SinvFG = torch.cholesky_solve(F @ G, L)
+    J = _sym((F @ G).mT @ SinvFG)
+    r = y - _mv(F, mu)
+    b = mu + _mv(K, r)
+    eta = _mv(SinvFG.mT, r)
+    return A, b, C, eta, J
+
+
+def _filter_combine(ei, ej):
+    """``p(x_j | x_{i-1}, y_{i..j})`` and ``p(y_{i..j} | x_{i-1})`` from two adjacent blocks."""
+    Ai, bi, Ci, etai, Ji = ei
+    Aj, bj, Cj, etaj, Jj = ej
+    eye = torch.eye(Ai.shape[-1], dtype=Ai.dtype, device=Ai.device)
+    lu, piv = torch.linalg.lu_factor(eye + Ci @ Jj)
+    S = Ai.shape[-1]
+    MAC = torch.linalg.lu_solve(lu, piv, torch.cat([Ai, Ci], -1))  # M [A_i, C_i]
+    MA, MC = MAC[..., :S], MAC[..., S:]
+    AjM = torch.linalg.lu_solve(lu, piv, Aj.mT, adjoint=True).mT  # A_j M
+    A = Aj @ MA
+    C = _sym(Aj @ MC @ Aj.mT + Cj)
+    J = _sym(MA.mT @ (Jj @ Ai) + Ji)
+    b = _mv(AjM, bi + _mv(Ci, etaj)) + bj
+    eta = _mv(MA.mT, etaj - _mv(Jj, bi)) + etai
+    return A, b, C, eta, J
+
+
+def _run_filter(ssm):
+    """Filtered and one-step predicted moments plus the log-likelihood (internal layout)."""
+    A, b, C, eta, J = _filter_elements(ssm)
+    batch = torch.broadcast_shapes(b.shape[1:-1], A.shape[1:-2])
+    b = b.expand(b.shape[0], *batch, b.shape[-1])
+    eta = eta.expand(b.shape)
+    _, m, P, _, _ = _associative_scan(_filter_combine, (A, b, C, eta, J))
+    # One-step predictions x_t | y_{1:t-1}; with G[0] = 0 the first one is the prior.
+    m_prev = torch.cat([torch.zeros_like(m[:1]), m[:-1]])
+    P_prev = torch.cat([torch.zeros_like(P[:1]), P[:-1]])
+    mp = _mv(ssm.G, m_prev) + ssm.mu
+    Pp = _sym(ssm.G @ P_prev @ ssm.G.mT + ssm.Q)
+    e = ssm.y - _mv(ssm.F, mp)
+    Lv = _cholesky(ssm.F @ Pp @ ssm.F.mT + ssm.V, "innovation covariance F P F^T + V")
+    z = torch.linalg.solve_triangular(Lv, e.unsqueeze(-1), upper=False).squeeze(-1)
+    p = e.shape[-1]
+    log_det = Lv.diagonal(dim1=-2, dim2=-1).log().sum(-1)
+    ll = (-0.5 * z.pow(2).sum(-1) - log_det - 0.5 * p * math.log(2 * math.pi)).sum(0)
+    # Missing coordinates were replaced by independent N(0, 1) dummies observed at 0.
+    ll = ll + 0.5 * math.log(2 * math.pi) * ssm.num_missing
+    return ll, m, P, mp, Pp
+
+
+# ---------------------------------------------------------------------------------------
+# Smoothing (Sarkka & Garcia-Fernandez 2021, Lemma 10 / eqs. (20)-(22))
+
+
+def _smoother_combine(later, earlier):
+    """Compose ``x_t | x_{t+1}`` (earlier) with ``x_{t+1} | ...`` (later)."""
+    Ea, ga, La = later
+    Eb, gb, Lb = earlier
+    return Eb @ Ea, _mv(Eb, ga) + gb, _sym(Eb @ La @ Eb.mT + Lb)
+
+
+def _run_smoother(ssm, m, P, mp, Pp):
+    Lp = _cholesky(Pp[1:], "predicted state covariance (smoothing needs it invertible)")
+    E = torch.cholesky_solve(ssm.G[1:] @ P[:-1], Lp).mT  # P_t G^T Pp_{t+1}^{-1}
+    g = m[:-1] - _mv(E, mp[1:])
+    Lc = _sym(P[:-1] - E @ Pp[1:] @ E.mT)
+    E = torch.cat([E, torch.zeros_like(E[:1])])
+    g = torch.cat([g, m[-1:]])
+    Lc = torch.cat([Lc, P[-1:]])
+    rev = (E.flip(0), g.flip(0), Lc.flip(0))
+    _, gs, Ls = _associative_scan(_smoother_combine, rev)
+    return gs.flip(0), Ls.flip(0)
+
+
+# ---------------------------------------------------------------------------------------
+# Blocked log-likelihood (static matrices)
+
+
+def _block_model(G, F, W, V, B):
+    """Joint law of one block of ``B`` observations and the next block's first state.
+
+    With ``s = x_t`` the block's first state, ``y_{t+j} = F G^j s + F e_j + v_{t+j}``
+    (``j < B``) and ``x_{t+B} = G^B s + e_B``, where ``e_j = sum_{l<j} G^l w`` has
+    ``Cov(e_j, e_i) = G^{j-i} Pi_i`` (``j >= i``), ``Pi_i = sum_{l<i} G^l W G^{l T}``.
+    Returns ``H`` (``(B p, S)``, rows ``F G^j``), ``Phi = G^B`` and the noise covariance
+    blocks ``Syy`` (``(B p, B p)``), ``Ssy = Cov(e_B, y)`` (``(S, B p)``), ``Sss = Pi_B``.
+    Everything is batched over the matrices' own batch dims; ``O(log B)`` doubling steps.
+    """
+    S, p = G.shape[-1], F.shape[-2]
+    batch = torch.broadcast_shapes(G.shape[:-2], F.shape[:-2], W.shape[:-2], V.shape[:-2])
+    G, W = G.expand(*batch, S, S), W.expand(*batch, S, S)
+    F, V = F.expand(*batch, p, S), V.expand(*batch, p, p)
+    eye = torch.eye(S, dtype=G.dtype, device=G.device)
+    pw = torch.stack(torch.broadcast_tensors(eye, G))  # G^0, G^1
+    while pw.shape[0] < B + 1:
+        pw = torch.cat([pw, pw @ (pw[-1] @ G)])  # G^0..G^{m-1} -> G^0..G^{2m-1}
+    pw = pw[: B + 1]
+    terms = pw[:B] @ W @ pw[:B].mT
+    Pi = torch.cat([torch.zeros_like(terms[:1]), terms.cumsum(0)])  # Pi_0..Pi_B
+    FG = F @ pw[:B]  # (B, *b, p, S): F G^d
+    PiF = Pi[:B] @ F.mT  # (B, *b, S, p): Pi_i F^T
+    grid = FG.unsqueeze(1) @ PiF.unsqueeze(0)  # [d, i] -> F G^d Pi_i F^T
+    j = torch.arange(B, device=G.device)
+    jj, ii = j[:, None], j[None, :]
+    low = grid[(jj - ii).clamp(min=0), ii]  # [j, i] -> Cov(y_j, y_i) for j >= i
+    extra = (low.dim() - 4) * (None,)
+    diag = (jj == ii)[(...,) + extra + (None, None)]
+    strict = (jj > ii)[(...,) + extra + (None, None)]
+    zero = torch.zeros((), dtype=G.dtype, device=G.device)
+    low = torch.where(strict, low, zero)
+    low = low + torch.where(diag, 0.5 * (grid[0] + V), zero)
+    low = low.movedim((0, 1), (-4, -2)).reshape(*batch, B * p, B * p)
+    Syy = low + low.mT
+    H = FG.movedim(0, -3).reshape(*batch, B * p, S)
+    Ssy = pw[1:].flip(0) @ PiF  # G^{B-i} Pi_i F^T, i = 0..B-1
+    Ssy = Ssy.movedim(0, -2).reshape(*batch, S, B * p)
+    return H, pw[B], Syy, Ssy, Pi[B]
+
+
+def _gaussian_blocks(z, Zh, log_det_syy, P):
+    """``sum_k log N(r_k; 0, H P_k H^T + Syy_k)`` from whitened ``z = L^{-1} r``, ``Zh = L^{-1} H``.
+
+    ``Syy = L L^T``.  Only ``S x S`` work per block: the determinant lemma gives
+    ``log det = log det Syy + log det(I + P M)`` (``M = Zh^T Zh``), and with
+    ``w = (I + Zh P Zh^T)^{-1} z = z - Zh (I + P M)^{-1} P Zh^T z`` the quadratic form is
+    ``z^T w = |w|^2 + v^T P v`` (``v = Zh^T w``), a sum of non-negative terms, so a poorly
+    predicted block (large ``z``) loses no precision to cancellation.
+    """
+    S, n = P.shape[-1], z.shape[-1]
+    eye = torch.eye(S, dtype=P.dtype, device=P.device)
+    M = _sym(Zh.mT @ Zh)
+    u = _mv(Zh.mT, z)
+    lu, piv = torch.linalg.lu_factor(eye + P @ M)
+    x = torch.linalg.lu_solve(lu, piv, (P @ u.unsqueeze(-1))).squeeze(-1)
+    w = z - _mv(Zh, x)
+    v = _mv(Zh.mT, w)
+    quad = w.pow(2).sum(-1) + (v * _mv(P, v)).sum(-1)
+    # det(I + P M) > 0 (the eigenvalues of P M are those of M^1/2 P M^1/2 >= 0).
+    log_det = log_det_syy + lu.diagonal(dim1=-2, dim2=-1).abs().log().sum(-1)
+    return (-0.5 * (quad + log_det) - 0.5 * n * math.log(2 * math.pi)).sum(0)
+
+
+def _mask_block(mask, H, Syy, Ssy=None):
+    """Marginalise missing coordinates: zero their rows of ``H``, identity in ``Syy``."""
+    d = mask.to(H.dtype)
+    H = H * d.unsqueeze(-1)
+    Syy = Syy * (d.unsqueeze(-1) * d.unsqueeze(-2)) + torch.diag_embed(1 - d)
+    if Ssy is not None:
+        Ssy = Ssy * d.unsqueeze(-2)
+    return H, Syy, Ssy
+
+
+def _default_block_size(T, S, p, dtype):
+    # Tuned on CPU (one thread) for S ~ 10-20: the T / B sequential-depth scan elements are
+    # cheap, while each block costs an O((B p)^3) Cholesky.  float32 uses shorter blocks
+    # because the block covariance grows like B^3 for integrated (trend) states.
+    n = 16 if dtype == torch.float32 or dtype == torch.float16 else 64
+    return max(1, min(T, max(n // p, 1)))
+
+
+def _blocked_log_likelihood(args, B):
+    """Exact ``log p(y)`` for static matrices by filtering over blocks of ``B`` steps.
+
+    Each block's observation vector ``Y_k`` (``B p`` values) and the next block's first
+    state are jointly Gaussian given the block's first state ``s_k`` with the same
+    (``k``-independent) law, so the filter over blocks is an associative scan over
+    ``ceil(T / B)`` Sarkka elements built from one ``(B p) x (B p)`` Cholesky factor, and
+    ``log p(y) = sum_k log N(Y_k; H m_k, H P_k H^T + Syy)`` from the predicted moments
+    ``(m_k, P_k)`` of ``s_k``.  Returns ``None`` if the block noise covariance is singular.
+    """
+    y, G, F, W, V, m0, P0, batch, _ = args
+
+    def pad(x, core):  # leading singleton dims up to the full batch rank
+        return x.reshape((1,) * (len(batch) + core - x.dim()) + x.shape)
+
+    y, G, F, W, V, P0 = [pad(x, 2) for x in (y, G, F, W, V, P0)]
+    m0 = pad(m0, 1)
+    T, p = y.shape[-2:]
+    S, dtype = m0.shape[-1], y.dtype
+    n = B * p
+    K, R = divmod(T, B)
+    H, Phi, Syy, Ssy, Sss = _block_model(G, F, W, V, B)
+    mask = ~torch.isnan(y)
+    num_missing = (~mask).sum((-2, -1)).to(dtype)
+    y = torch.where(mask, y, torch.zeros((), dtype=dtype, device=y.device))
+    ybatch = y.shape[:-2]
+    Yf = y[..., : K * B, :].reshape(*ybatch, K, n)  # full blocks
+    Mf = mask[..., : K * B, :].reshape(*ybatch, K, n)
+    clean = bool(Mf.all())
+    num_elems = K + (R > 0) - 1  # blocks whose successor's first state is needed
+
+    if clean:
+        Hk, Syyk, Ssyk = H, Syy, Ssy
+    else:
+        Hk, Syyk, Ssyk = _mask_block(Mf.movedim(-2, 0), H, Syy, Ssy)
+    L, info = torch.linalg.cholesky_ex(Syyk)
+    if bool((info != 0).any()):
+        return None
+    Z = torch.linalg.solve_triangular(L, torch.cat([Hk, Ssyk.mT], -1), upper=False)
+    Zh, Zs = Z[..., :S], Z[..., S:]
+    if clean:  # one triangular solve with K right-hand sides
+        zy = torch.linalg.solve_triangular(L, Yf.mT, upper=False)  # (*b, n, K)
+        b = (Zs.mT @ zy).movedim(-1, 0)
+        eta = (Zh.mT @ zy).movedim(-1, 0)
+    else:
+        zy = torch.linalg.solve_triangular(L, Yf.movedim(-2, 0).unsqueeze(-1), upper=False)
+        b = (Zs.mT @ zy).squeeze(-1)
+        eta = (Zh.mT @ zy).squeeze(-1)
+    A = Phi - Zs.mT @ Zh
+    C = _sym(Sss - Zs.mT @ Zs)
+    J = _sym(Zh.mT @ Zh)
+
+    def elems(x, core):
+        x = x if x.dim() > len(core) + len(batch) else x.unsqueeze(0)
+        return x.expand(K, *batch, *core)[:num_elems]
+
+    zS, zSS = m0.new_zeros(()).expand(*batch, S), m0.new_zeros(()).expand(*batch, S, S)
+    prior = (zSS, m0.expand(*batch, S), P0.expand(*batch, S, S), zS, zSS)
+    blocks = (elems(A, (S, S)), elems(b, (S,)), elems(C, (S, S)), elems(eta, (S,)),
+              elems(J, (S, S)))
+    scan_in = tuple(torch.cat([u.unsqueeze(0), v]) for u, v in zip(prior, blocks))
+    _, m, P, _, _ = _associative_scan(_filter_combine, scan_in)  # moments of s_0..s_K'
+
+    ll = torch.zeros((), dtype=dtype, device=y.device)
+    if K > 0:
+        if clean:
+            zy, Zh, L = zy.movedim(-1, 0), Zh.unsqueeze(0), L.unsqueeze(0)
+        else:
+            zy = zy.squeeze(-1)
+        log_det_syy = 2 * L.diagonal(dim1=-2, dim2=-1).log().sum(-1)
+        ll = ll + _gaussian_blocks(zy - _mv(Zh, m[:K]), Zh, log_det_syy, P[:K])
+    if R > 0:
+        k = R * p
+        Hr, Syyr, _ = _mask_block(mask[..., K * B :, :].reshape(*ybatch, k),
+                                  H[..., :k, :], Syy[..., :k, :k])
+        Lr = _cholesky(Syyr, "block noise covariance")
+        Yr = y[..., K * B :, :].reshape(*ybatch, k, 1)
+        Zh = torch.linalg.solve_triangular(Lr, Hr, upper=False)
+        zy = torch.linalg.solve_triangular(Lr, Yr, upper=False).squeeze(-1)
+        log_det_syy = 2 * Lr.diagonal(dim1=-2, dim2=-1).log().sum(-1)
+        ll = ll + _gaussian_blocks((zy - _mv(Zh, m[K]))[None], Zh[None], log_det_syy, P[K:])
+    ll = ll + 0.5 * math.log(2 * math.pi) * num_missing
+    return ll.expand(batch)
+
+
+# ---------------------------------------------------------------------------------------
+# Public API
+
+
+def _to_external(x, core_dims):
+    return x.movedim(0, -core_dims - 1)
+
+
+def kalman_filter(
+    y, transition_matrix, observation_matrix, transition_cov, observation_cov, init_mean, init_cov
+):
+    r"""Filtered moments and exact log-likelihood :math:`\log p(y_{1:T})`.
+
+    :param y: ``(..., T, obs_dim)`` observations, ``NaN`` where missing.
+    :param transition_matrix: ``G``, ``(..., [T,] S, S)``; entry 0 of a time axis is unused.
+    :param observation_matrix: ``F``, ``(..., [T,] obs_dim, S)``.
+    :param transition_cov: ``W``, ``(..., [T,] S, S)`` positive semi-definite.
+    :param observation_cov: ``V``, ``(..., [T,] obs_dim, obs_dim)``.
+    :param init_mean: ``(..., S)`` mean of ``x_1``.
+    :param init_cov: ``(..., S, S)`` covariance of ``x_1``.
+    :returns: :class:`KalmanFilterResult`; means ``(..., T, S)``, covs ``(..., T, S, S)``.
+    """
+    ssm = _prepare(
+        y, transition_matrix, observation_matrix, transition_cov, observation_cov,
+        init_mean, init_cov,
+    )
+    ll, m, P, mp, Pp = _run_filter(ssm)
+    return KalmanFilterResult(
+        ll, _to_external(m, 1), _to_external(P, 2), _to_external(mp, 1), _to_external(Pp, 2)
+    )
+
+
+def kalman_log_likelihood(
+    y, transition_matrix, observation_matrix, transition_cov, observation_cov, init_mean,
+    init_cov, block_size=None,
+):
+    r"""Exact log-likelihood :math:`\log p(y_{1:T})` only; arguments as :func:`kalman_filter`.
+
+    Much faster than ``kalman_filter(...).log_likelihood`` for static matrices: ``B``
+    consecutive steps are grouped into one block whose observation vector (``B * obs_dim``
+    values) and successor state have a block-independent joint law given the block's first
+    state, computed once per call; filtering then runs over ``ceil(T / B)`` blocks (an
+    associative scan) and each block contributes one ``(B obs_dim)``-variate Gaussian
+    log-density.  Missing values (``NaN``) are marginalised exactly per block.  Nothing
+    is approximated (no steady state), so the result equals the scan's up to round-off.
+    Time-varying matrices, and block noise covariances that are singular (e.g. a singular
+    ``observation_cov``), use the per-step scan of :func:`kalman_filter`.
+
+    :param block_size: steps per block ``B``; ``None`` picks one (64 / obs_dim steps in
+        float64, 16 / obs_dim in float32).  The block covariance's condition number grows
+        with ``B`` (like ``B^3`` for integrated trends, geometrically for explosive
+        ``transition_matrix``); use a smaller ``B`` if that matters.
+    :returns: ``(...)`` log-likelihood, the batch shape of the arguments.
+    """
+    args = _validate(
+        y, transition_matrix, observation_matrix, transition_cov, observation_cov,
+        init_mean, init_cov,
+    )
+    T, p = args.y.shape[-2:]
+    if block_size is None:
+        B = _default_block_size(T, args.m0.shape[-1], p, args.y.dtype)
+    else:
+        if int(block_size) != block_size or int(block_size) < 1:
+            raise ValueError(f"block_size must be a positive integer, got {block_size}")
+        B = min(int(block_size), T)
+    ll = None
+    if not args.time_varying:
+        ll = _blocked_log_likelihood(args, B)
+    if ll is None:
+        ll = _run_filter(_build(args))[0]
+    return ll
+
+
+def kalman_smoother(
+    y, transition_matrix, observation_matrix, transition_cov, observation_cov, init_mean, init_cov
+):
+    """Rauch-Tung-Striebel smoothed moments of ``x_t | y_{1:T}``.
+
+    Arguments as :func:`kalman_filter`; needs invertible predicted covariances.
+    """
+    ssm = _prepare(
+        y, transition_matrix, observation_matrix, transition_cov, observation_cov,
+        init_mean, init_cov,
+    )
+    ll, m, P, mp, Pp = _run_filter(ssm)
+    ms, Ps = _run_smoother(ssm, m, P, mp, Pp)
+    return KalmanSmootherResult(_to_external(ms, 1), _to_external(Ps, 2), ll)
+
+
+def _psd_sqrt(x):
+    """Symmetric square root of a PSD matrix; unlike Cholesky it allows singular ``x``."""
+    evals, evecs = torch.linalg.eigh(x)
+    return evecs * evals.clamp(min=0).sqrt().unsqueeze(-2)
+
+
+def _affine_combine(ei, ej):
+    Ai, bi = ei
+    Aj, bj = ej
+    return Aj @ Ai, _mv(Aj, bi) + bj
+
+
+def _simulate_prior(ssm, num_samples):
+    """Joint prior draws ``(x, y)`` with a sample dim after time: ``(T, n, *b, .)``."""
+    T, S, p = ssm.G.shape[0], ssm.G.shape[-1], ssm.F.shape[-2]
+    batch = ssm.G.shape[1:-2]
+    zx = torch.randn(T, num_samples, *batch, S, dtype=ssm.G.dtype, device=ssm.G.device)
+    zy = torch.randn(T, num_samples, *batch, p, dtype=ssm.G.dtype, device=ssm.G.device)
+    Gs = ssm.G.unsqueeze(1)
+    b = ssm.mu.unsqueeze(1) + _mv(_psd_sqrt(ssm.Q).unsqueeze(1), zx)
+    _, x = _associative_scan(_affine_combine, (Gs, b))
+    yy = _mv(ssm.F.unsqueeze(1), x) + _mv(_psd_sqrt(ssm.V).unsqueeze(1), zy)
+    return x, yy
+
+
+def kalman_sample(
+    y, transition_matrix, observation_matrix, transition_cov, observation_cov, init_mean,
+    init_cov, num_samples=1,
+):
+    r"""Exact joint draws of ``x_{1:T} | y_{1:T}`` (Durbin & Koopman 2002 simulation smoother).
+
+    Draw ``(x^+, y^+)`` from the prior and return ``x^+ + E[x | y] - E[x | y^+]``; because the
+    smoothed mean is affine in the data this equals ``x^+ + E_0[x | y - y^+]`` (zero prior
+    mean), which has exactly the conditional law and needs only one batched smoother pass.
+
+    :returns: ``(num_samples, ..., T, S)``.
+    """
+    ssm = _prepare(
+        y, transition_matrix, observation_matrix, transition_cov, observation_cov,
+        init_mean, init_cov,
+    )
+    x_plus, y_plus = _simulate_prior(ssm, num_samples)
+    y_diff = torch.where(ssm.mask.unsqueeze(1), ssm.y.unsqueeze(1) - y_plus, 0.0)
+    add_sample_dim = dict(
+        G=ssm.G.unsqueeze(1), F=ssm.F.unsqueeze(1), Q=ssm.Q.unsqueeze(1), V=ssm.V.unsqueeze(1),
+        mu=torch.zeros_like(ssm.mu).unsqueeze(1), y=y_diff, mask=ssm.mask.unsqueeze(1),
+    )
+    ssm0 = ssm._replace(**add_sample_dim)
+    ll, m, P, mp, Pp = _run_filter(ssm0)
+    ms, _ = _run_smoother(ssm0, m, P, mp, Pp)
+    return (x_plus + ms).movedim(0, -2)
+
+
+def _future(x, name, core, num_batch, num_steps):
+    x, has_time = _split(x, name, core, num_batch, num_steps)
+    return x if has_time else x.unsqueeze(-len(core) - 1).expand(
+        *x.shape[: x.dim() - len(core)], num_steps, *core
+    )
+
+
+def kalman_forecast(
+    filter_result, num_steps, transition_matrix, observation_matrix, transition_cov,
+    observation_cov,
+):
+    r"""Predictive moments ``num_steps`` ahead, propagating the last filtered moments.
+
+    :math:`m_{T+k} = G m_{T+k-1}`, :math:`P_{T+k} = G P G^\top + W`, and
+    :math:`y_{T+k} \sim N(F m_{T+k}, F P_{T+k} F^\top + V)`.  The matrices are the *future*
+    ones: static, or with a time axis of ``num_steps`` entries (entry ``k`` drives step
+    ``T+k+1``).
+
+    :param filter_result: a :class:`KalmanFilterResult`.
+    :returns: :class:`KalmanForecast` with ``(..., num_steps, .)`` moments.
+    """
+    if not isinstance(filter_result, KalmanFilterResult):
+        raise ValueError("filter_result must be a KalmanFilterResult from kalman_filter")
+    if int(num_steps) < 1:
+        raise ValueError(f"num_steps must be >= 1, got {num_steps}")
+    m = filter_result.filtered_means[..., -1, :]
+    P = filter_result.filtered_covs[..., -1, :, :]
+    S, nb = m.shape[-1], m.dim() - 1
+    p = observation_matrix.shape[-2] if observation_matrix.dim() >= 2 else 0
+    args = [transition_matrix, observation_matrix, transition_cov, observation_cov]
+    names = ["transition_matrix", "observation_matrix", "transition_cov", "observation_cov"]
+    cores = [(S, S), (p, S), (S, S), (p, p)]
+    G, F, W, V = [
+        _future(torch.as_tensor(x).to(m), n, c, nb, num_steps)
+        for x, n, c in zip(args, names, cores)
+    ]
+    for x, name in [(W, "transition_cov"), (V, "observation_cov")]:
+        _check_covariance(x, name)
+    means, covs = [], []
+    for k in range(num_steps):
+        m = _mv(G[..., k, :, :], m)
+        P = _sym(G[..., k, :, :] @ P @ G[..., k, :, :].mT + W[..., k, :, :])
+        means.append(m)
+        covs.append(P)
+    m, P = torch.stack(means, -2), torch.stack(covs, -3)
+    return KalmanForecast(_mv(F, m), _sym(F @ P @ F.mT + V), m, P)
+
+
+def forecast_interval(means, covs, level=0.95):
+    """Central ``level`` marginal intervals ``(lower, upper)`` from Gaussian moments."""
+    if not 0 < level < 1:
+        raise ValueError(f"level must be in (0, 1), got {level}")
+    z = torch.distributions.Normal(0.0, 1.0).icdf(torch.tensor(0.5 + level / 2)).item()
+    half = z * covs.diagonal(dim1=-2, dim2=-1).clamp(min=0).sqrt()
+    return means - half, means + half

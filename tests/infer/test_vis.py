@@ -1,0 +1,352 @@
+import math
+
+import pyro
+import pyro.distributions as dist
+import pyro.poutine as poutine
+import pytest
+import torch
+from pyro.infer import SVI, Predictive, Trace_ELBO, TraceEnum_ELBO
+from pyro.infer.autoguide import AutoNormal
+
+from pyro_ext.infer.vis import VIS, fokker_planck_score
+from pyro_ext.infer.sgmcmc.repulsion import RBFKernel
+
+N = 8
+
+
+def gauss_model(x):
+    z = pyro.sample("z", dist.Normal(torch.zeros((), device=x.device), 1.0))
+    with pyro.plate("data", x.shape[0]):
+        pyro.sample("obs", dist.Normal(z, 1.0), obs=x)
+
+
+def gauss_data(device):
+    return torch.linspace(-1.0, 3.0, N, device=device)
+
+
+def gauss_posterior(x):
+    """Posterior mean and sd, and log evidence, of gauss_model."""
+    n = x.shape[0]
+    cov = torch.eye(n, device=x.device) + 1.0
+    log_evidence = dist.MultivariateNormal(torch.zeros_like(x), cov).log_prob(x)
+    return x.sum() / (n + 1), (1.0 / (n + 1)) ** 0.5, log_evidence
+
+
+def off_guide():
+    return AutoNormal(gauss_model, init_loc_fn=lambda site: torch.tensor(3.0), init_scale=0.3)
+
+
+def elbo(guide, x, num_particles=4000):
+    loss = Trace_ELBO(num_particles=num_particles, vectorize_particles=True, max_plate_nesting=1)
+    return -loss.loss(gauss_model, guide, x)
+
+
+def test_zero_steps_is_the_base_guide(device):
+    x = gauss_data(device)
+    base = off_guide()
+    base(x)
+    guide = VIS(gauss_model, base, num_steps=0)
+    for num_particles in (1, 7):
+        kwargs = dict(num_particles=num_particles, vectorize_particles=num_particles > 1,
+                      max_plate_nesting=1)
+        pyro.set_rng_seed(3)
+        expected = Trace_ELBO(**kwargs).loss(gauss_model, base, x)
+        pyro.set_rng_seed(3)
+        assert Trace_ELBO(**kwargs).loss(gauss_model, guide, x) == expected
+    pyro.set_rng_seed(5)
+    expected = poutine.trace(base).get_trace(x).nodes["z"]["value"]
+    pyro.set_rng_seed(5)
+    assert torch.equal(poutine.trace(guide).get_trace(x).nodes["z"]["value"], expected)
+
+
+def test_refined_elbo_tightens_and_converges(device):
+    x = gauss_data(device)
+    mean, sd, log_evidence = gauss_posterior(x)
+    base = off_guide()
+    base_elbo = elbo(base, x)
+    assert base_elbo < log_evidence - 1.0
+    step = 0.5 / (N + 1)
+    # VIS-P with one SGD step moves every particle uphill on a concave log joint: the
+    # refined objective beats the base ELBO particle by particle, far beyond MC error.
+    vis_p = VIS(gauss_model, base, num_steps=1, step_size=step, learn_step_size=False)
+    assert elbo(vis_p, x) > base_elbo + 1.0
+    # As T grows z_T -> the mode, so VIS-P tends to log p(x, mode) + H(q0) (the MC error
+    # of the 4000-draw estimate of H(q0) is about 0.01).
+    vis_p.num_steps = 30
+    entropy = 0.5 * math.log(2 * math.pi * math.e * 0.3**2)
+    limit = dist.Normal(0.0, 1.0).log_prob(mean) + dist.Normal(mean, 1.0).log_prob(x).sum()
+    assert abs(elbo(vis_p, x) - (limit + entropy)) < 0.05
+    # VIS-G with the posterior's scale: the refined ELBO approaches log p(x) from below.
+    gaps = []
+    for num_steps in (0, 2, 30):
+        pyro.clear_param_store()
+        vis_g = VIS(gauss_model, base, num_steps=num_steps, step_size=step,
+                    learn_step_size=False, entropy="gaussian", gaussian_scale=sd)
+        gaps.append(float(log_evidence - elbo(vis_g, x)))
+    assert gaps[0] > gaps[1] > gaps[2] > -0.05
+    assert gaps[2] < 0.05
+
+
+def test_elbo_matches_hand_computation():
+    # s ~ LogNormal(0, 1), x_i ~ N(0, s): in u = log s the potential log p + log|J| has
+    # gradient -u - n + sum(x^2) exp(-2u).
+    x = torch.tensor([0.5, -1.5, 2.0])
+
+    def model(x):
+        s = pyro.sample("s", dist.LogNormal(0.0, 1.0))
+        with pyro.plate("data", 3):
+            pyro.sample("obs", dist.Normal(0.0, s), obs=x)
+
+    base = AutoNormal(model, init_scale=0.5)
+    eta = 0.05
+    guide = VIS(model, base, num_steps=1, step_size=eta, learn_step_size=False)
+    base(x)  # initialise, so that both runs below draw the same noise
+    pyro.set_rng_seed(1)
+    base_trace = poutine.trace(base).get_trace(x)
+    pyro.set_rng_seed(1)
+    loss = Trace_ELBO().loss(model, guide, x)
+    s0 = base_trace.nodes["s"]["value"].detach()
+    base_trace.compute_log_prob()
+    log_q0 = sum(site["log_prob_sum"] for site in base_trace.nodes.values()
+                 if site["type"] == "sample")
+    u0 = s0.log()
+    u1 = u0 + eta * (-u0 - 3 + x.pow(2).sum() * torch.exp(-2 * u0))
+    s1 = u1.exp()
+    log_p = dist.LogNormal(0.0, 1.0).log_prob(s1) + dist.Normal(0.0, s1).log_prob(x).sum()
+    log_q = log_q0 + u0 - u1  # log q0(s0) + log|J(u0)| - log|J(u1)|
+    assert loss == pytest.approx(-(log_p - log_q).item(), rel=1e-5)
+
+
+@pytest.mark.parametrize("gradient", ["full", "fast"])
+def test_step_size_learning(gradient, device):
+    x = gauss_data(device)
+    guide = VIS(gauss_model, off_guide(), num_steps=2, step_size=0.02, gradient=gradient)
+    svi = SVI(gauss_model, guide, pyro.optim.Adam({"lr": 0.01}), Trace_ELBO())
+    svi.step(x)
+    param = pyro.param("vis_step_size")
+    initial = param.detach().clone()
+    for _ in range(5):
+        svi.step(x)
+    unconstrained = pyro.get_param_store()._params["vis_step_size"]
+    unconstrained.grad = None
+    if gradient == "full":
+        assert not torch.equal(pyro.param("vis_step_size").detach(), initial)
+    else:
+        assert torch.equal(pyro.param("vis_step_size").detach(), initial)
+    loss = Trace_ELBO().differentiable_loss(gauss_model, guide, x)
+    loss.backward()
+    assert (unconstrained.grad is not None and unconstrained.grad != 0) == (gradient == "full")
+
+
+@pytest.mark.parametrize("entropy, sampler", [("particle", "sgd"), ("gaussian", "sgd"),
+                                              ("mc", "sgld")])
+def test_finite_difference_gradient(entropy, sampler):
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        x = torch.tensor([0.3, 1.2, -0.4])
+
+        def model(x):
+            s = pyro.sample("s", dist.LogNormal(0.0, 1.0))
+            z = pyro.sample("z", dist.Normal(0.0, 1.0))
+            with pyro.plate("data", 3):
+                pyro.sample("obs", dist.Normal(z, s), obs=x)
+
+        guide = VIS(model, AutoNormal(model), num_steps=2, step_size=0.05,
+                    entropy=entropy, sampler=sampler)
+
+        def loss():
+            pyro.set_rng_seed(0)
+            return Trace_ELBO().differentiable_loss(model, guide, x)
+
+        loss()
+        store = pyro.get_param_store()._params
+        params = [store["vis_step_size"], store["AutoNormal.locs.s"], store["AutoNormal.locs.z"]]
+        grads = torch.autograd.grad(loss(), params)
+        for param, grad in zip(params, grads):
+            h = 1e-6
+            with torch.no_grad():
+                param += h
+                up = loss()
+                param -= 2 * h
+                down = loss()
+                param += h
+            assert float(grad) == pytest.approx(float((up - down) / (2 * h)), rel=1e-5, abs=1e-7)
+    finally:
+        torch.set_default_dtype(default)
+
+
+def _local_model_and_guide(device):
+    x = torch.randn(10, 2, device=device)
+    encoder = torch.nn.Linear(2, 2).to(device)
+
+    def model(x):
+        w = pyro.sample("w", dist.Normal(torch.zeros(2, device=device), 1.0).to_event(1))
+        with pyro.plate("data", 10, subsample_size=4, device=device) as idx:
+            z = pyro.sample("z", dist.Normal(torch.zeros((), device=device), 1.0))
+            pyro.sample("obs", dist.Normal(z.unsqueeze(-1) * w, 1.0).to_event(1), obs=x[idx])
+
+    def base(x):
+        pyro.module("encoder", encoder)
+        loc = pyro.param("w_loc", torch.zeros(2, device=device))
+        pyro.sample("w", dist.Normal(loc, 0.1).to_event(1))
+        with pyro.plate("data", 10, subsample_size=4, device=device) as idx:
+            out = encoder(x[idx])
+            pyro.sample("z", dist.Normal(out[:, 0], torch.nn.functional.softplus(out[:, 1])))
+
+    return x, model, base
+
+
+def test_local_latents_use_the_subsample_and_per_datapoint_gradients(device):
+    x, model, base = _local_model_and_guide(device)
+    eta = 0.1
+    guide = VIS(model, base, num_steps=1, step_size=eta, learn_step_size=False)
+    pyro.set_rng_seed(2)
+    base_trace = poutine.trace(base).get_trace(x)
+    pyro.set_rng_seed(2)
+    trace = poutine.trace(guide).get_trace(x)
+    idx = base_trace.nodes["data"]["value"]
+    assert torch.equal(trace.nodes["data"]["value"], idx)
+    w0, z0 = base_trace.nodes["w"]["value"], base_trace.nodes["z"]["value"]
+    xb = x[idx]
+    resid = xb - z0.unsqueeze(-1) * w0
+    # Local: no N / B factor. Global: the likelihood scaled by N / B, as in the plate.
+    z1 = z0 + eta * (-z0 + (resid * w0).sum(-1))
+    w1 = w0 + eta * (-w0 + 10 / 4 * (resid * z0.unsqueeze(-1)).sum(0))
+    assert torch.allclose(trace.nodes["z"]["value"], z1, atol=1e-5)
+    assert torch.allclose(trace.nodes["w"]["value"], w1, atol=1e-5)
+    assert trace.nodes["z"]["scale"] == 10 / 4
+
+
+def test_local_latents_svi_and_predictive(device):
+    x, model, base = _local_model_and_guide(device)
+    guide = VIS(model, base, num_steps=2, step_size=0.05)
+    svi = SVI(model, guide, pyro.optim.Adam({"lr": 0.01}), Trace_ELBO())
+    losses = [svi.step(x) for _ in range(3)]
+    assert all(math.isfinite(loss) for loss in losses)
+    assert pyro.param("vis_step_size").item() != 0.05
+    samples = Predictive(model, guide=guide, num_samples=5, return_sites=["w", "z", "obs"])(x)
+    # Predictive pads global sites to the plate nesting, as for any guide.
+    assert samples["w"].shape == (5, 1, 2)
+    assert samples["z"].shape == (5, 4)
+    assert samples["obs"].shape == (5, 4, 2)
+    draws = guide.sample_posterior(x, num_samples=6, num_steps=3)
+    assert draws["w"].shape == (6, 2) and draws["z"].shape == (6, 4)
+
+
+def test_predictive_and_sample_posterior(device):
+    x = gauss_data(device)
+    mean, sd, _ = gauss_posterior(x)
+    base = off_guide()
+    guide = VIS(gauss_model, base, num_steps=1, step_size=0.5 / (N + 1), learn_step_size=False)
+    samples = Predictive(gauss_model, guide=guide, num_samples=50, return_sites=["z"])(x)
+    base_samples = Predictive(gauss_model, guide=base, num_samples=50, return_sites=["z"])(x)
+    assert samples["z"].shape == (50, 1)
+    # One step halves the distance to the mode.
+    assert (samples["z"].mean() - mean).abs() < 0.7 * (base_samples["z"].mean() - mean).abs()
+    draws = guide.sample_posterior(x, num_samples=200)
+    assert draws["z"].shape == (200,)
+    far = (draws["z"] - mean).abs().mean()
+    # The num_steps override (VIS-1-20): all draws land on the mode.
+    draws = guide.sample_posterior(x, num_samples=200, num_steps=20)
+    assert (draws["z"] - mean).abs().max() < 1e-3 < far
+
+
+def test_svgd_and_fokker_planck(device):
+    x = gauss_data(device)
+    mean, sd, _ = gauss_posterior(x)
+    loss = Trace_ELBO(num_particles=16, vectorize_particles=True, max_plate_nesting=1)
+    for kwargs in (dict(sampler="svgd"), dict(entropy="fokker_planck"),
+                   dict(sampler="sgld", repulsion="rbf")):
+        pyro.clear_param_store()
+        guide = VIS(gauss_model, off_guide(), num_steps=2, step_size=0.02, **kwargs)
+        svi = SVI(gauss_model, guide, pyro.optim.Adam({"lr": 0.01}), loss)
+        assert math.isfinite(svi.step(x))
+        assert pyro.param("vis_step_size").item() != 0.02
+    # The deterministic flow (2.11) from a point mass spreads the particles towards
+    # the posterior spread, where plain gradient ascent collapses them on the mode.
+    base = AutoNormal(gauss_model, init_loc_fn=lambda site: mean, init_scale=0.01)
+    guide = VIS(gauss_model, base, entropy="fokker_planck", step_size=0.02,
+                learn_step_size=False)
+    spread = guide.sample_posterior(x, num_samples=100, num_steps=300)["z"].std()
+    assert 0.5 * sd < spread < 1.5 * sd
+
+
+def test_fokker_planck_score_is_the_repulsion():
+    # Two particles: the estimate of -grad log q pushes them apart symmetrically.
+    z = torch.tensor([[0.0], [1.0]])
+    score = fokker_planck_score(RBFKernel(), z)
+    assert score[0, 0] < 0 < score[1, 0]
+    assert torch.allclose(score[0], -score[1])
+
+
+def test_trace_enum_elbo_marginalises_discrete_sites(device):
+    x = torch.tensor([-2.0, -1.5, 2.0, 2.5], device=device)
+
+    @pyro.infer.config_enumerate
+    def model(x):
+        locs = pyro.sample("locs", dist.Normal(torch.zeros(2, device=device), 5.0).to_event(1))
+        with pyro.plate("data", 4):
+            c = pyro.sample("c", dist.Categorical(torch.ones(2, device=device) / 2))
+            pyro.sample("obs", dist.Normal(locs[c], 1.0), obs=x)
+
+    base = AutoNormal(poutine.block(model, hide=["c"]))
+    eta = 0.05
+    guide = VIS(model, base, num_steps=1, step_size=eta, learn_step_size=False)
+    base(x)  # initialise, so that both runs below draw the same noise
+    pyro.set_rng_seed(0)
+    base_trace = poutine.trace(base).get_trace(x)
+    pyro.set_rng_seed(0)
+    refined = poutine.trace(guide).get_trace(x).nodes["locs"]["value"]
+    locs0 = base_trace.nodes["locs"]["value"].detach().requires_grad_()
+    log_p = dist.Normal(0.0, 5.0).log_prob(locs0).sum() + torch.logsumexp(
+        dist.Normal(locs0, 1.0).log_prob(x.unsqueeze(-1)) + math.log(0.5), -1
+    ).sum()
+    (grad,) = torch.autograd.grad(log_p, locs0)
+    assert torch.allclose(refined, locs0 + eta * grad, atol=1e-5)
+    svi = SVI(model, guide, pyro.optim.Adam({"lr": 0.01}), TraceEnum_ELBO(max_plate_nesting=1))
+    assert math.isfinite(svi.step(x))
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(num_steps=-1), "num_steps"),
+    (dict(num_steps=1.5), "num_steps"),
+    (dict(step_size=0.0), "step_size"),
+    (dict(step_size=-1e-3), "step_size"),
+    (dict(sampler="hmc"), "sampler"),
+    (dict(entropy="exact"), "entropy"),
+    (dict(gradient="half"), "gradient"),
+    (dict(repulsion="cosine", sampler="sgld"), "repulsion"),
+    (dict(entropy="mc", sampler="sgd"), "entropy='mc'"),
+    (dict(entropy="fokker_planck", sampler="sgld"), "fokker_planck"),
+])
+def test_bad_arguments(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        VIS(gauss_model, off_guide(), **kwargs)
+
+
+@pytest.mark.parametrize("kwargs", [dict(sampler="svgd"), dict(entropy="fokker_planck")])
+def test_interacting_samplers_need_particles(kwargs):
+    guide = VIS(gauss_model, off_guide(), **kwargs)
+    with pytest.raises(ValueError, match="num_particles"):
+        Trace_ELBO().loss(gauss_model, guide, gauss_data("cpu"))
+    with pytest.raises(ValueError, match="num_steps"):
+        guide.sample_posterior(gauss_data("cpu"), num_samples=3, num_steps=-2)
+
+
+def test_discrete_sites_are_refused():
+    x = torch.tensor([0.0, 1.0])
+
+    def model(x):
+        c = pyro.sample("c", dist.Bernoulli(0.5))
+        z = pyro.sample("z", dist.Normal(0.0, 1.0))
+        with pyro.plate("data", 2):
+            pyro.sample("obs", dist.Normal(z + c, 1.0), obs=x)
+
+    def base(x):
+        pyro.sample("c", dist.Bernoulli(0.5))
+        pyro.sample("z", dist.Normal(pyro.param("loc", torch.tensor(0.0)), 1.0))
+
+    for guide in (base, AutoNormal(poutine.block(model, hide=["c"]))):
+        with pytest.raises(ValueError, match="'c'.*enumerate"):
+            poutine.trace(VIS(model, guide)).get_trace(x)

@@ -1,0 +1,378 @@
+"""Kalman filter/smoother/sampler/forecast against dense Gaussian conditioning of the joint."""
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pyro_ext.timeseries.kalman import (
+    forecast_interval,
+    kalman_filter,
+    kalman_forecast,
+    kalman_log_likelihood,
+    kalman_sample,
+    kalman_smoother,
+)
+
+D = torch.float64
+
+
+def random_model(seed, T, S, p, time_varying, singular_w, batch=()):
+    g = torch.Generator().manual_seed(seed)
+
+    def rn(*shape):
+        return torch.randn(*shape, generator=g, dtype=D)
+
+    tshape = (T,) if time_varying else ()
+    G = 0.7 * rn(*batch, *tshape, S, S)
+    F = rn(*batch, *tshape, p, S)
+    A = rn(*batch, *tshape, S, S)
+    W = A @ A.mT
+    if singular_w and S > 1:  # zero noise on the last state, as in dummy seasonals
+        W[..., -1, :] = 0
+        W[..., :, -1] = 0
+    B = rn(*batch, *tshape, p, p)
+    V = B @ B.mT + 0.1 * torch.eye(p, dtype=D)
+    m0 = rn(*batch, S)
+    C = rn(*batch, S, S)
+    P0 = C @ C.mT + 0.1 * torch.eye(S, dtype=D)
+    y = rn(*batch, T, p)
+    return y, G, F, W, V, m0, P0
+
+
+def dense_joint(y, G, F, W, V, m0, P0):
+    """Mean/cov of x_{1:T} and y_{1:T} built explicitly (one unbatched series)."""
+    T, p = y.shape
+    S = m0.shape[-1]
+    G, F, W, V = [x.expand(T, *x.shape[-2:]) for x in (G, F, W, V)]
+    mean = [m0]
+    for t in range(1, T):
+        mean.append(G[t] @ mean[-1])
+    mean = torch.cat(mean)
+    Phi = torch.zeros(T * S, T * S, dtype=D)
+    for t in range(T):
+        M = torch.eye(S, dtype=D)
+        for k in range(t, -1, -1):
+            Phi[t * S:(t + 1) * S, k * S:(k + 1) * S] = M
+            M = M @ G[k]
+    Cx = Phi @ torch.block_diag(P0, *W[1:]) @ Phi.T
+    Fb = torch.block_diag(*F)
+    Cy = Fb @ Cx @ Fb.T + torch.block_diag(*V)
+    return mean, Cx, Fb @ mean, Cy, Cx @ Fb.T, y.reshape(-1)
+
+
+def condition(joint, idx):
+    mean, Cx, my, Cy, Cxy, yv = joint
+    if not idx:
+        return mean, Cx, torch.zeros((), dtype=D)
+    idx = torch.tensor(idx)
+    Cyy = Cy[idx][:, idx]
+    K = torch.linalg.solve(Cyy, Cxy[:, idx].T).T
+    ll = torch.distributions.MultivariateNormal(my[idx], Cyy).log_prob(yv[idx])
+    return mean + K @ (yv[idx] - my[idx]), Cx - K @ Cxy[:, idx].T, ll
+
+
+def block(x, t, S):
+    return x[t * S:(t + 1) * S] if x.dim() == 1 else x[t * S:(t + 1) * S, t * S:(t + 1) * S]
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    seed=st.integers(0, 10**6),
+    T=st.integers(1, 5),
+    S=st.integers(1, 3),
+    p=st.integers(1, 2),
+    time_varying=st.booleans(),
+    singular_w=st.booleans(),
+    batch=st.sampled_from([(), (2,)]),
+    missing=st.lists(st.integers(0, 9), max_size=4),
+)
+def test_filter_smoother_match_dense_conditioning(
+    seed, T, S, p, time_varying, singular_w, batch, missing
+):
+    y, G, F, W, V, m0, P0 = random_model(seed, T, S, p, time_varying, singular_w, batch)
+    for k in missing:  # entries of y (rows and single coordinates) set missing
+        y.view(*batch, -1)[..., k % (T * p)] = math.nan
+    filt = kalman_filter(y, G, F, W, V, m0, P0)
+    smooth = kalman_smoother(y, G, F, W, V, m0, P0)
+    for b in range(batch[0] if batch else 1):
+        ix = (b,) if batch else ()
+        args = [x[ix] for x in (y, G, F, W, V, m0, P0)]
+        joint = dense_joint(*args)
+        obs = [i for i in range(T * p) if not math.isnan(joint[-1][i])]
+        ms, Ps, ll = condition(joint, obs)
+        assert torch.allclose(filt.log_likelihood[ix], ll, atol=1e-8)
+        assert torch.allclose(smooth.log_likelihood[ix], ll, atol=1e-8)
+        assert torch.allclose(smooth.smoothed_means[ix].reshape(-1), ms, atol=1e-7)
+        for t in range(T):
+            assert torch.allclose(smooth.smoothed_covs[ix][t], block(Ps, t, S), atol=1e-7)
+            mf, Pf, _ = condition(joint, [i for i in obs if i < (t + 1) * p])
+            mp, Pp, _ = condition(joint, [i for i in obs if i < t * p])
+            assert torch.allclose(filt.filtered_means[ix][t], block(mf, t, S), atol=1e-7)
+            assert torch.allclose(filt.filtered_covs[ix][t], block(Pf, t, S), atol=1e-7)
+            assert torch.allclose(filt.predicted_means[ix][t], block(mp, t, S), atol=1e-7)
+            assert torch.allclose(filt.predicted_covs[ix][t], block(Pp, t, S), atol=1e-7)
+
+
+def test_simulation_smoother_moments():
+    y, G, F, W, V, m0, P0 = random_model(3, 4, 2, 1, True, True)
+    y[2] = math.nan
+    n = 20000
+    xs = kalman_sample(y, G, F, W, V, m0, P0, num_samples=n)
+    assert xs.shape == (n, 4, 2)
+    sm = kalman_smoother(y, G, F, W, V, m0, P0)
+    sd = sm.smoothed_covs.diagonal(dim1=-2, dim2=-1).sqrt()
+    # Standard error of a mean is sd / sqrt(n); 5 standard errors bounds all 8 entries.
+    assert ((xs.mean(0) - sm.smoothed_means).abs() <= 5 * sd / n**0.5).all()
+    # Joint (cross-time) covariance against the dense posterior; sample-cov error ~ var*sqrt(2/n).
+    joint = dense_joint(y, G, F, W, V, m0, P0)
+    _, Ps, _ = condition(joint, [0, 1, 3])
+    emp = torch.cov(xs.reshape(n, -1).T)
+    scale = Ps.diagonal().sqrt()
+    assert ((emp - Ps).abs() <= 6 * (2 / n) ** 0.5 * scale[:, None] * scale).all()
+
+
+def test_forecast_equals_filtering_with_missing_future():
+    T, h = 4, 3
+    y, G, F, W, V, m0, P0 = random_model(5, T, 3, 2, False, True)
+    res = kalman_filter(y, G, F, W, V, m0, P0)
+    fc = kalman_forecast(res, h, G, F, W, V)
+    # Closed form: with y_{T+1..T+h} missing, predicted moments are the forecast.
+    y_ext = torch.cat([y, torch.full((h, 2), math.nan, dtype=D)])
+    ext = kalman_filter(y_ext, G, F, W, V, m0, P0)
+    assert torch.allclose(fc.state_means, ext.predicted_means[T:], atol=1e-10)
+    assert torch.allclose(fc.state_covs, ext.predicted_covs[T:], atol=1e-10)
+    assert torch.allclose(fc.observation_means, (F @ ext.predicted_means[T:, :, None])[..., 0])
+    assert torch.allclose(fc.observation_covs, F @ ext.predicted_covs[T:] @ F.T + V)
+    lo, hi = forecast_interval(fc.observation_means, fc.observation_covs, level=0.9)
+    half = 1.6448536269514722 * fc.observation_covs.diagonal(dim1=-2, dim2=-1).sqrt()
+    assert torch.allclose(hi - fc.observation_means, half)
+    assert torch.allclose(fc.observation_means - lo, half)
+
+
+def llt_seasonal(sig2, S=13):
+    s2irr, s2lvl, s2tr, s2seas = sig2
+    G = torch.zeros(S, S, dtype=D)
+    G[0, 0] = G[0, 1] = G[1, 1] = 1
+    G[2, 2:] = -1
+    G[3:, 2:-1] = torch.eye(S - 3, dtype=D)
+    F = torch.zeros(1, S, dtype=D)
+    F[0, 0] = F[0, 2] = 1
+    W = torch.diag(torch.cat([s2lvl[None], s2tr[None], s2seas[None], torch.zeros(S - 3, dtype=D)]))
+    return G, F, W, s2irr.reshape(1, 1)
+
+
+@pytest.mark.parametrize("T", [200, 500])
+def test_statsmodels_unobserved_components_loglike(T):
+    sm = pytest.importorskip("statsmodels.api")
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    y = np.cumsum(rng.normal(size=T)) + 3 * np.sin(np.arange(T) * 2 * np.pi / 12)
+    y[[17, 18, 90]] = np.nan
+    params = np.array([1.0, 0.5, 0.1, 0.2])
+    mod = sm.tsa.UnobservedComponents(y, level="local linear trend", seasonal=12)
+    m0, P0 = np.linspace(-1, 1, 13), 4.0 * np.eye(13)
+    mod.ssm.initialize_known(m0, P0)  # known prior on x_1, as in our model
+    mod.loglikelihood_burn = 0
+    expected = mod.loglike(params)
+    G, F, W, V = llt_seasonal(torch.tensor(params))
+    args = (torch.tensor(y)[:, None], G, F, W, V, torch.tensor(m0), torch.tensor(P0))
+    ll = kalman_filter(*args)
+    assert ll.log_likelihood.item() == pytest.approx(expected, abs=1e-8)
+    for block_size in [None, 7, 32, 128]:  # missing values inside blocks, partial last block
+        ll = kalman_log_likelihood(*args, block_size=block_size)
+        assert ll.item() == pytest.approx(expected, abs=1e-8)
+
+
+def test_gradient_matches_finite_differences():
+    y, G, F, _, _, m0, P0 = random_model(1, 6, 2, 1, False, False)
+    y[3] = math.nan
+
+    def ll(log_var):
+        W = torch.diag(log_var[:2].exp())
+        V = log_var[2:].exp().reshape(1, 1)
+        return kalman_filter(y, G, F, W, V, m0, P0).log_likelihood
+
+    x = torch.tensor([-1.0, 0.5, -0.3], dtype=D, requires_grad=True)
+    assert torch.autograd.gradcheck(ll, (x,))
+    # Smoother moments and samples are differentiable too.
+    W = torch.eye(2, dtype=D).requires_grad_()
+    kalman_smoother(y, G, F, W, torch.eye(1, dtype=D), m0, P0).smoothed_means.sum().backward()
+    assert W.grad is not None and torch.isfinite(W.grad).all()
+
+
+def test_float32_and_device(device):
+    y, G, F, W, V, m0, P0 = [x.float().to(device) for x in random_model(2, 30, 3, 1, False, True)]
+    res = kalman_smoother(y, G, F, W, V, m0, P0)
+    assert res.smoothed_means.dtype == torch.float32 and res.smoothed_means.device == y.device
+    ref = kalman_smoother(*[x.double().cpu() for x in (y, G, F, W, V, m0, P0)])
+    assert torch.allclose(res.log_likelihood.double().cpu(), ref.log_likelihood, rtol=1e-4)
+
+
+def test_batched_parameters_broadcast_over_series():
+    y, G, F, W, V, m0, P0 = random_model(4, 5, 2, 1, False, False)
+    scales = torch.tensor([0.5, 1.0, 2.0], dtype=D)
+    Vb = scales[:, None, None] * V
+    yb = y.expand(3, 5, 1)
+    ll = kalman_filter(yb, G, F, W, Vb, m0, P0).log_likelihood
+    for k in range(3):
+        assert torch.allclose(ll[k], kalman_filter(y, G, F, W, Vb[k], m0, P0).log_likelihood)
+
+
+@pytest.mark.parametrize(
+    "index, value, match",
+    [
+        (0, torch.zeros(0, 1, dtype=D), "empty series"),
+        (0, torch.zeros(5, dtype=D), "y must have shape"),
+        (1, torch.eye(3, dtype=D), "transition_matrix"),
+        (1, torch.eye(2, dtype=D).expand(4, 2, 2), "transition_matrix has a time axis"),
+        (2, torch.ones(2, 2, dtype=D), "observation_matrix"),
+        (3, -torch.eye(2, dtype=D), "transition_cov has negative"),
+        (3, torch.tensor([[1.0, 2.0], [2.0, 1.0]], dtype=D), "transition_cov is not positive"),
+        (3, torch.tensor([[1.0, 0.5], [0.0, 1.0]], dtype=D), "transition_cov must be symmetric"),
+        (4, -torch.eye(1, dtype=D), "observation_cov has negative"),
+        (4, torch.eye(2, dtype=D), "observation_cov"),
+        (5, torch.zeros(3, dtype=D), "transition_matrix"),
+        (6, torch.zeros(2, 3, dtype=D), "init_cov"),
+        (6, torch.diag(torch.tensor([1.0, -1.0], dtype=D)), "init_cov has negative"),
+    ],
+)
+@pytest.mark.parametrize("fn", [kalman_filter, kalman_log_likelihood])
+def test_errors_name_the_argument(fn, index, value, match):
+    args = list(random_model(0, 5, 2, 1, False, False))
+    args[index] = value
+    with pytest.raises(ValueError, match=match):
+        fn(*args)
+
+
+def test_degenerate_innovation_covariance_is_reported():
+    y, G, F, W, V, m0, P0 = random_model(0, 5, 2, 1, False, False)
+    with pytest.raises(ValueError, match="observation_cov"):
+        kalman_filter(y, G, torch.zeros_like(F), W, torch.zeros_like(V), m0, P0)
+    res = kalman_filter(y, G, F, W, V, m0, P0)
+    with pytest.raises(ValueError, match="num_steps"):
+        kalman_forecast(res, 0, G, F, W, V)
+    with pytest.raises(ValueError, match="filter_result"):
+        kalman_forecast((1, 2), 1, G, F, W, V)
+
+
+# ---------------------------------------------------------------------------------------
+# kalman_log_likelihood (blocked filter) against the per-step scan
+
+
+def stable(G):
+    """Spectral norm at most 1: block powers G^B stay bounded (well-conditioned blocks)."""
+    return G / torch.linalg.matrix_norm(G, 2).clamp(min=1.0)[..., None, None]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    seed=st.integers(0, 10**6),
+    T=st.integers(1, 40),
+    S=st.integers(1, 4),
+    p=st.integers(1, 2),
+    time_varying=st.booleans(),
+    singular_w=st.booleans(),
+    batch=st.sampled_from([(), (2,), (2, 1)]),
+    missing=st.lists(st.integers(0, 200), max_size=6),
+    block_size=st.sampled_from([None, 1, 2, 3, 5, 8, 16, 64]),
+)
+def test_log_likelihood_matches_scan(
+    seed, T, S, p, time_varying, singular_w, batch, missing, block_size
+):
+    y, G, F, W, V, m0, P0 = random_model(seed, T, S, p, time_varying, singular_w, batch)
+    G = stable(G)
+    for k in missing:  # entries of y (single coordinates, possibly whole steps) set missing
+        y.view(*batch, -1)[..., k % (T * p)] = math.nan
+    expected = kalman_filter(y, G, F, W, V, m0, P0).log_likelihood
+    actual = kalman_log_likelihood(y, G, F, W, V, m0, P0, block_size=block_size)
+    assert actual.shape == expected.shape
+    assert torch.allclose(actual, expected, rtol=1e-10, atol=1e-8)
+
+
+@pytest.mark.parametrize("block_size", [None, 4, 7])
+def test_log_likelihood_broadcasts_batches(block_size):
+    y, G, F, W, V, m0, P0 = random_model(6, 23, 3, 2, False, True)
+    G = stable(G)
+    y[[3, 9], 1] = math.nan
+    scales = torch.tensor([0.5, 1.0, 2.0], dtype=D)[:, None, None]
+    ys = torch.stack([y, y + 1, y.flip(0)])  # (3, T, p), different missing patterns
+    cases = [  # (y, G, F, W, V, m0, P0) with batch dims on different arguments
+        (y.expand(3, 23, 2), G, F, W, scales * V, m0, P0),
+        (ys, G, F, W, V, m0, P0),
+        (ys[:, None], G, F, scales * W, V, m0, P0),  # batch (3, 3)
+        (y.expand(3, 23, 2), G, F, W, V, m0 + scales[..., 0], P0),
+    ]
+    for args in cases:
+        expected = kalman_filter(*args).log_likelihood
+        actual = kalman_log_likelihood(*args, block_size=block_size)
+        assert actual.shape == expected.shape
+        assert torch.allclose(actual, expected, rtol=1e-10, atol=1e-8)
+
+
+@pytest.mark.parametrize("missing", [False, True])
+@pytest.mark.parametrize("block_size", [4, None])
+def test_log_likelihood_gradients_match_scan(missing, block_size):
+    y, G, F, W, V, m0, P0 = random_model(7, 18, 3, 2, False, True)
+    G = stable(G)
+    if missing:
+        y[[2, 11], 0] = math.nan
+        y[5] = math.nan
+    grads = []
+    for fn in (lambda *a: kalman_filter(*a).log_likelihood,
+               lambda *a: kalman_log_likelihood(*a, block_size=block_size)):
+        args = [x.clone().requires_grad_() for x in (G, F, W, V, m0, P0)]
+        fn(y, *args).backward()
+        grads.append([a.grad for a in args])
+    for k, (g_scan, g_block) in enumerate(zip(*grads)):
+        if k in (2, 3, 5):  # W, V, P0: only the symmetric part is defined (the two paths
+            g_scan, g_block = g_scan + g_scan.mT, g_block + g_block.mT  # read other triangles)
+        assert torch.allclose(g_block, g_scan, rtol=1e-8, atol=1e-8)
+
+
+def test_log_likelihood_gradcheck_and_trend_seasonal_variances():
+    y = torch.randn(30, 1, generator=torch.Generator().manual_seed(0), dtype=D).cumsum(0)
+    y[[4, 17]] = math.nan
+    m0, P0 = torch.zeros(13, dtype=D), 4.0 * torch.eye(13, dtype=D)
+
+    def ll(log_var, fn):
+        G, F, W, V = llt_seasonal(log_var.exp())
+        return fn(y, G, F, W, V, m0, P0)
+
+    x = torch.tensor([0.0, -1.0, -2.0, -1.5], dtype=D, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda v: ll(v, kalman_log_likelihood), (x,))
+    g_block, = torch.autograd.grad(ll(x, lambda *a: kalman_log_likelihood(*a, block_size=8)), x)
+    g_scan, = torch.autograd.grad(ll(x, lambda *a: kalman_filter(*a).log_likelihood), x)
+    assert torch.allclose(g_block, g_scan, rtol=1e-9, atol=1e-9)
+
+
+def test_log_likelihood_falls_back_when_block_noise_is_singular():
+    # V = 0: the first observation of a block is noiseless given the block's first state,
+    # so the block noise covariance is singular; the scan still works (F W F^T > 0).
+    y, G, F, W, V, m0, P0 = random_model(8, 12, 2, 1, False, False)
+    V = torch.zeros_like(V)
+    expected = kalman_filter(y, G, F, W, V, m0, P0).log_likelihood
+    assert torch.allclose(kalman_log_likelihood(y, G, F, W, V, m0, P0, block_size=4), expected)
+
+
+def test_log_likelihood_float32_and_device(device):
+    T = 300
+    g = torch.Generator().manual_seed(3)
+    y = torch.randn(T, 1, generator=g, dtype=D).cumsum(0)
+    y[[10, 200]] = math.nan
+    G, F, W, V = llt_seasonal(torch.tensor([0.5, 0.1, 0.01, 0.05], dtype=D))
+    args = (y, G, F, W, V, torch.zeros(13, dtype=D), 10 * torch.eye(13, dtype=D))
+    ref = kalman_log_likelihood(*args)
+    ll = kalman_log_likelihood(*[x.float().to(device) for x in args])
+    assert ll.dtype == torch.float32 and ll.device == device
+    assert torch.allclose(ll.double().cpu(), ref, rtol=1e-5)
+
+
+@pytest.mark.parametrize("block_size", [0, -3, 2.5])
+def test_log_likelihood_rejects_bad_block_size(block_size):
+    args = random_model(0, 5, 2, 1, False, False)
+    with pytest.raises(ValueError, match="block_size"):
+        kalman_log_likelihood(*args, block_size=block_size)
