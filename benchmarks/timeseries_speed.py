@@ -19,7 +19,8 @@ repeat; times are medians in milliseconds):
    {1e3, 1e4}: ``kalman_log_likelihood`` (float64, blocked filter) vs ``statsmodels``'
    ``UnobservedComponents.loglike`` (Cython; by default it switches to the steady-state filter
    once the covariance converges, an approximation we do not make), and ``kalman_filter`` (all
-   filtered moments, parallel scan) vs ``UnobservedComponents.filter``; with gradient: log-likelihood + ``backward()`` w.r.t. the four variances vs
+   filtered moments, parallel scan) vs ``UnobservedComponents.filter``; with gradient:
+   log-likelihood + ``backward()`` w.r.t. the four variances vs
    ``UnobservedComponents.score`` (numerical derivatives: what a statsmodels user gets).
 
 CPU runs use one intra-op thread (``--threads``). Peers that are not importable get a
@@ -76,7 +77,11 @@ def timed_pair(ours, baseline, repeats, device):
         t_ours.append(mid - start)
         t_base.append(end - mid)
         ratios.append((mid - start) / (end - mid))
-    return 1e3 * statistics.median(t_ours), 1e3 * statistics.median(t_base), statistics.median(ratios)
+    return (
+        1e3 * statistics.median(t_ours),
+        1e3 * statistics.median(t_base),
+        statistics.median(ratios),
+    )
 
 
 def _row(name, setting, timing):
@@ -95,7 +100,9 @@ def random_hmm(K, T, dtype, device, generator):
     """Pyro-convention initial logits (state before the first transition), transition logits
     with sticky rows, Gaussian emission means and a series drawn from well-separated states."""
     pyro_init = torch.randn(K, generator=generator, dtype=dtype).log_softmax(-1)
-    trans = (torch.randn(K, K, generator=generator, dtype=dtype) + 2 * torch.eye(K, dtype=dtype)).log_softmax(-1)
+    trans = (
+        torch.randn(K, K, generator=generator, dtype=dtype) + 2 * torch.eye(K, dtype=dtype)
+    ).log_softmax(-1)
     locs = 3 * torch.randn(K, generator=generator, dtype=dtype)
     states = torch.randint(K, (T,), generator=generator)
     x = locs[states] + torch.randn(T, generator=generator, dtype=dtype)
@@ -117,22 +124,37 @@ def hmm_tables(sizes, repeats, device):
         theirs = dist.DiscreteHMM(pyro_init, trans, dist.Normal(locs, 1.0))
         setting = f"K={K}, T={T:.0e}"
         if not torch.allclose(ours.log_prob(x), theirs.log_prob(x), rtol=1e-4):
-            raise AssertionError(f"log-likelihood mismatch with DiscreteHMM: {ours.log_prob(x)}, {theirs.log_prob(x)}")
-        loglik_rows.append(_row("HiddenMarkovDistribution vs DiscreteHMM (f32)", setting,
-                                timed_pair(lambda: ours.log_prob(x), lambda: theirs.log_prob(x), repeats, device)))
+            raise AssertionError(
+                f"log-likelihood mismatch with DiscreteHMM: {ours.log_prob(x)} vs "
+                f"{theirs.log_prob(x)}"
+            )
+        loglik_rows.append(
+            _row(
+                "HiddenMarkovDistribution vs DiscreteHMM (f32)",
+                setting,
+                timed_pair(lambda: ours.log_prob(x), lambda: theirs.log_prob(x), repeats, device),
+            )
+        )
 
         locs_g = locs.clone().requires_grad_()
         trans_g = trans.clone().requires_grad_()
 
         def ours_grad():
             init_g = (pyro_init[:, None] + trans_g).logsumexp(0)
-            HiddenMarkovDistribution(init_g, trans_g, dist.Normal(locs_g, 1.0)).log_prob(x).backward()
+            HiddenMarkovDistribution(init_g, trans_g, dist.Normal(locs_g, 1.0)).log_prob(
+                x
+            ).backward()
 
         def theirs_grad():
             dist.DiscreteHMM(pyro_init, trans_g, dist.Normal(locs_g, 1.0)).log_prob(x).backward()
 
-        grad_rows.append(_row("log-lik + backward vs DiscreteHMM (f32)", setting,
-                              timed_pair(ours_grad, theirs_grad, repeats, device)))
+        grad_rows.append(
+            _row(
+                "log-lik + backward vs DiscreteHMM (f32)",
+                setting,
+                timed_pair(ours_grad, theirs_grad, repeats, device),
+            )
+        )
 
         init64, trans64, locs64, x64 = (t.double() for t in (init, trans, locs, x))
 
@@ -145,8 +167,12 @@ def hmm_tables(sizes, repeats, device):
             return hmm_viterbi(init64, trans64, obs_log_probs)
 
         if not have_hmmlearn:
-            loglik_rows.append(["hmm_log_likelihood vs hmmlearn score (f64)", setting, "", "", "not installed"])
-            viterbi_rows.append(["hmm_viterbi vs hmmlearn decode (f64)", setting, "", "", "not installed"])
+            loglik_rows.append(
+                ["hmm_log_likelihood vs hmmlearn score (f64)", setting, "", "", "not installed"]
+            )
+            viterbi_rows.append(
+                ["hmm_viterbi vs hmmlearn decode (f64)", setting, "", "", "not installed"]
+            )
             continue
         model = GaussianHMM(K, covariance_type="diag", init_params="", params="")
         model.startprob_ = init64.exp().cpu().numpy()
@@ -156,15 +182,30 @@ def hmm_tables(sizes, repeats, device):
         X = x64.cpu().numpy()[:, None]
         ours_ll, ours_path = float(ours_floor()), ours_viterbi()
         if not np.isclose(ours_ll, model.score(X), rtol=1e-8, atol=1e-6):
-            raise AssertionError(f"log-likelihood mismatch: ours {ours_ll}, hmmlearn {model.score(X)}")
-        loglik_rows.append(_row("hmm_log_likelihood vs hmmlearn score (f64)", setting,
-                                timed_pair(ours_floor, lambda: model.score(X), repeats, device)))
+            raise AssertionError(
+                f"log-likelihood mismatch: ours {ours_ll}, hmmlearn {model.score(X)}"
+            )
+        loglik_rows.append(
+            _row(
+                "hmm_log_likelihood vs hmmlearn score (f64)",
+                setting,
+                timed_pair(ours_floor, lambda: model.score(X), repeats, device),
+            )
+        )
         their_score, their_path = model.decode(X, algorithm="viterbi")
         if not np.isclose(float(ours_path[1]), their_score, rtol=1e-8, atol=1e-6):
-            raise AssertionError(f"Viterbi score mismatch: ours {float(ours_path[1])}, hmmlearn {their_score}")
-        viterbi_rows.append(_row("hmm_viterbi vs hmmlearn decode (f64)", setting,
-                                 timed_pair(ours_viterbi, lambda: model.decode(X, algorithm="viterbi"),
-                                            repeats, device)))
+            raise AssertionError(
+                f"Viterbi score mismatch: ours {float(ours_path[1])}, hmmlearn {their_score}"
+            )
+        viterbi_rows.append(
+            _row(
+                "hmm_viterbi vs hmmlearn decode (f64)",
+                setting,
+                timed_pair(
+                    ours_viterbi, lambda: model.decode(X, algorithm="viterbi"), repeats, device
+                ),
+            )
+        )
     return loglik_rows, grad_rows, viterbi_rows
 
 
@@ -177,9 +218,11 @@ def enumeration_table(length, repeats, device):
 
     generator = torch.Generator().manual_seed(2)
     y = torch.randint(5, (length,), generator=generator).double().to(device)
-    kwargs = dict(num_symbols=5,
-                  init_probs=torch.full((3,), 1 / 3, dtype=torch.float64, device=device),
-                  transition_probs=torch.full((3, 3), 1 / 3, dtype=torch.float64, device=device))
+    kwargs = dict(
+        num_symbols=5,
+        init_probs=torch.full((3,), 1 / 3, dtype=torch.float64, device=device),
+        transition_probs=torch.full((3, 3), 1 / 3, dtype=torch.float64, device=device),
+    )
     scan = HiddenMarkovModel(3, "categorical", **kwargs)
     enum = HiddenMarkovModel(3, "categorical", backend="funsor", **kwargs)
     enum_elbo = TraceMarkovEnum_ELBO(max_plate_nesting=1)
@@ -187,9 +230,19 @@ def enumeration_table(length, repeats, device):
     def guide(y):
         pass
 
-    timing = timed_pair(lambda: Trace_ELBO().differentiable_loss(scan, guide, y),
-                        lambda: enum_elbo.differentiable_loss(enum, guide, y), repeats, device)
-    return [_row("HiddenMarkovModel ELBO: scan vs funsor TraceMarkovEnum_ELBO", f"K=3, T={length}", timing)]
+    timing = timed_pair(
+        lambda: Trace_ELBO().differentiable_loss(scan, guide, y),
+        lambda: enum_elbo.differentiable_loss(enum, guide, y),
+        repeats,
+        device,
+    )
+    return [
+        _row(
+            "HiddenMarkovModel ELBO: scan vs funsor TraceMarkovEnum_ELBO",
+            f"K=3, T={length}",
+            timing,
+        )
+    ]
 
 
 def trend_seasonal_matrices(variances, dtype, device):
@@ -239,23 +292,50 @@ def kalman_tables(lengths, repeats, device):
 
         setting = f"LLT + seasonal(12), T={T:.0e}"
         if not have_statsmodels:
-            rows.append(["kalman_log_likelihood vs statsmodels loglike (f64)", setting, "", "", "not installed"])
-            grad_rows.append(["log-lik + backward vs statsmodels score", setting, "", "", "not installed"])
+            rows.append(
+                [
+                    "kalman_log_likelihood vs statsmodels loglike (f64)",
+                    setting,
+                    "",
+                    "",
+                    "not installed",
+                ]
+            )
+            grad_rows.append(
+                ["log-lik + backward vs statsmodels score", setting, "", "", "not installed"]
+            )
             continue
         from statsmodels.tsa.statespace.structural import UnobservedComponents
 
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            model = UnobservedComponents(y.cpu().numpy(), level="local linear trend", seasonal=PERIOD)
+            model = UnobservedComponents(
+                y.cpu().numpy(), level="local linear trend", seasonal=PERIOD
+            )
             # statsmodels orders its parameters as (irregular, level, trend, seasonal) variances.
             params = np.array([0.5, 0.1, 0.01, 0.05])
-            rows.append(_row("kalman_log_likelihood vs statsmodels loglike (f64)", setting,
-                             timed_pair(ours, lambda: model.loglike(params), repeats, device)))
+            rows.append(
+                _row(
+                    "kalman_log_likelihood vs statsmodels loglike (f64)",
+                    setting,
+                    timed_pair(ours, lambda: model.loglike(params), repeats, device),
+                )
+            )
             # Filtered moments at every step: statsmodels' `filter` (the whole results object).
-            rows.append(_row("kalman_filter (all moments) vs statsmodels filter", setting,
-                             timed_pair(ours_filter, lambda: model.filter(params), repeats, device)))
-            grad_rows.append(_row("log-lik + backward vs statsmodels score", setting,
-                                  timed_pair(ours_grad, lambda: model.score(params), repeats, device)))
+            rows.append(
+                _row(
+                    "kalman_filter (all moments) vs statsmodels filter",
+                    setting,
+                    timed_pair(ours_filter, lambda: model.filter(params), repeats, device),
+                )
+            )
+            grad_rows.append(
+                _row(
+                    "log-lik + backward vs statsmodels score",
+                    setting,
+                    timed_pair(ours_grad, lambda: model.score(params), repeats, device),
+                )
+            )
     return rows, grad_rows
 
 
@@ -270,14 +350,19 @@ def main(argv=None):
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     repeats = args.repeats or (2 if args.quick else 7)
-    hmm_sizes = [(3, 200), (20, 200)] if args.quick else [(3, 1000), (3, 100000), (20, 1000), (20, 100000)]
+    hmm_sizes = (
+        [(3, 200), (20, 200)] if args.quick else [(3, 1000), (3, 100000), (20, 1000), (20, 100000)]
+    )
     kalman_lengths = [200] if args.quick else [1000, 10000]
 
     loglik_rows, grad_rows, viterbi_rows = hmm_tables(hmm_sizes, repeats, device)
     kalman_rows, kalman_grad_rows = kalman_tables(kalman_lengths, repeats, device)
     enum_rows = enumeration_table(200, repeats, device)
     header = ["ours vs baseline", "setting", "ours (ms)", "baseline (ms)", "ratio (median)"]
-    peers = ", ".join(f"{m} {_installed(m)}" for m in ("hmmlearn", "statsmodels") if _installed(m)) or "none"
+    peers = (
+        ", ".join(f"{m} {_installed(m)}" for m in ("hmmlearn", "statsmodels") if _installed(m))
+        or "none"
+    )
     preamble = (
         "# Exact state-space inference: speed against baselines\n\n"
         f"Device {device}, {args.threads} thread(s), {repeats} repeats; torch {torch.__version__}, "
@@ -288,7 +373,8 @@ def main(argv=None):
         "## HMM log-likelihood\n\n" + markdown(header, loglik_rows),
         "## HMM log-likelihood with gradient\n\n" + markdown(header, grad_rows),
         "## Viterbi\n\n" + markdown(header, viterbi_rows),
-        "## HMM as a Pyro model: exact marginal vs funsor enumeration\n\n" + markdown(header, enum_rows),
+        "## HMM as a Pyro model: exact marginal vs funsor enumeration\n\n"
+        + markdown(header, enum_rows),
         "## Kalman log-likelihood\n\n" + markdown(header, kalman_rows),
         "## Kalman log-likelihood with gradient\n\n" + markdown(header, kalman_grad_rows),
     ]

@@ -52,7 +52,13 @@ from pyro.infer.autoguide import AutoDelta  # noqa: E402
 
 from pyro_ext.datasets import load_co2  # noqa: E402
 from pyro_ext.infer.vis import VIS  # noqa: E402
-from pyro_ext.timeseries.dlm import DLM, DLMDistribution, LinearGaussian, LocalLinearTrend, Seasonal  # noqa: E402
+from pyro_ext.timeseries.dlm import (  # noqa: E402
+    DLM,
+    DLMDistribution,
+    LinearGaussian,
+    LocalLinearTrend,
+    Seasonal,
+)  # noqa: E402
 from pyro_ext.timeseries.kalman import forecast_interval  # noqa: E402
 from pyro_ext.timeseries.models import HiddenMarkovModel  # noqa: E402
 
@@ -61,13 +67,29 @@ from _report import markdown, write_report  # noqa: E402
 RESULTS = REPO / "benchmarks" / "results" / "vis_state_space.md"
 REFINEMENT_STEPS = (0, 1, 2)
 HMM_STEP_SIZE, DLM_STEP_SIZE = 1e-2, 1e-3
-PAPER_HMM_TABLE = {"accuracy": (0.40, 0.84), "predictive entropy": (1.414, 1.056), "log score": (-1.044, -0.682)}
-PAPER_DLM_TABLE = {"MAE": (0.270, 0.239), "predictive entropy": (2.537, 2.401), "interval score": (15.247, 13.461)}
+PAPER_HMM_TABLE = {
+    "accuracy": (0.40, 0.84),
+    "predictive entropy": (1.414, 1.056),
+    "log score": (-1.044, -0.682),
+}
+PAPER_DLM_TABLE = {
+    "MAE": (0.270, 0.239),
+    "predictive entropy": (2.537, 2.401),
+    "interval score": (15.247, 13.461),
+}
 
 
 def make_guide(model, num_steps, step_size):
-    return VIS(model, AutoDelta(model), sampler="sgd", num_steps=num_steps, step_size=step_size,
-               learn_step_size=False, entropy="particle", gradient="fast")
+    return VIS(
+        model,
+        AutoDelta(model),
+        sampler="sgd",
+        num_steps=num_steps,
+        step_size=step_size,
+        learn_step_size=False,
+        entropy="particle",
+        gradient="fast",
+    )
 
 
 def train(model, guide, data, num_iterations, lr, evaluate=None, eval_every=1):
@@ -118,8 +140,14 @@ def figure_hmm(seeds, iterations, step_size, lr):
             pyro.set_rng_seed(seed)
             model = HiddenMarkovModel(5, "categorical", num_symbols=5)
             guide = make_guide(model, T, step_size)
-            curve = train(model, guide, y, iterations, lr,
-                          evaluate=lambda: hmm_log_likelihood(model, refined_draws(guide, y, 8), y))
+            curve = train(
+                model,
+                guide,
+                y,
+                iterations,
+                lr,
+                evaluate=lambda: hmm_log_likelihood(model, refined_draws(guide, y, 8), y),
+            )
             results[T].append(curve)
     return results
 
@@ -166,8 +194,14 @@ def figure_dlm(seeds, iterations, step_size, lr):
             pyro.clear_param_store()
             pyro.set_rng_seed(seed)
             guide = make_guide(dlm_model, T, step_size)
-            curve = train(dlm_model, guide, y, iterations, lr,
-                          evaluate=lambda: dlm_log_likelihood(refined_draws(guide, y, 8), y))
+            curve = train(
+                dlm_model,
+                guide,
+                y,
+                iterations,
+                lr,
+                evaluate=lambda: dlm_log_likelihood(refined_draws(guide, y, 8), y),
+            )
             results[T].append(curve)
     return results
 
@@ -181,21 +215,29 @@ def _mean_sd(values):
 def curve_table(results, checkpoints):
     """Log-likelihood at fixed iterations and at the wall time T=0 needs for all of them."""
     budget = statistics.median(curve[-1][1] for curve in results[0])
-    header = ["T"] + [f"iteration {c}" for c in checkpoints] + [f"at {1e3 * budget:.0f} ms", "ms / iteration"]
+    header = (
+        ["T"]
+        + [f"iteration {c}" for c in checkpoints]
+        + [f"at {1e3 * budget:.0f} ms", "ms / iteration"]
+    )
     rows = []
     for T, curves in results.items():
         row = [str(T)]
         for c in checkpoints:
             row.append(_mean_sd([curve[c - 1][2] for curve in curves]))
-        at_budget = [max((p for p in curve if p[1] <= budget), key=lambda p: p[1], default=curve[0])[2]
-                     for curve in curves]
+        at_budget = [
+            max((p for p in curve if p[1] <= budget), key=lambda p: p[1], default=curve[0])[2]
+            for curve in curves
+        ]
         row.append(_mean_sd(at_budget))
-        row.append(f"{1e3 * statistics.median(curve[-1][1] / (curve[-1][0] - 1) for curve in curves):.1f}")
+        row.append(
+            f"{1e3 * statistics.median(curve[-1][1] / (curve[-1][0] - 1) for curve in curves):.1f}"
+        )
         rows.append(row)
     return markdown(header, rows)
 
 
-# -- table 2.5 --------------------------------------------------------------------------------------
+# -- table 2.5 ---------------------------------------------------------------------------------
 
 
 def table_hmm(seeds, epochs, step_size, lr, num_draws=100):
@@ -221,7 +263,7 @@ def table_hmm(seeds, epochs, step_size, lr, num_draws=100):
     return metrics
 
 
-# -- table 2.6 --------------------------------------------------------------------------------------
+# -- table 2.6 ---------------------------------------------------------------------------------
 
 
 def co2_dlm(scales):
@@ -234,7 +276,9 @@ CO2_SITES = ("obs_scale", "level_scale", "slope_scale", "seasonal_scale")
 
 
 def co2_model(y):
-    scales = {name: pyro.sample(name, dist.LogNormal(y.new_tensor(-1.0), 1.0)) for name in CO2_SITES}
+    scales = {
+        name: pyro.sample(name, dist.LogNormal(y.new_tensor(-1.0), 1.0)) for name in CO2_SITES
+    }
     pyro.sample("obs", DLMDistribution(co2_dlm(scales), y.shape[-1]), obs=y)
 
 
@@ -258,20 +302,28 @@ def table_dlm(seeds, epochs, step_size, lr, num_draws=100, alpha=0.05):
             # interval from them.
             mix_mean = means.mean(0)
             mix_var = (variances + means**2).mean(0) - mix_mean**2
-            lower, upper = forecast_interval(mix_mean[:, None], mix_var[:, None, None], level=1 - alpha)
+            lower, upper = forecast_interval(
+                mix_mean[:, None], mix_var[:, None, None], level=1 - alpha
+            )
             lower, upper = lower[:, 0], upper[:, 0]
-            score = (upper - lower) + 2 / alpha * ((lower - test_y).clamp_min(0) + (test_y - upper).clamp_min(0))
+            score = (upper - lower) + 2 / alpha * (
+                (lower - test_y).clamp_min(0) + (test_y - upper).clamp_min(0)
+            )
             metrics[T]["MAE"].append(float((mix_mean - test_y).abs().mean()))
-            metrics[T]["predictive entropy"].append(float((0.5 * torch.log(2 * math.pi * math.e * mix_var)).mean()))
+            metrics[T]["predictive entropy"].append(
+                float((0.5 * torch.log(2 * math.pi * math.e * mix_var)).mean())
+            )
             metrics[T]["interval score"].append(float(score.mean()))
     return metrics
 
 
 def metric_table(metrics, paper):
-    (t0, t1) = sorted(metrics)
+    t0, t1 = sorted(metrics)
     header = ["metric", "paper T=0", "paper T=1", f"ours T={t0}", f"ours T={t1}"]
-    rows = [[name, f"{p0:.3f}", f"{p1:.3f}", _mean_sd(metrics[t0][name]), _mean_sd(metrics[t1][name])]
-            for name, (p0, p1) in paper.items()]
+    rows = [
+        [name, f"{p0:.3f}", f"{p1:.3f}", _mean_sd(metrics[t0][name]), _mean_sd(metrics[t1][name])]
+        for name, (p0, p1) in paper.items()
+    ]
     return markdown(header, rows)
 
 
@@ -297,7 +349,8 @@ def main(argv=None):
 
     preamble = (
         "# VIS on state-space models (thesis figure 2.8, tables 2.5, 2.6)\n\n"
-        f"{num_seeds} seeds (mean ± sd); AutoDelta base guide refined with T gradient steps (VIS-P, "
+        f"{num_seeds} seeds (mean ± sd); AutoDelta base guide refined with T gradient steps "
+        "(VIS-P, "
         "fast gradient), Adam; hidden states marginalised exactly (forward algorithm / Kalman "
         f"filter). torch {torch.__version__}, 1 thread, float64. Generated by "
         "`python benchmarks/vis_state_space.py`."
@@ -306,9 +359,11 @@ def main(argv=None):
         "## Figure 2.8, HMM: log p(x | θ_T) of the training series (T = refinement steps)\n\n"
         + curve_table(hmm_curves, checkpoints),
         "## Figure 2.8, DLM: log p(x | θ_T)\n\n" + curve_table(dlm_curves, checkpoints),
-        "## Table 2.5: HMM prediction on the alternating series (T=0: 50 epochs, T=1: 20 epochs)\n\n"
+        "## Table 2.5: HMM prediction on the alternating series "
+        "(T=0: 50 epochs, T=1: 20 epochs)\n\n"
         + metric_table(hmm_metrics, PAPER_HMM_TABLE),
-        "## Table 2.6: CO2 forecast, local linear trend + seasonal(12) (T=0: 10 epochs, T=1: 4 epochs)\n\n"
+        "## Table 2.6: CO2 forecast, local linear trend + seasonal(12) "
+        "(T=0: 10 epochs, T=1: 4 epochs)\n\n"
         + metric_table(dlm_metrics, PAPER_DLM_TABLE),
     ]
     write_report(preamble, sections, args.output)

@@ -40,8 +40,10 @@ def _gaussian_posterior(quick):
     draws = mcmc.get_samples()["mu"]
     print(f"  conjugate Gaussian, N={num_data}, minibatch {subsample_size}, 20 particles")
     print(f"    posterior mean  exact {exact_mean:.4f}   SGLD {draws.mean():.4f}")
-    print(f"    posterior sd    exact {exact_sd:.4f}   SGLD {draws.std():.4f}"
-          "   (minibatch noise inflates it at fixed step size)")
+    print(
+        f"    posterior sd    exact {exact_sd:.4f}   SGLD {draws.std():.4f}"
+        "   (minibatch noise inflates it at fixed step size)"
+    )
 
 
 def _svgd_vs_sgld_r(quick):
@@ -54,14 +56,22 @@ def _svgd_vs_sgld_r(quick):
         return 3.0 + 0.5 * torch.randn(2)
 
     seeds = 5 if quick else 20
-    print("  2-D standard normal, 6 particles from N([3,3], 0.25 I), 1000 steps; sd of the"
-          " last 500 steps, mean over seeds")
+    print(
+        "  2-D standard normal, 6 particles from N([3,3], 0.25 I), 1000 steps; sd of the"
+        " last 500 steps, mean over seeds"
+    )
     for name, temperature in (("SVGD  ", 0.0), ("SGLD+R", 1.0)):
         sds = []
         for seed in range(seeds):
             pyro.set_rng_seed(seed)
-            kernel = SGLD(model, step_size=0.3, num_particles=6, repulsion="rbf",
-                          temperature=temperature, init_strategy=start)
+            kernel = SGLD(
+                model,
+                step_size=0.3,
+                num_particles=6,
+                repulsion="rbf",
+                temperature=temperature,
+                init_strategy=start,
+            )
             mcmc = MCMC(kernel, num_samples=500, warmup_steps=500, disable_progbar=True)
             mcmc.run()
             sds.append(mcmc.get_samples()["z"].std(0))
@@ -83,8 +93,10 @@ def _logistic_regression(quick):
         with pyro.plate("data", x.shape[0], subsample_size=100) as idx:
             pyro.sample("y", dist.Bernoulli(logits=x[idx] @ w), obs=y[idx])
 
-    print(f"  logistic regression, N=4000 train / 1000 test, D={dim}, minibatch 100,"
-          " 10 particles, 300 warmup + 300 draws")
+    print(
+        f"  logistic regression, N=4000 train / 1000 test, D={dim}, minibatch 100,"
+        " 10 particles, 300 warmup + 300 draws"
+    )
     samplers = {
         "SGLD": lambda: SGLD(model, 2e-4, num_particles=10),
         "SGLD+R": lambda: SGLD(model, 2e-3, num_particles=10, repulsion="rbf"),
@@ -103,10 +115,14 @@ def _logistic_regression(quick):
         w = mcmc.get_samples()["w"]
         probs = torch.sigmoid(x_test @ w.T).mean(-1)
         accuracy = ((probs > 0.5).float() == y_test).float().mean()
-        log_lik = torch.distributions.Bernoulli(probs=probs.clamp(1e-6, 1 - 1e-6)).log_prob(y_test).mean()
+        log_lik = (
+            torch.distributions.Bernoulli(probs=probs.clamp(1e-6, 1 - 1e-6)).log_prob(y_test).mean()
+        )
         error = (w.mean(0) - w_true).norm()
-        print(f"    {name:8s} accuracy {accuracy:.3f}  test log-lik {log_lik:.3f}  "
-              f"|E[w] - w_true| {error:.2f}  {elapsed:5.1f} s")
+        print(
+            f"    {name:8s} accuracy {accuracy:.3f}  test log-lik {log_lik:.3f}  "
+            f"|E[w] - w_true| {error:.2f}  {elapsed:5.1f} s"
+        )
 
 
 def sgmcmc(quick=False):
@@ -130,17 +146,25 @@ def rl(quick=False):
     print("== Chapter: threatened Markov decision processes (thesis chapter 4) ==")
     episodes, runs = (1000, 5) if quick else (5000, 20)
     epsilon, lr, gamma = 0.1, 0.1, 0.8
-    print(f"  stateless friend-or-foe (+-50) vs an exponential-smoother adversary (beta 0.75),"
-          f" {episodes} episodes, {runs} runs; mean reward of the last {episodes // 5} episodes")
+    print(
+        f"  stateless friend-or-foe (+-50) vs an exponential-smoother adversary (beta 0.75),"
+        f" {episodes} episodes, {runs} runs; mean reward of the last {episodes // 5} episodes"
+    )
     agents = {
         "Q-learner (ignores the opponent)": lambda: QLearner(epsilon, lr, gamma),
         "FPQ-learner, forget 0.8 (level 1)": lambda: FPQLearner(epsilon, lr, gamma, forget=0.8),
         "level-2 Q-learner": lambda: LevelKQLearner(2, epsilon, lr, gamma),
     }
     for name, make_agent in agents.items():
-        curves = play_many(FriendOrFoe(), make_agent, lambda: ExponentialSmootherAdversary(0.75),
-                           episodes, runs, seed=0)
-        last = curves[:, -(episodes // 5):].mean(1)
+        curves = play_many(
+            FriendOrFoe(),
+            make_agent,
+            lambda: ExponentialSmootherAdversary(0.75),
+            episodes,
+            runs,
+            seed=0,
+        )
+        last = curves[:, -(episodes // 5) :].mean(1)
         print(f"    {name:36s} {last.mean():6.1f} +- {last.std():4.1f}")
     print("    (thesis figure 4.3: about -20, 0 and +40)")
 
@@ -175,8 +199,10 @@ def timeseries(quick=False):
     obs_log_probs = emission.log().T[rolls]
     path, _ = hmm_viterbi(init, trans.log(), obs_log_probs)
     log_lik = hmm_log_likelihood(init, trans.log(), obs_log_probs)
-    print(f"  dishonest casino, {num_rolls} rolls: log p(rolls) = {log_lik:.1f}; the Viterbi path "
-          f"names the die correctly on {(path == states).double().mean():.1%} of the rolls")
+    print(
+        f"  dishonest casino, {num_rolls} rolls: log p(rolls) = {log_lik:.1f}; the Viterbi path "
+        f"names the die correctly on {(path == states).double().mean():.1%} of the rolls"
+    )
 
     co2 = load_co2("vis", dtype=torch.float64)[-264:]  # the last 22 years
     train, test = co2[:-24], co2[-24:]
@@ -186,10 +212,14 @@ def timeseries(quick=False):
 
     def build(scales):
         trend = LocalLinearTrend(scales["level_scale"], scales["slope_scale"], init_scale=2.0)
-        return DLM([trend, Seasonal(12, scales["seasonal_scale"], init_scale=2.0)], scales["obs_scale"])
+        return DLM(
+            [trend, Seasonal(12, scales["seasonal_scale"], init_scale=2.0)], scales["obs_scale"]
+        )
 
     def model(y):
-        scales = {name: pyro.sample(name, dist.LogNormal(y.new_tensor(-3.0), 2.0)) for name in sites}
+        scales = {
+            name: pyro.sample(name, dist.LogNormal(y.new_tensor(-3.0), 2.0)) for name in sites
+        }
         pyro.sample("obs", DLMDistribution(build(scales), y.shape[-1]), obs=y)
 
     pyro.clear_param_store()
@@ -200,12 +230,21 @@ def timeseries(quick=False):
         svi.step(y)
     scales = {k: v.detach() for k, v in guide.median(y).items()}
     forecast = build(scales).forecast(y, num_steps=len(test))
-    lower, upper = forecast_interval(forecast.observation_means, forecast.observation_covs, level=0.95)
+    lower, upper = forecast_interval(
+        forecast.observation_means, forecast.observation_covs, level=0.95
+    )
     pred = forecast.observation_means[:, 0] * sd + mean
-    covered = ((test >= lower[:, 0] * sd + mean) & (test <= upper[:, 0] * sd + mean)).double().mean()
-    print(f"  Mauna Loa CO2, local linear trend + seasonal(12), MAP noise scales by SVI through the "
-          f"Kalman likelihood ({time.perf_counter() - start:.1f} s):")
-    print(f"    2-year forecast MAE {(pred - test).abs().mean():.2f} ppm, 95% interval coverage {covered:.0%}")
+    covered = (
+        ((test >= lower[:, 0] * sd + mean) & (test <= upper[:, 0] * sd + mean)).double().mean()
+    )
+    print(
+        f"  Mauna Loa CO2, local linear trend + seasonal(12), MAP noise scales by SVI through the "
+        f"Kalman likelihood ({time.perf_counter() - start:.1f} s):"
+    )
+    print(
+        f"    2-year forecast MAE {(pred - test).abs().mean():.2f} ppm, "
+        f"95% interval coverage {covered:.0%}"
+    )
 
 
 def vis(quick=False):
@@ -227,16 +266,25 @@ def vis(quick=False):
         for num_steps in final:
             pyro.clear_param_store()
             pyro.set_rng_seed(seed)
-            guide = VIS(funnel, AutoNormal(funnel), sampler="sgld", num_steps=num_steps,
-                        step_size=0.1, entropy="particle", gradient="full")
+            guide = VIS(
+                funnel,
+                AutoNormal(funnel),
+                sampler="sgld",
+                num_steps=num_steps,
+                step_size=0.1,
+                entropy="particle",
+                gradient="full",
+            )
             svi = SVI(funnel, guide, pyro.optim.Adam({"lr": 0.05}), Trace_ELBO())
             for _ in range(iterations):
                 svi.step()
             elbo = Trace_ELBO(num_particles=2000, vectorize_particles=True, max_plate_nesting=0)
             final[num_steps].append(elbo.loss(funnel, guide))
     for num_steps, losses in final.items():
-        print(f"  funnel, VIS-P with T={num_steps} SGLD step(s): -ELBO after {iterations} Adam "
-              f"iterations {sum(losses) / len(losses):.3f} (mean of {seeds} seeds)")
+        print(
+            f"  funnel, VIS-P with T={num_steps} SGLD step(s): -ELBO after {iterations} Adam "
+            f"iterations {sum(losses) / len(losses):.3f} (mean of {seeds} seeds)"
+        )
     print("    (thesis figure 2.7 at iteration 30: 1.011 for T=0, 0.667 for T=1)")
 
 
@@ -244,9 +292,15 @@ CHAPTERS = {"sgmcmc": sgmcmc, "vis": vis, "timeseries": timeseries, "rl": rl}
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--chapter", choices=sorted(CHAPTERS), action="append",
-                        help="run only these chapters (default: all)")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--chapter",
+        choices=sorted(CHAPTERS),
+        action="append",
+        help="run only these chapters (default: all)",
+    )
     parser.add_argument("--quick", action="store_true", help="fewer iterations")
     args = parser.parse_args(argv)
     pyro.set_rng_seed(0)

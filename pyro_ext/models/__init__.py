@@ -2,7 +2,13 @@
 autoencoders of the VIS experiments (section 2.4.2)."""
 
 from . import bnn, vae
-from .bnn import BayesianMLP, expected_calibration_error, log_predictive_density, predictive_moments, rmse
+from .bnn import (
+    BayesianMLP,
+    expected_calibration_error,
+    log_predictive_density,
+    predictive_moments,
+    rmse,
+)
 from .vae import CVAE, VAE, importance_log_likelihood
 
 __all__ = [

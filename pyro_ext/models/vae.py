@@ -30,7 +30,10 @@ __all__ = ["CVAE", "VAE", "importance_log_likelihood"]
 
 def _mlp(in_features, hidden, out_features):
     return nn.Sequential(
-        nn.Linear(in_features, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(),
+        nn.Linear(in_features, hidden),
+        nn.ReLU(),
+        nn.Linear(hidden, hidden),
+        nn.ReLU(),
         nn.Linear(hidden, out_features),
     )
 
@@ -93,7 +96,9 @@ class VAE(PyroModule):
         with pyro.plate("data", x.shape[0], subsample_size=subsample_size) as idx:
             prior = dist.Normal(x.new_zeros(self.z_dim), 1.0).to_event(1)
             z = pyro.sample("z", prior)
-            return pyro.sample("x", dist.Bernoulli(logits=self.decode_logits(z)).to_event(1), obs=x[idx])
+            return pyro.sample(
+                "x", dist.Bernoulli(logits=self.decode_logits(z)).to_event(1), obs=x[idx]
+            )
 
     def guide(self, x, subsample_size=None):
         _check_images(x, self.x_dim)
@@ -147,7 +152,9 @@ class CVAE(VAE):
         if not isinstance(y, torch.Tensor) or y.dim() != 1 or y.shape[0] != like.shape[0]:
             raise ValueError(f"y must be a tensor of {like.shape[0]} integer labels")
         if ((y < 0) | (y >= self.num_classes)).any():
-            raise ValueError(f"y must hold labels in [0, {self.num_classes}), got {y.min()}..{y.max()}")
+            raise ValueError(
+                f"y must hold labels in [0, {self.num_classes}), got {y.min()}..{y.max()}"
+            )
         return F.one_hot(y.long(), self.num_classes).to(like)
 
     def decode_logits(self, z, y_onehot):
@@ -236,4 +243,3 @@ def importance_log_likelihood(log_joint, proposal_draws):
         )
     log_weights = log_joint(z) - log_q
     return log_weights.logsumexp(0) - math.log(z.shape[0])
-

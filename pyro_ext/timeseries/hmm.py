@@ -28,7 +28,9 @@ follow the device and dtype of their inputs):
 """
 
 import functools
+import math
 import numbers
+import os
 
 import torch
 from pyro.distributions import TorchDistribution, constraints
@@ -193,12 +195,157 @@ class _Problem:
         )
 
 
+def _chunk_length(num_factors):
+    """Steps per chunk of the chunked passes: about sqrt(n) balances Python steps and work."""
+    return max(1, int(math.isqrt(max(num_factors - 1, 0))) + 1)
+
+
+def _chunked_log_likelihood(problem):
+    """
+    ``log p(x)`` by products of chunks of factors, all chunks advanced together.
+
+    The factor of step ``t`` is ``A_t diag(e_t)`` with ``e_t`` the emission likelihoods
+    scaled by their maximum, so each step is one matrix product with ``A`` for every chunk
+    at once (a single GEMM for time-homogeneous ``A``), with rows rescaled to max one. The
+    chunk products, in :func:`semiring.scaled_matrix` form, are then reduced by the tree.
+    """
+    obs = problem.obs
+    num_factors = problem.duration - 1
+    vector = semiring.scaled_vector(problem.log_first())
+    length = _chunk_length(num_factors)
+    num_chunks, rem = divmod(num_factors, length)
+    log_trans = problem.log_trans
+    if rem:
+        # The leading remainder (fewer than ``length`` factors) goes into the vector.
+        lead = log_trans[:rem] if problem.time_varying else log_trans
+        vector = semiring.vector_reduce(
+            vector,
+            semiring.scaled_matrix(lead + obs[1 : 1 + rem].unsqueeze(-2)),
+            semiring.scaled_vec_mat,
+            semiring.scaled_mat_mat,
+        )
+    if num_chunks == 0:
+        return vector[1]
+    tiny = torch.finfo(obs.dtype).tiny
+    obs = obs[1 + rem :].reshape((num_chunks, length) + obs.shape[1:])
+    obs_max = obs.amax(-1, keepdim=True)
+    emit = torch.exp(obs - obs_max.clamp(min=_finite_min(obs_max)))
+    trans = torch.exp(log_trans)
+    if problem.time_varying:
+        trans = trans[rem:].reshape((num_chunks, length) + trans.shape[1:])
+        steps = [trans[:, j] for j in range(length)]
+    else:
+        steps = [trans] * length
+    mat = steps[0] * emit[:, 0].unsqueeze(-2)
+    log_rows = None
+    for j in range(1, length):
+        mat = torch.matmul(mat, steps[j]) * emit[:, j].unsqueeze(-2)
+        row_max = mat.amax(-1, keepdim=True)
+        mat = mat / row_max.clamp(min=tiny)
+        log_row = torch.log(row_max)
+        log_rows = log_row if log_rows is None else log_rows + log_row
+    if log_rows is None:
+        # Rows of ``A diag(e)`` need not have max one.
+        row_max = mat.amax(-1, keepdim=True)
+        mat = mat / row_max.clamp(min=tiny)
+        log_rows = torch.log(row_max)
+    log_rows = log_rows.squeeze(-1)
+    shift = log_rows.amax(-1)
+    rows = log_rows - shift.clamp(min=_finite_min(shift)).unsqueeze(-1)
+    offset = shift + obs_max.squeeze(-1).sum(1)
+    _, log_norm = semiring.vector_reduce(
+        vector, (mat, rows, offset), semiring.scaled_vec_mat, semiring.scaled_mat_mat
+    )
+    return log_norm
+
+
+def _finite_min(x):
+    return torch.finfo(x.dtype).min
+
+
+def _maxplus_step(x, log_trans_t, obs):
+    """
+    One max-product step of normalised messages ``x`` with transposed (to, from) log
+    transitions: ``(new, backpointers, shift)``. The reduction runs over the contiguous dim.
+    """
+    scores, pointers = (x.unsqueeze(-2) + log_trans_t).max(-1)
+    scores = scores + obs
+    shift = scores.amax(-1, keepdim=True)
+    return scores - shift.clamp(min=_finite_min(shift)), pointers, shift.squeeze(-1)
+
+
+def _speculative_viterbi(problem, max_fixups=4):
+    """
+    Max-product forward messages by chunks run in parallel from arbitrary starts, then
+    fix-up passes (Maleki, Musuvathi & Mytkowicz 2014, "Parallelizing dynamic programming
+    through rank convergence"): max-product messages from different starts become parallel
+    (equal once shifted to max 0) after a few steps, so each chunk is recomputed from its
+    predecessor's end only until it agrees with what it already holds. ``O(T K^2)`` work.
+
+    :returns: ``(delta, pointers, shifts, first_shift)`` time-first (``n`` factors, padded
+        at the end to whole chunks), or ``None`` if the messages do not converge within
+        ``max_fixups`` passes.
+    """
+    obs = problem.obs
+    num_factors = problem.duration - 1
+    length = int(os.environ.get("HMM_L", 0)) or _chunk_length(num_factors)
+    num_chunks = -(-num_factors // length)
+    pad = num_chunks * length - num_factors
+    first, first_shift = semiring.maxplus_vector(problem.log_first())
+    obs = obs[1:]
+    log_trans = problem.log_trans.transpose(-1, -2).contiguous()
+    if pad:
+        # Padding at the end cannot change any earlier message.
+        obs = torch.cat([obs, obs.new_zeros((pad,) + obs.shape[1:])])
+        if problem.time_varying:
+            log_trans = torch.cat([log_trans, log_trans[-1:].expand((pad,) + log_trans.shape[1:])])
+    obs = obs.reshape((num_chunks, length) + obs.shape[1:])
+    if problem.time_varying:
+        log_trans = log_trans.reshape((num_chunks, length) + log_trans.shape[1:])
+        steps = [log_trans[:, j] for j in range(length)]
+    else:
+        steps = [log_trans] * length
+    delta = obs.new_empty(obs.shape)
+    pointers = torch.empty(obs.shape, dtype=torch.long, device=obs.device)
+    shifts = obs.new_empty(obs.shape[:-1])
+    x = torch.zeros_like(obs[:, 0])
+    x[0] = first
+    for j in range(length):
+        x, pointers[:, j], shifts[:, j] = _maxplus_step(x, steps[j], obs[:, j])
+        delta[:, j] = x
+    if num_chunks == 1:
+        return delta, pointers, shifts, first_shift
+    tol = 64 * torch.finfo(obs.dtype).eps
+    for _ in range(max_fixups):
+        x = delta[:-1, -1].clone()
+        active = None
+        for j in range(length):
+            step = steps[j][1:] if problem.time_varying else steps[j]
+            x, ptr, shift = _maxplus_step(x, step, obs[1:, j])
+            old = delta[1:, j]
+            same = (x == old) | ((x - old).abs() <= tol * (1 + old.abs()))
+            same = same.flatten(1).all(-1)
+            changed = ~same if active is None else active & ~same
+            if not bool(changed.any()):
+                break
+            active = changed
+            sel = changed.view(changed.shape + (1,) * (x.dim() - 1))
+            delta[1:, j] = torch.where(sel, x, old)
+            pointers[1:, j] = torch.where(sel, ptr, pointers[1:, j])
+            shifts[1:, j] = torch.where(sel.squeeze(-1), shift, shifts[1:, j])
+        if active is None:
+            return delta, pointers, shifts, first_shift
+    return None
+
+
 # ---------------------------------------------------------------- functional floor
 
 
 def hmm_log_likelihood(init_logits, trans_logits, obs_log_probs, mask=None):
     """:math:`\\log p(x_{1:T})`, shape ``(...)``, by a pairwise tree reduction."""
     problem = _Problem(init_logits, trans_logits, obs_log_probs, mask)
+    if problem.duration > 1:
+        return _chunked_log_likelihood(problem)
     _, log_norm = semiring.vector_reduce(
         semiring.scaled_vector(problem.log_first()),
         semiring.scaled_matrix(problem.log_factors()),
@@ -245,6 +392,15 @@ def hmm_viterbi(init_logits, trans_logits, obs_log_probs, mask=None):
     :returns: ``(path, log_score)`` with shapes ``(..., T)`` (long) and ``(...)``.
     """
     problem = _Problem(init_logits, trans_logits, obs_log_probs, mask)
+    result = _speculative_viterbi(problem) if problem.duration > 1 else None
+    if result is not None:
+        delta, pointers, shifts, first_shift = result
+        num_factors = problem.duration - 1
+        delta = delta.flatten(0, 1)[:num_factors]
+        pointers = pointers.flatten(0, 1)[:num_factors]
+        log_score = first_shift + shifts.flatten(0, 1)[:num_factors].sum(0)
+        path = semiring.compose_maps(delta[-1].argmax(-1), pointers.flip(0)).flip(0)
+        return path.movedim(0, -1), log_score
     delta, offset = semiring.vector_scan(
         semiring.maxplus_vector(problem.log_first()),
         semiring.maxplus_matrix(problem.log_factors()),

@@ -74,11 +74,14 @@ class HiddenMarkovModel(PyroModule):
         if isinstance(num_states, bool) or not isinstance(num_states, int) or num_states < 1:
             raise ValueError(f"num_states must be an integer >= 1, got {num_states!r}")
         if not callable(emission) and emission not in _EMISSIONS:
-            raise ValueError(f"emission must be one of {_EMISSIONS} or a callable, got {emission!r}")
+            raise ValueError(
+                f"emission must be one of {_EMISSIONS} or a callable, got {emission!r}"
+            )
         if emission == "categorical":
             if isinstance(num_symbols, bool) or not isinstance(num_symbols, int) or num_symbols < 1:
                 raise ValueError(
-                    f"num_symbols must be an integer >= 1 for categorical emissions, got {num_symbols!r}"
+                    "num_symbols must be an integer >= 1 for categorical emissions, "
+                    f"got {num_symbols!r}"
                 )
         if backend not in ("scan", "funsor"):
             raise ValueError(f"backend must be 'scan' or 'funsor', got {backend!r}")
@@ -86,13 +89,16 @@ class HiddenMarkovModel(PyroModule):
         if init_probs is not None:
             init_probs = torch.as_tensor(init_probs)
             if init_probs.shape != (K,):
-                raise ValueError(f"init_probs must have shape ({K},), got {tuple(init_probs.shape)}")
+                raise ValueError(
+                    f"init_probs must have shape ({K},), got {tuple(init_probs.shape)}"
+                )
             check_stochastic_matrix("init_probs", init_probs)
         if transition_probs is not None:
             transition_probs = torch.as_tensor(transition_probs)
             if transition_probs.shape != (K, K):
                 raise ValueError(
-                    f"transition_probs must have shape ({K}, {K}), got {tuple(transition_probs.shape)}"
+                    f"transition_probs must have shape ({K}, {K}), "
+                    f"got {tuple(transition_probs.shape)}"
                 )
             check_stochastic_matrix("transition_probs", transition_probs)
         emission_params = dict(emission_params or {})
@@ -110,7 +116,9 @@ class HiddenMarkovModel(PyroModule):
         self.fixed_init_probs = init_probs
         self.fixed_transition_probs = transition_probs
         self.fixed_emission_params = emission_params
-        self.transition_concentration = _positive("transition_concentration", transition_concentration)
+        self.transition_concentration = _positive(
+            "transition_concentration", transition_concentration
+        )
         self.emission_concentration = _positive("emission_concentration", emission_concentration)
         self.backend = backend
 
@@ -143,21 +151,35 @@ class HiddenMarkovModel(PyroModule):
             return obs_dist
         if self.emission == "categorical":
             conc = self.emission_concentration * like.new_ones(K, self.num_symbols)
-            probs = self._site("emission_probs", dist.Dirichlet(conc).to_event(1), fixed.get("emission_probs"))
+            probs = self._site(
+                "emission_probs", dist.Dirichlet(conc).to_event(1), fixed.get("emission_probs")
+            )
             return dist.Categorical(probs=probs)
         if self.emission == "poisson":
             rates = self._site(
-                "emission_rates", dist.Gamma(like.new_ones(K), 0.1).to_event(1), fixed.get("emission_rates")
+                "emission_rates",
+                dist.Gamma(like.new_ones(K), 0.1).to_event(1),
+                fixed.get("emission_rates"),
             )
             return dist.Poisson(rates)
-        loc = self._site("emission_loc", dist.Normal(like.new_zeros(K), 10.0).to_event(1), fixed.get("emission_loc"))
+        loc = self._site(
+            "emission_loc",
+            dist.Normal(like.new_zeros(K), 10.0).to_event(1),
+            fixed.get("emission_loc"),
+        )
         scale = self._site(
-            "emission_scale", dist.LogNormal(like.new_zeros(K), 1.0).to_event(1), fixed.get("emission_scale")
+            "emission_scale",
+            dist.LogNormal(like.new_zeros(K), 1.0).to_event(1),
+            fixed.get("emission_scale"),
         )
         return dist.Normal(loc, scale)
 
     def _float_like(self, y):
-        return torch.zeros((), dtype=y.dtype if y.is_floating_point() else torch.get_default_dtype(), device=y.device)
+        return torch.zeros(
+            (),
+            dtype=y.dtype if y.is_floating_point() else torch.get_default_dtype(),
+            device=y.device,
+        )
 
     # -- the program --------------------------------------------------------------------------
 
@@ -178,9 +200,13 @@ class HiddenMarkovModel(PyroModule):
 
     def _check_series(self, y):
         if not isinstance(y, torch.Tensor):
-            raise ValueError(f"y must be a torch.Tensor of shape (T,) or (num_series, T), got {type(y).__name__}")
+            raise ValueError(
+                f"y must be a torch.Tensor of shape (T,) or (num_series, T), got {type(y).__name__}"
+            )
         if y.dim() not in (1, 2) or y.shape[-1] < 1:
-            raise ValueError(f"y must have shape (T,) or (num_series, T) with T >= 1, got {tuple(y.shape)}")
+            raise ValueError(
+                f"y must have shape (T,) or (num_series, T) with T >= 1, got {tuple(y.shape)}"
+            )
         return y
 
     def _distribution(self, init, trans, obs_dist):
@@ -242,6 +268,6 @@ def _select_state(obs_dist, z):
     if isinstance(obs_dist, dist.Normal):
         return dist.Normal(Vindex(obs_dist.loc)[..., z], Vindex(obs_dist.scale)[..., z])
     raise NotImplementedError(
-        f"backend='funsor' supports categorical, poisson and gaussian emissions, got {type(obs_dist).__name__}"
+        "backend='funsor' supports categorical, poisson and gaussian emissions, "
+        f"got {type(obs_dist).__name__}"
     )
-

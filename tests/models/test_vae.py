@@ -73,7 +73,10 @@ def test_importance_log_likelihood_checks_shapes():
         (lambda: CVAE(num_classes=0), "num_classes"),
         (lambda: VAE(x_dim=4).model(torch.zeros(3, 5)), "x must be a tensor of shape"),
         (lambda: VAE(x_dim=4).log_likelihood(torch.zeros(3, 4), num_samples=0), "num_samples"),
-        (lambda: CVAE(x_dim=4, num_classes=2).model(torch.zeros(3, 4), torch.tensor([0, 1, 2])), "labels"),
+        (
+            lambda: CVAE(x_dim=4, num_classes=2).model(torch.zeros(3, 4), torch.tensor([0, 1, 2])),
+            "labels",
+        ),
     ],
 )
 def test_bad_input_is_named(make, match):

@@ -47,7 +47,9 @@ def test_sgld_posterior_of_a_dlm_noise_scale_matches_quadrature():
 
     grid = torch.linspace(-2.0, 1.5, 701, dtype=torch.float64)
     sigma = grid.exp()
-    dlm = DLM(LocalLevel(torch.tensor(0.3, dtype=torch.float64), init_scale=3.0), observation_scale=sigma)
+    dlm = DLM(
+        LocalLevel(torch.tensor(0.3, dtype=torch.float64), init_scale=3.0), observation_scale=sigma
+    )
     # Density of log sigma: likelihood x LogNormal prior x Jacobian (sigma).
     log_post = dlm.log_likelihood(y) + dist.LogNormal(0.0, 1.0).log_prob(sigma) + grid
     weights = (log_post - log_post.logsumexp(0)).exp()
@@ -60,4 +62,8 @@ def test_sgld_posterior_of_a_dlm_noise_scale_matches_quadrature():
     exact_sd = float((weights * (sigma - exact_mean) ** 2).sum().sqrt())
     # 3000 correlated draws: allow a quarter of a posterior sd for Monte Carlo error and
     # the step-size bias.
-    assert abs(float(draws.mean()) - exact_mean) < 0.25 * exact_sd, (float(draws.mean()), exact_mean, exact_sd)
+    assert abs(float(draws.mean()) - exact_mean) < 0.25 * exact_sd, (
+        float(draws.mean()),
+        exact_mean,
+        exact_sd,
+    )

@@ -15,9 +15,15 @@ def _fixed(emission, K, device, dtype=torch.float64):
     init = torch.rand(K, generator=generator, dtype=dtype).softmax(-1).to(device)
     trans = torch.rand(K, K, generator=generator, dtype=dtype).softmax(-1).to(device)
     if emission == "categorical":
-        params = {"emission_probs": torch.rand(K, 4, generator=generator, dtype=dtype).softmax(-1).to(device)}
+        params = {
+            "emission_probs": torch.rand(K, 4, generator=generator, dtype=dtype)
+            .softmax(-1)
+            .to(device)
+        }
     elif emission == "poisson":
-        params = {"emission_rates": (1 + 5 * torch.rand(K, generator=generator, dtype=dtype)).to(device)}
+        params = {
+            "emission_rates": (1 + 5 * torch.rand(K, generator=generator, dtype=dtype)).to(device)
+        }
     else:
         params = {
             "emission_loc": torch.randn(K, generator=generator, dtype=dtype).to(device),
@@ -48,14 +54,18 @@ def test_scan_backend_equals_funsor_enumeration(emission, device):
     scan = HiddenMarkovModel(K, emission, **kwargs)
     funsor = HiddenMarkovModel(K, emission, backend="funsor", **kwargs)
     scan_loss = Trace_ELBO().differentiable_loss(scan, _empty_guide, y)
-    funsor_loss = TraceMarkovEnum_ELBO(max_plate_nesting=1).differentiable_loss(funsor, _empty_guide, y)
+    funsor_loss = TraceMarkovEnum_ELBO(max_plate_nesting=1).differentiable_loss(
+        funsor, _empty_guide, y
+    )
     assert torch.allclose(scan_loss, funsor_loss.to(scan_loss), rtol=1e-6)
 
 
 def test_missing_values_are_marginalised(device):
     K = 2
     init, trans, params = _fixed("gaussian", K, device)
-    model = HiddenMarkovModel(K, "gaussian", init_probs=init, transition_probs=trans, emission_params=params)
+    model = HiddenMarkovModel(
+        K, "gaussian", init_probs=init, transition_probs=trans, emission_params=params
+    )
     y = _series("gaussian", 8, device)
     y_missing = y.clone()
     y_missing[3] = float("nan")
@@ -106,8 +116,14 @@ def test_map_with_delta_guide_recovers_emission_means():
 def test_batched_series_use_a_plate(device):
     K = 2
     init, trans, params = _fixed("categorical", K, device)
-    model = HiddenMarkovModel(K, "categorical", num_symbols=4, init_probs=init, transition_probs=trans,
-                              emission_params=params)
+    model = HiddenMarkovModel(
+        K,
+        "categorical",
+        num_symbols=4,
+        init_probs=init,
+        transition_probs=trans,
+        emission_params=params,
+    )
     y = torch.stack([_series("categorical", 6, device), _series("categorical", 6, device).flip(0)])
     batched = Trace_ELBO().differentiable_loss(model, _empty_guide, y)
     single = sum(Trace_ELBO().differentiable_loss(model, _empty_guide, row) for row in y)
@@ -118,15 +134,26 @@ def test_forecast_follows_a_deterministic_cycle(device):
     # A 2-cycle that emits its own state: the k-step forecast alternates with certainty.
     eye = torch.eye(2, dtype=torch.float64, device=device)
     near_one = 1 - 1e-6
-    trans = torch.tensor([[1 - near_one, near_one], [near_one, 1 - near_one]], dtype=torch.float64, device=device)
-    emission = (near_one * eye + (1 - near_one) * eye.flip(0))
-    model = HiddenMarkovModel(2, "categorical", num_symbols=2, init_probs=torch.full((2,), 0.5).double().to(device),
-                              transition_probs=trans, emission_params={"emission_probs": emission})
+    trans = torch.tensor(
+        [[1 - near_one, near_one], [near_one, 1 - near_one]], dtype=torch.float64, device=device
+    )
+    emission = near_one * eye + (1 - near_one) * eye.flip(0)
+    model = HiddenMarkovModel(
+        2,
+        "categorical",
+        num_symbols=2,
+        init_probs=torch.full((2,), 0.5).double().to(device),
+        transition_probs=trans,
+        emission_params={"emission_probs": emission},
+    )
     y = torch.tensor([0.0, 1.0, 0.0, 1.0, 0.0], dtype=torch.float64, device=device)
     forecast = model.forecast(y, {}, num_steps=4)
     probs_of_one = forecast.log_prob(torch.ones(4, dtype=torch.float64, device=device)).exp()
-    assert torch.allclose(probs_of_one, torch.tensor([1.0, 0.0, 1.0, 0.0], dtype=torch.float64, device=device),
-                          atol=1e-4)
+    assert torch.allclose(
+        probs_of_one,
+        torch.tensor([1.0, 0.0, 1.0, 0.0], dtype=torch.float64, device=device),
+        atol=1e-4,
+    )
     path, _ = model.viterbi(y, {})
     assert path.tolist() == [0, 1, 0, 1, 0]
     marginals = model.smooth(y, {})
@@ -136,12 +163,18 @@ def test_forecast_follows_a_deterministic_cycle(device):
 def test_sgld_samples_latent_dirichlet_parameters():
     y = torch.tensor([0, 1] * 20, dtype=torch.float64)
     model = HiddenMarkovModel(2, "categorical", num_symbols=2)
-    mcmc = MCMC(SGLD(model, step_size=1e-3, num_particles=4), num_samples=50, warmup_steps=50,
-                disable_progbar=True)
+    mcmc = MCMC(
+        SGLD(model, step_size=1e-3, num_particles=4),
+        num_samples=50,
+        warmup_steps=50,
+        disable_progbar=True,
+    )
     mcmc.run(y)
     draws = mcmc.get_samples()
     assert draws["transition_probs"].shape == (200, 2, 2)
-    assert torch.allclose(draws["transition_probs"].sum(-1), torch.ones(200, 2, dtype=torch.float64))
+    assert torch.allclose(
+        draws["transition_probs"].sum(-1), torch.ones(200, 2, dtype=torch.float64)
+    )
     forecast = model.forecast(y, draws, num_steps=2)
     assert forecast.batch_shape == (2, 200)
 
@@ -152,8 +185,14 @@ def test_sgld_samples_latent_dirichlet_parameters():
         (dict(num_states=0), "num_states"),
         (dict(num_states=2, emission="beta"), "emission"),
         (dict(num_states=2, emission="categorical"), "num_symbols"),
-        (dict(num_states=2, emission="gaussian", transition_probs=torch.tensor([[0.5, 0.6], [0.5, 0.5]])),
-         "transition_probs"),
+        (
+            dict(
+                num_states=2,
+                emission="gaussian",
+                transition_probs=torch.tensor([[0.5, 0.6], [0.5, 0.5]]),
+            ),
+            "transition_probs",
+        ),
         (dict(num_states=2, emission="gaussian", init_probs=torch.ones(3) / 3), "init_probs"),
         (dict(num_states=2, emission="gaussian", backend="jax"), "backend"),
     ],
