@@ -7,7 +7,9 @@ smoothing marginals, the Viterbi algorithm (Viterbi 1967) the most probable path
 forward-filter backward-sample (FFBS; Frühwirth-Schnatter 1994, Carter & Kohn 1994) exact
 posterior path draws. Every recursion is evaluated as an associative scan with
 :math:`O(\log T)` depth by :mod:`pyro_ext.timeseries.semiring`; there is no Python loop
-over time.
+over time. On long series the likelihood and Viterbi instead advance ``~sqrt(T)`` chunks
+together (``~sqrt(T)`` Python steps): chunk products for the likelihood, and speculative
+max-product chunks with fix-up passes (rank convergence) for Viterbi, ``O(T K^2)`` work.
 
 Conventions (all functions are batched over leading dims ``...``, differentiable, and
 follow the device and dtype of their inputs):
@@ -30,7 +32,6 @@ follow the device and dtype of their inputs):
 import functools
 import math
 import numbers
-import os
 
 import torch
 from pyro.distributions import TorchDistribution, constraints
@@ -288,7 +289,7 @@ def _speculative_viterbi(problem, max_fixups=4):
     """
     obs = problem.obs
     num_factors = problem.duration - 1
-    length = int(os.environ.get("HMM_L", 0)) or _chunk_length(num_factors)
+    length = _chunk_length(num_factors)
     num_chunks = -(-num_factors // length)
     pad = num_chunks * length - num_factors
     first, first_shift = semiring.maxplus_vector(problem.log_first())
@@ -342,9 +343,14 @@ def _speculative_viterbi(problem, max_fixups=4):
 
 
 def hmm_log_likelihood(init_logits, trans_logits, obs_log_probs, mask=None):
-    """:math:`\\log p(x_{1:T})`, shape ``(...)``, by a pairwise tree reduction."""
+    """
+    :math:`\\log p(x_{1:T})`, shape ``(...)``: products of ``~sqrt(T)`` chunks of factors,
+    all chunks advanced together, then a pairwise tree reduction (the tree alone for short
+    series).
+    """
     problem = _Problem(init_logits, trans_logits, obs_log_probs, mask)
-    if problem.duration > 1:
+    if (problem.duration - 1) * problem.num_states >= 4096:
+        # Below this the tree reduction's fewer Python steps measured faster.
         return _chunked_log_likelihood(problem)
     _, log_norm = semiring.vector_reduce(
         semiring.scaled_vector(problem.log_first()),
@@ -392,7 +398,10 @@ def hmm_viterbi(init_logits, trans_logits, obs_log_probs, mask=None):
     :returns: ``(path, log_score)`` with shapes ``(..., T)`` (long) and ``(...)``.
     """
     problem = _Problem(init_logits, trans_logits, obs_log_probs, mask)
-    result = _speculative_viterbi(problem) if problem.duration > 1 else None
+    result = None
+    if (problem.duration - 1) * problem.num_states**2 >= 16384:
+        # Below this the scan's fewer Python steps measured faster.
+        result = _speculative_viterbi(problem)
     if result is not None:
         delta, pointers, shifts, first_shift = result
         num_factors = problem.duration - 1

@@ -359,3 +359,27 @@ def test_svi_gaussian_emissions():
     assert losses[-1] < losses[0] - 20
     locs = pyro.param("locs").detach()
     assert locs[0] < -1.0 and locs[1] > 1.0
+
+
+@pytest.mark.parametrize("sparsity", ["dense", "cyclic", "identity"])
+def test_chunked_paths_match_sequential_recursions(sparsity):
+    # Long enough for the chunked likelihood and the speculative Viterbi with fix-up
+    # passes; the identity chain never forgets its start, so Viterbi falls back to the scan.
+    init, trans, obs = _model(8, 5, 3001, (), False)
+    allowed = torch.eye(5, dtype=torch.bool)
+    if sparsity == "cyclic":
+        allowed = allowed | allowed.roll(1, -1)
+    if sparsity != "dense":
+        trans = trans.masked_fill(~allowed, float("-inf"))
+    expected = _sequential_forward(init.numpy(), trans.numpy(), obs.numpy())
+    assert abs(hmm_log_likelihood(init, trans, obs).item() - expected) < 1e-8 * abs(expected)
+    path, score = hmm_viterbi(init, trans, obs)
+    expected_path, expected_score = _sequential_viterbi(init.numpy(), trans.numpy(), obs.numpy())
+    assert np.array_equal(path.numpy(), expected_path)
+    assert abs(score.item() - expected_score) < 1e-8 * abs(expected_score)
+    # Batched and time-varying inputs agree with the unbatched, homogeneous call.
+    steps = trans.expand(3000, 5, 5)
+    batched = hmm_viterbi(init.expand(2, 5), steps.expand(2, 3000, 5, 5), obs.expand(2, 3001, 5))
+    assert (batched[0] == path).all() and torch.allclose(batched[1], score.expand(2))
+    loglik = hmm_log_likelihood(init, steps, obs)
+    assert abs(loglik.item() - expected) < 1e-8 * abs(expected)
