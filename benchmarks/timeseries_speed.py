@@ -156,7 +156,9 @@ def hmm_tables(sizes, repeats, device):
             )
         )
 
-        init64, trans64, locs64, x64 = (t.double() for t in (init, trans, locs, x))
+        # Renormalised in float64 so that hmmlearn gets exactly the distributions we use.
+        init64, trans64 = init.double().log_softmax(-1), trans.double().log_softmax(-1)
+        locs64, x64 = locs.double(), x.double()
 
         def ours_floor():
             obs_log_probs = dist.Normal(locs64, 1.0).log_prob(x64[:, None])
