@@ -13,7 +13,10 @@ the thesis' approximations of :math:`\log q_{\phi,\eta}(z_T)`:
 * ``"particle"`` (VIS-P): a Dirac at :math:`z_T`, regularised by the entropy of
   :math:`q_0`, i.e. :math:`\log q(z_T) := \log q_0(z_0)`;
 * ``"mc"`` (VIS-MC): the joint over the chain, :math:`\log q_0(z_0) + \sum_t \log
-  \mathcal N(z_t | z_{t-1} + \eta \nabla\log p(z_{t-1}), 2\eta I)` (SGLD only);
+  \mathcal N(z_t | z_{t-1} + \eta \nabla\log p(z_{t-1}), 2\eta I)` (SGLD only). As in the
+  thesis there is no reverse-kernel term, so this objective is not a lower bound: it grows
+  like :math:`\tfrac{TD}{2}\log\eta`, and a learned step size runs away (measured on the
+  VAE of table 2.7). Use it with ``learn_step_size=False``, or prefer VIS-G;
 * ``"gaussian"`` (VIS-G): :math:`z \sim \mathcal N(z_T, \sigma_\phi)` with a learnable
   scale :math:`\sigma_\phi` per site;
 * ``"fokker_planck"`` (VIS-FP): the deterministic flow of eq. (2.11),

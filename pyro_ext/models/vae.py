@@ -27,6 +27,8 @@ from torch.nn import functional as F
 
 __all__ = ["CVAE", "VAE", "importance_log_likelihood"]
 
+SCALE_FLOOR = 1e-5  # smallest encoder scale
+
 
 def _mlp(in_features, hidden, out_features):
     return nn.Sequential(
@@ -47,7 +49,9 @@ class _GaussianEncoder(nn.Module):
         self.var_net = _mlp(in_features, hidden, z_dim)
 
     def forward(self, inputs):
-        return self.loc_net(inputs), F.softplus(self.var_net(inputs)).sqrt()
+        # The floor keeps the scale positive in float32: softplus(v).sqrt() underflows to 0
+        # once v < -104, which Adam at lr 0.01 reaches (appendix 2.B.3) and Normal rejects.
+        return self.loc_net(inputs), F.softplus(self.var_net(inputs)).sqrt().clamp_min(SCALE_FLOOR)
 
 
 def _check_positive_int(name, value):
