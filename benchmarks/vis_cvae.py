@@ -7,8 +7,11 @@ decoder p(x | z, y) and a diagonal Gaussian encoder q0(z | x, y), both taking th
 label as an extra input. Training (appendix 2.B.3): Adam with learning rate 0.01, batches of
 ``BATCH`` images (not given in the thesis), and for T_ref > 0 the guide ``VIS(model, encoder
 guide, sampler="sgld", num_steps=T_ref, step_size=5e-5, entropy="mc", gradient="full")``
-(VIS-MC, full AD, eta learned from eta_0 = 5e-5). T_ref = 5 trains for ``--epochs-refined``
-epochs (thesis: 10), T_ref = 0 for ``--epochs`` (thesis: 15), to give similar training time.
+(VIS-MC, full AD, eta learned from eta_0 = 5e-5; VIS-MC is the auxiliary-variable bound of
+Salimans et al. (2015) with the reverse Langevin kernel, not the thesis' kernel-free
+objective, which is no bound and whose learned eta runs away). T_ref = 5 trains for
+``--epochs-refined`` epochs (thesis: 10), T_ref = 0 for ``--epochs`` (thesis: 15), to give
+similar training time.
 
 Classification (eq. 2.15): y_hat = argmax_y p(y) p(x | y) with uniform p(y) and p(x | y)
 estimated by importance sampling with M = ``--mc-samples`` draws (thesis main text: M = 5;
@@ -210,7 +213,8 @@ def main():
         f"mean ± sd over seeds; total {total:.0f} s on one CPU thread of a shared 2-core "
         "machine, so timings are noisy).\n\n"
         f"Training: Adam lr {LR}, batch {BATCH}, T_ref = 0 for {epochs} epochs and T_ref = "
-        f'{T_TRAIN} (VIS-MC: SGLD, `entropy="mc"`, `gradient="full"`, η0 = {STEP_SIZE}, '
+        f'{T_TRAIN} (VIS-MC as the auxiliary-variable bound with the reverse Langevin kernel: '
+        f'SGLD, `entropy="mc"`, `gradient="full"`, η0 = {STEP_SIZE}, '
         f"learned) for {epochs_refined}. Classification: argmax_y p(x | y) by importance "
         f"sampling with M = {args.mc_samples} draws; T_inf > 0 uses the refined-mean proposal "
         "N(μ_T, σφ(x, y)), μ_T the encoder mean after T_inf noise-free gradient steps of size "

@@ -117,6 +117,87 @@ def test_elbo_matches_hand_computation():
     assert loss == pytest.approx(-(log_p - log_q).item(), rel=1e-5)
 
 
+def test_mc_elbo_matches_hand_computation():
+    # VIS-MC = the auxiliary-variable bound of Salimans et al. (2015): in u = log s,
+    # log q = log q0(s0) + log|J(u0)| + sum_t log q(u_t | u_{t-1}) - log r(u_{t-1} | u_t)
+    # - log|J(u_T)|, forward SGLD kernel q, reverse Langevin kernel r.
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        x = torch.tensor([0.5, -1.5, 2.0])
+
+        def model(x):
+            s = pyro.sample("s", dist.LogNormal(0.0, 1.0))
+            with pyro.plate("data", 3):
+                pyro.sample("obs", dist.Normal(0.0, s), obs=x)
+
+        def grad(u):
+            return -u - 3 + x.pow(2).sum() * torch.exp(-2 * u)
+
+        base = AutoNormal(model, init_scale=0.5)
+        eta, num_steps = 0.05, 2
+        guide = VIS(model, base, sampler="sgld", num_steps=num_steps, step_size=eta,
+                    learn_step_size=False, entropy="mc")
+        base(x)  # initialise, so that both runs below draw the same noise
+        pyro.set_rng_seed(1)
+        base_trace = poutine.trace(base).get_trace(x)
+        noises = [torch.randn(()) for _ in range(num_steps)]
+        pyro.set_rng_seed(1)
+        loss = Trace_ELBO().loss(model, guide, x)
+        base_trace.compute_log_prob()
+        log_q = sum(site["log_prob_sum"] for site in base_trace.nodes.values()
+                    if site["type"] == "sample").detach()
+        u = base_trace.nodes["s"]["value"].detach().log()
+        log_q = log_q + u
+        sd = math.sqrt(2 * eta)
+        for noise in noises:
+            u_next = u + eta * grad(u) + sd * noise
+            log_q = log_q + dist.Normal(u + eta * grad(u), sd).log_prob(u_next)
+            log_q = log_q - dist.Normal(u_next + eta * grad(u_next), sd).log_prob(u)
+            u = u_next
+        s = u.exp()
+        log_p = dist.LogNormal(0.0, 1.0).log_prob(s) + dist.Normal(0.0, s).log_prob(x).sum()
+        assert loss == pytest.approx(-(log_p - (log_q - u)).item(), rel=1e-9)
+    finally:
+        torch.set_default_dtype(default)
+
+
+@pytest.mark.parametrize("scaled_step", [1e-3, 1e-2, 0.1, 0.5, 1.0])
+def test_mc_elbo_is_a_lower_bound(scaled_step, device):
+    # The thesis' VIS-MC (no reverse kernel) adds (T / 2)(1 + log(4 pi eta)) to the ELBO
+    # of an exact q0: above log p(x) by 1.5 and 2.9 for eta = 0.5 and 1 (in units of
+    # the posterior variance 1 / (N + 1)). The auxiliary bound stays below it.
+    x = gauss_data(device)
+    mean, sd, log_evidence = gauss_posterior(x)
+    base = AutoNormal(gauss_model, init_loc_fn=lambda site: mean, init_scale=sd)
+    guide = VIS(gauss_model, base, sampler="sgld", num_steps=5, step_size=scaled_step / (N + 1),
+                learn_step_size=False, entropy="mc")
+    value = elbo(guide, x)
+    # The MC error of the 4000-draw estimate is below 0.01 (0 at eta -> 0: q0 is exact).
+    assert value < log_evidence + 0.02
+    # ... and it is tight for small steps (the chain barely moves an exact q0).
+    assert value > log_evidence - (0.02 if scaled_step <= 0.1 else 0.5)
+
+
+def test_mc_learned_step_size_stays_bounded(device):
+    # With the thesis' VIS-MC the learned step settles near eta (N + 1) = 1.1, its "ELBO"
+    # 4.7 above log p(x). With the reverse kernel it peaks while q0 is poor and then
+    # shrinks as q0 approaches the posterior (peak 0.82-0.87, end 0.33-0.37 over seeds).
+    x = gauss_data(device)
+    _, _, log_evidence = gauss_posterior(x)
+    guide = VIS(gauss_model, off_guide(), sampler="sgld", num_steps=3, step_size=0.1 / (N + 1),
+                entropy="mc")
+    loss = Trace_ELBO(num_particles=32, vectorize_particles=True, max_plate_nesting=1)
+    svi = SVI(gauss_model, guide, pyro.optim.Adam({"lr": 0.05}), loss)
+    steps = []
+    for _ in range(200):
+        svi.step(x)
+        steps.append(pyro.param("vis_step_size").item() * (N + 1))
+    assert max(steps) < 1.5  # well inside the stability limit eta (N + 1) < 2
+    assert steps[-1] < min(0.7 * max(steps), steps[-100])
+    assert elbo(guide, x) < log_evidence + 0.02
+
+
 @pytest.mark.parametrize("gradient", ["full", "fast"])
 def test_step_size_learning(gradient, device):
     x = gauss_data(device)
