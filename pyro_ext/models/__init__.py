@@ -1,7 +1,8 @@
-"""Models: Bayesian neural networks (thesis sections 1.3.2 and 2.3.3) and the variational
-autoencoders of the VIS experiments (section 2.4.2)."""
+"""Models: Bayesian neural networks (thesis sections 1.3.2 and 2.3.3), the variational
+autoencoders of the VIS experiments (section 2.4.2) and the retail Bayesian structural time
+series of chapter 1.2 (``pyro_ext.models.bsts``)."""
 
-from . import bnn, vae
+from . import bnn, bsts, vae
 from .bnn import (
     BayesianMLP,
     expected_calibration_error,
@@ -16,6 +17,7 @@ __all__ = [
     "CVAE",
     "VAE",
     "bnn",
+    "bsts",
     "expected_calibration_error",
     "importance_log_likelihood",
     "log_predictive_density",
