@@ -1,14 +1,27 @@
 """Retail Bayesian structural time series with Nerlove-Arrow goodwill (thesis sec. 1.2)."""
 
-from .allocation import allocate_budget, pareto_frontier
+from .allocation import (
+    AllocationResult,
+    InfeasibleAllocationError,
+    ParetoFrontier,
+    StrategyEvaluation,
+    allocate_budget,
+    evaluate_strategies,
+    pareto_frontier,
+)
 from .model import RetailBSTS, SpikeSlabNormal, goodwill_offset
 from .simulate import RetailData, simulate_retail
 
 __all__ = [
+    "AllocationResult",
+    "InfeasibleAllocationError",
+    "ParetoFrontier",
     "RetailBSTS",
     "RetailData",
     "SpikeSlabNormal",
+    "StrategyEvaluation",
     "allocate_budget",
+    "evaluate_strategies",
     "goodwill_offset",
     "pareto_frontier",
     "simulate_retail",
