@@ -23,6 +23,7 @@ import pyro
 import pyro.distributions as dist
 import torch
 from pyro.distributions import constraints
+from torch.distributions import Distribution
 
 from .kalman import (
     _check_tensor,
@@ -74,11 +75,13 @@ def _scale(x, name, allow_zero=True):
     _check_tensor(x, name)
     if not x.is_floating_point():
         x = x.to(torch.get_default_dtype())
-    with torch.no_grad():
-        if bool((x < 0).any()) or not bool(torch.isfinite(x).all()):
-            raise ValueError(f"{name} must be finite and non-negative")
-        if not allow_zero and bool((x == 0).any()):
-            raise ValueError(f"{name} must be positive")
+    # Value checks follow the global validation switch, as in the Kalman functions.
+    if Distribution._validate_args:
+        with torch.no_grad():
+            if bool((x < 0).any()) or not bool(torch.isfinite(x).all()):
+                raise ValueError(f"{name} must be finite and non-negative")
+            if not allow_zero and bool((x == 0).any()):
+                raise ValueError(f"{name} must be positive")
     return x
 
 

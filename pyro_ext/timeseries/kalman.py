@@ -37,6 +37,7 @@ import math
 from typing import NamedTuple
 
 import torch
+from torch.distributions import Distribution
 
 __all__ = [
     "KalmanFilterResult",
@@ -130,6 +131,32 @@ def _split(x, name, core, num_batch, num_steps, time_ok=True):
     return x, False
 
 
+def _check_values():
+    """Whether to check tensor *values* (NaN, negative variances, failed factorisations).
+
+    These checks follow torch.distributions' global validation switch
+    (``pyro.enable_validation``): samplers turn validation off while they evaluate
+    potentials, so that a particle that strays into an invalid region gets a NaN log density
+    (reported as a divergence) instead of an exception, and so that ``torch.func.vmap``, which
+    cannot branch on values, can batch the filter.
+    """
+    return Distribution._validate_args
+
+
+def _nan_where_failed(x, info):
+    """``x`` with the matrices whose factorisation failed (``info != 0``) set to NaN."""
+    return torch.where((info != 0)[..., None, None], torch.full_like(x, math.nan), x)
+
+
+def _lu_factor(x, name):
+    lu, piv, info = torch.linalg.lu_factor_ex(x)
+    if _check_values():
+        if bool((info != 0).any()):
+            raise ValueError(f"{name} is singular; check the covariances for degenerate values")
+        return lu, piv
+    return _nan_where_failed(lu, info), piv
+
+
 def _check_covariance(x, name):
     """Symmetric, non-negative diagonal and positive semi-definite (up to round-off)."""
     with torch.no_grad():
@@ -187,7 +214,8 @@ def _validate(y, G, F, W, V, m0, P0):
     args = [x.to(device=y.device, dtype=dtype) for x in args]
     y, G, F, W, V, m0, P0 = args
     nb = y.dim() - 2
-    if bool(torch.isinf(y).any()):
+    check_values = _check_values()
+    if check_values and bool(torch.isinf(y).any()):
         raise ValueError("y contains infinite values (use NaN for missing observations)")
     G, tG = _split(G, "transition_matrix", (S, S), nb, T)
     F, tF = _split(F, "observation_matrix", (p, S), nb, T)
@@ -195,10 +223,11 @@ def _validate(y, G, F, W, V, m0, P0):
     V, tV = _split(V, "observation_cov", (p, p), nb, T)
     m0, _ = _split(m0, "init_mean", (S,), nb, T, time_ok=False)
     P0, _ = _split(P0, "init_cov", (S, S), nb, T, time_ok=False)
-    for x, name in [(W, "transition_cov"), (V, "observation_cov"), (P0, "init_cov")]:
-        _check_covariance(x, name)
-    if not bool(torch.isfinite(G).all()) or not bool(torch.isfinite(F).all()):
-        raise ValueError("transition_matrix and observation_matrix must be finite")
+    if check_values:
+        for x, name in [(W, "transition_cov"), (V, "observation_cov"), (P0, "init_cov")]:
+            _check_covariance(x, name)
+        if not bool(torch.isfinite(G).all()) or not bool(torch.isfinite(F).all()):
+            raise ValueError("transition_matrix and observation_matrix must be finite")
     try:
         batch = torch.broadcast_shapes(
             y.shape[:-2],
@@ -255,6 +284,8 @@ def _prepare(y, G, F, W, V, m0, P0):
 
 def _cholesky(x, name):
     L, info = torch.linalg.cholesky_ex(x)
+    if not _check_values():
+        return _nan_where_failed(L, info)
     if bool((info != 0).any()):
         raise ValueError(
             f"{name} is not positive definite (Cholesky failed); check observation_cov "
@@ -318,7 +349,7 @@ def _filter_combine(ei, ej):
     Ai, bi, Ci, etai, Ji = ei
     Aj, bj, Cj, etaj, Jj = ej
     eye = torch.eye(Ai.shape[-1], dtype=Ai.dtype, device=Ai.device)
-    lu, piv = torch.linalg.lu_factor(eye + Ci @ Jj)
+    lu, piv = _lu_factor(eye + Ci @ Jj, "I + C_i J_j in the filter scan")
     S = Ai.shape[-1]
     MAC = torch.linalg.lu_solve(lu, piv, torch.cat([Ai, Ci], -1))  # M [A_i, C_i]
     MA, MC = MAC[..., :S], MAC[..., S:]
@@ -436,7 +467,7 @@ def _gaussian_blocks(z, Zh, log_det_syy, P):
     eye = torch.eye(S, dtype=P.dtype, device=P.device)
     M = _sym(Zh.mT @ Zh)
     u = _mv(Zh.mT, z)
-    lu, piv = torch.linalg.lu_factor(eye + P @ M)
+    lu, piv = _lu_factor(eye + P @ M, "I + P M in the blocked filter")
     x = torch.linalg.lu_solve(lu, piv, (P @ u.unsqueeze(-1))).squeeze(-1)
     w = z - _mv(Zh, x)
     v = _mv(Zh.mT, w)

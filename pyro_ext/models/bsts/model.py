@@ -43,6 +43,7 @@ standardised scale, which avoids a sigma-beta funnel for gradient samplers.
 
 import math
 import time
+import warnings
 from typing import Dict
 
 import pyro
@@ -51,6 +52,7 @@ import torch
 from pyro.distributions import constraints
 from pyro.ops.stats import split_gelman_rubin
 
+from ...infer.sgmcmc.potential import SamplerDivergenceError
 from ...timeseries.dlm import (
     DLM,
     Autoregressive,
@@ -624,7 +626,10 @@ class RetailBSTS:
                 disable_progbar=kwargs.pop("disable_progbar", True),
                 **kwargs,
             )
-            mcmc.run(y, u, X)
+            # Without value checks an extreme trajectory gets a NaN potential, which NUTS
+            # treats as a divergence, instead of raising from the Kalman filter.
+            with pyro.validation_enabled(False):
+                mcmc.run(y, u, X)
             self._mcmc = mcmc
             self._chains = mcmc.get_samples(group_by_chain=True)
         else:
@@ -684,18 +689,31 @@ class RetailBSTS:
             step_size = {"sgld": 2e-4, "adam": 2e-3, "sghmc": 5e-4, "preconditioned": 0.05}[
                 kernel
             ]
-        kern = kernels[kernel](
-            self.model, step_size=step_size, num_particles=num_particles, **kernel_kwargs
-        )
-        mcmc = MCMC(
-            kern,
-            num_samples=num_samples,
-            warmup_steps=warmup_steps,
-            thinning=thinning,
-            disable_progbar=disable_progbar,
-            initial_params=None if init is None else self._unconstrain(init),
-        )
-        mcmc.run(*self._data)
+        initial_params = None if init is None else self._unconstrain(init)
+        self.divergence_retries = 0
+        while True:
+            kern = kernels[kernel](
+                self.model, step_size=step_size, num_particles=num_particles, **kernel_kwargs
+            )
+            mcmc = MCMC(
+                kern,
+                num_samples=num_samples,
+                warmup_steps=warmup_steps,
+                thinning=thinning,
+                disable_progbar=disable_progbar,
+                initial_params=initial_params,
+            )
+            try:
+                mcmc.run(*self._data)
+                break
+            except SamplerDivergenceError as error:
+                # A particle left the region where the step size is stable: halve it and
+                # start again from the same initial particles (at most twice).
+                if self.divergence_retries == 2:
+                    raise
+                self.divergence_retries += 1
+                step_size = step_size / 2
+                warnings.warn(f"{error}; retrying with step_size={step_size:g}", RuntimeWarning)
         self._mcmc = mcmc
         self._chains = mcmc.get_samples(group_by_chain=True)
 
