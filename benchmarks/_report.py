@@ -1,5 +1,7 @@
 """Shared output of the benchmark scripts: markdown tables, printed and written to a file."""
 
+import sys
+
 
 def markdown(header, rows):
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
@@ -13,3 +15,14 @@ def write_report(preamble, sections, output):
     print(report)
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text(report)
+
+
+def command_line_args():
+    """The command-line options of this run, minus ``--output``, for a report's preamble."""
+    args, skip = [], False
+    for arg in sys.argv[1:]:
+        if skip or arg.startswith("--output"):
+            skip = arg == "--output"
+            continue
+        args.append(arg)
+    return " ".join(args)
