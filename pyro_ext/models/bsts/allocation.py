@@ -594,7 +594,7 @@ class _Problem:
                                    options={"maxiter": maxiter, "ftol": 1e-12})
                     candidates.insert(0, (self.project(res.x * self.scale), bool(res.success)))
                 except (ValueError, FloatingPointError, np.linalg.LinAlgError):
-                    pass
+                    pass  # a failed solve leaves the (projected) start as the candidate
             for x, ok in candidates:
                 m, v = self.ev.values(x)
                 if not self._is_feasible(kind, p, m, v):
