@@ -306,7 +306,8 @@ def bsts(quick=False):
     model = RetailBSTS(variant="RF", noise="gaussian")
     start = time.perf_counter()
     model.fit(data.sales[:train], data.spend[:train], data.covariates[:train], method="sgld",
-              seed=0, **({"num_samples": 100, "warmup_steps": 200} if quick else {}))
+              seed=0, channel_names=data.channel_names, covariate_names=data.covariate_names,
+              **({"num_samples": 100, "warmup_steps": 200} if quick else {}))
     elapsed = time.perf_counter() - start
     coefs = model.coefficients()
     rhat = max(float(r.max()) for r in model.rhat().values())

@@ -7,6 +7,7 @@ import pytest
 import torch
 from pyro.infer import SVI, Predictive, Trace_ELBO, TraceEnum_ELBO
 from pyro.infer.autoguide import AutoNormal
+from pyro.poutine.util import site_is_subsample
 
 from pyro_ext.infer.vis import VIS, fokker_planck_score
 from pyro_ext.infer.sgmcmc.repulsion import RBFKernel
@@ -431,3 +432,36 @@ def test_discrete_sites_are_refused():
     for guide in (base, AutoNormal(poutine.block(model, hide=["c"]))):
         with pytest.raises(ValueError, match="'c'.*enumerate"):
             poutine.trace(VIS(model, guide)).get_trace(x)
+
+
+def test_potential_matches_the_conditioned_trace(device):
+    # The sampler's potential is accumulated by a light messenger, not a Trace: it must be
+    # the conditioned, blocked trace's log_prob_sum bit for bit (scales, masks, subsample)
+    # and leave no site in an enclosing trace.
+    x, model, base = _local_model_and_guide(device)
+    guide = VIS(model, base, num_steps=1)
+    pyro.set_rng_seed(4)
+    base_trace = poutine.trace(base).get_trace(x)
+    values = {n: base_trace.nodes[n]["value"] for n in ("w", "z")}
+    subsamples = {"data": base_trace.nodes["data"]["value"]}
+    guide._setup((x,), {})
+    with poutine.trace() as outer:
+        log_joint, scales = guide._log_joint(values, subsamples, (x,), {}, False)
+    assert not [n for n, s in outer.trace.nodes.items() if s["type"] in ("sample", "param")]
+    with poutine.block():
+        expected = poutine.trace(poutine.condition(model, {**values, **subsamples})).get_trace(x)
+    assert torch.equal(log_joint, expected.log_prob_sum(
+        lambda name, site: not site_is_subsample(site)))
+    assert scales["z"] == expected.nodes["z"]["scale"] == 10 / 4
+    assert scales["w"] == expected.nodes["w"]["scale"] == 1.0
+
+
+def test_identity_transforms_are_detected():
+    from torch.distributions import biject_to, constraints
+
+    from pyro_ext.infer.vis import _is_identity
+
+    assert _is_identity(biject_to(constraints.real))
+    assert _is_identity(biject_to(constraints.independent(constraints.real, 1)))
+    assert not _is_identity(biject_to(constraints.positive))
+    assert not _is_identity(biject_to(constraints.independent(constraints.unit_interval, 1)))
