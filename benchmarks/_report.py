@@ -1,5 +1,6 @@
 """Shared output of the benchmark scripts: markdown tables, printed and written to a file."""
 
+import statistics
 import sys
 
 
@@ -26,3 +27,11 @@ def command_line_args():
             continue
         args.append(arg)
     return " ".join(args)
+
+
+def mean_sd(values, digits=2):
+    """``"mean ± sd"`` over runs (just the value for one run)."""
+    values = list(values)
+    if len(values) == 1:
+        return f"{values[0]:.{digits}f}"
+    return f"{statistics.mean(values):.{digits}f} ± {statistics.stdev(values):.{digits}f}"

@@ -45,10 +45,10 @@ import pyro
 import torch
 
 from pyro_ext.datasets import load_mnist
-from pyro_ext.models.vae import CVAE
+from pyro_ext.models.vae import CVAE, refined_mean_proposal
 
-from _report import command_line_args, markdown, write_report
-from vis_vae import BATCH, gaussian_proposal, make_guide, refine_mean, train
+from _report import command_line_args, markdown, mean_sd, write_report
+from vis_vae import BATCH, make_guide, train
 
 RESULTS = Path(__file__).resolve().parent / "results" / "vis_cvae.md"
 LR, STEP_SIZE, T_TRAIN, T_INF = 0.01, 5e-5, 5, 10
@@ -62,9 +62,11 @@ def refined_proposal(cvae, num_steps, step_size):
     def proposal(x, y, n):
         y_onehot = cvae._one_hot(y, x)
         loc, scale = cvae.encode(x, y_onehot)
-        if num_steps > 0:
-            loc = refine_mean(lambda z: cvae.log_joint(x, y, z), loc, step_size, num_steps)
-        return gaussian_proposal(loc, scale)(n)
+
+        def log_joint(z):
+            return cvae.log_joint(x, y, z)
+
+        return refined_mean_proposal(log_joint, loc, scale, step_size, num_steps)(n)
 
     return proposal
 
@@ -96,9 +98,7 @@ def fit(x, y, num_steps, epochs, seed):
 def fmt(values, digits=1):
     if any(math.isnan(v) for v in values):
         return f"diverged (NaN) in {sum(math.isnan(v) for v in values)}/{len(values)} seed(s)"
-    if len(values) == 1:
-        return f"{values[0]:.{digits}f}"
-    return f"{statistics.mean(values):.{digits}f} ± {statistics.stdev(values):.{digits}f}"
+    return mean_sd(values, digits)
 
 
 def main():

@@ -52,7 +52,7 @@ from pyro.infer.autoguide.initialization import init_to_value
 
 from pyro_ext.infer.vis import VIS
 
-from _report import markdown, write_report
+from _report import markdown, mean_sd, write_report
 
 RESULTS = Path(__file__).resolve().parent / "results" / "vis_funnel.md"
 ITERATIONS, REPORTED = 50, (30, 50)
@@ -129,12 +129,6 @@ def run_all(seeds, iterations, eval_particles):
     return results
 
 
-def fmt(values, digits=3):
-    if len(values) == 1:
-        return f"{values[0]:.{digits}f}"
-    return f"{statistics.mean(values):.{digits}f} ± {statistics.stdev(values):.{digits}f}"
-
-
 def main():
     parser = argparse.ArgumentParser(description=__doc__.strip().split("\n\n")[0])
     parser.add_argument("--output", type=Path, default=RESULTS, help="where the tables are written")
@@ -158,10 +152,10 @@ def main():
             + (" (base guide, AutoNormal)" if num_steps == 0 else " (VIS-P, SGLD, full AD)")
         ]
         for it in REPORTED:
-            cells.append(fmt([c[it - 1] for c in curves]))
+            cells.append(mean_sd([c[it - 1] for c in curves], 3))
         cells.append(f"{THESIS[num_steps]:.3f}")
         cells.append(f"{1e3 * statistics.median(times):.2f}")
-        cells.append("–" if num_steps == 0 else fmt(steps, 3))
+        cells.append("–" if num_steps == 0 else mean_sd(steps, 3))
         rows.append(cells)
     ratio = statistics.median(results[1][1]) / statistics.median(results[0][1])
     table = markdown(
@@ -177,7 +171,7 @@ def main():
     )
     curve_rows = []
     for it in (1, 5, 10, 20, 30, 40, 50):
-        curve_rows.append([it] + [fmt([c[it - 1] for c in results[t][0]]) for t in (0, 1)])
+        curve_rows.append([it] + [mean_sd([c[it - 1] for c in results[t][0]], 3) for t in (0, 1)])
     curve = markdown(["iteration", "−ELBO, T = 0", "−ELBO, T = 1"], curve_rows)
 
     preamble = (

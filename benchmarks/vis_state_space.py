@@ -62,7 +62,7 @@ from pyro_ext.timeseries.dlm import (  # noqa: E402
 from pyro_ext.timeseries.kalman import forecast_interval  # noqa: E402
 from pyro_ext.timeseries.models import HiddenMarkovModel  # noqa: E402
 
-from _report import markdown, write_report  # noqa: E402
+from _report import markdown, mean_sd, write_report  # noqa: E402
 
 RESULTS = REPO / "benchmarks" / "results" / "vis_state_space.md"
 REFINEMENT_STEPS = (0, 1, 2)
@@ -206,12 +206,6 @@ def figure_dlm(seeds, iterations, step_size, lr):
     return results
 
 
-def _mean_sd(values):
-    if len(values) == 1:
-        return f"{values[0]:.2f}"
-    return f"{statistics.mean(values):.2f} ± {statistics.stdev(values):.2f}"
-
-
 def curve_table(results, checkpoints):
     """Log-likelihood at fixed iterations and at the wall time T=0 needs for all of them."""
     budget = statistics.median(curve[-1][1] for curve in results[0])
@@ -224,12 +218,12 @@ def curve_table(results, checkpoints):
     for T, curves in results.items():
         row = [str(T)]
         for c in checkpoints:
-            row.append(_mean_sd([curve[c - 1][2] for curve in curves]))
+            row.append(mean_sd([curve[c - 1][2] for curve in curves]))
         at_budget = [
             max((p for p in curve if p[1] <= budget), key=lambda p: p[1], default=curve[0])[2]
             for curve in curves
         ]
-        row.append(_mean_sd(at_budget))
+        row.append(mean_sd(at_budget))
         row.append(
             f"{1e3 * statistics.median(curve[-1][1] / (curve[-1][0] - 1) for curve in curves):.1f}"
         )
@@ -321,7 +315,7 @@ def metric_table(metrics, paper):
     t0, t1 = sorted(metrics)
     header = ["metric", "paper T=0", "paper T=1", f"ours T={t0}", f"ours T={t1}"]
     rows = [
-        [name, f"{p0:.3f}", f"{p1:.3f}", _mean_sd(metrics[t0][name]), _mean_sd(metrics[t1][name])]
+        [name, f"{p0:.3f}", f"{p1:.3f}", mean_sd(metrics[t0][name]), mean_sd(metrics[t1][name])]
         for name, (p0, p1) in paper.items()
     ]
     return markdown(header, rows)

@@ -58,7 +58,7 @@ from pyro.infer import SVI, Trace_ELBO
 
 from pyro_ext.datasets import DatasetNotFoundError, load_fashion_mnist, load_mnist
 from pyro_ext.infer.vis import VIS
-from pyro_ext.models.vae import VAE
+from pyro_ext.models.vae import VAE, refined_mean_proposal
 
 from _report import command_line_args, markdown, write_report
 
@@ -125,27 +125,6 @@ def train(model, guide, data, epochs, lr, seed, batch=BATCH):
     return epoch_seconds, loss
 
 
-def refine_mean(log_joint, loc, step_size, num_steps):
-    """``num_steps`` noise-free gradient steps (VIS sampler "sgd") from the encoder mean."""
-    z = loc.detach()
-    with torch.enable_grad():
-        for _ in range(num_steps):
-            z = z.detach().requires_grad_()
-            (grad,) = torch.autograd.grad(log_joint(z).sum(), z)
-            z = z + step_size * grad
-    return z.detach()
-
-
-def gaussian_proposal(loc, scale):
-    q = torch.distributions.Independent(torch.distributions.Normal(loc, scale), 1)
-
-    def draw(n):
-        z = q.sample((n,))
-        return z, q.log_prob(z)
-
-    return draw
-
-
 @torch.no_grad()
 def test_log_likelihood(vae, x, num_steps, step_size, num_samples, chunk=250):
     """Mean IS estimate of log p(x) over ``x``, proposal N(mu_T, sigma) (refined-mean)."""
@@ -153,9 +132,8 @@ def test_log_likelihood(vae, x, num_steps, step_size, num_samples, chunk=250):
     for i in range(0, x.shape[0], chunk):
         xb = x[i : i + chunk]
         loc, scale = vae.encode(xb)
-        if num_steps > 0:
-            loc = refine_mean(lambda z: vae.log_joint(xb, z), loc, step_size, num_steps)
-        draw = gaussian_proposal(loc, scale)
+        draw = refined_mean_proposal(lambda z: vae.log_joint(xb, z), loc, scale, step_size,
+                                     num_steps)
         ll = vae.log_likelihood(xb, num_samples, chunk_size=100, proposal=lambda _x, n: draw(n))
         total += ll.sum().item()
     return total / x.shape[0]

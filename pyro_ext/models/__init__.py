@@ -10,7 +10,7 @@ from .bnn import (
     predictive_moments,
     rmse,
 )
-from .vae import CVAE, VAE, importance_log_likelihood
+from .vae import CVAE, VAE, importance_log_likelihood, refined_mean_proposal
 
 __all__ = [
     "BayesianMLP",
@@ -22,6 +22,7 @@ __all__ = [
     "importance_log_likelihood",
     "log_predictive_density",
     "predictive_moments",
+    "refined_mean_proposal",
     "rmse",
     "vae",
 ]

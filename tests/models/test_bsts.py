@@ -295,3 +295,19 @@ def test_default_fit_converges():
     assert worst < 1.05, m.rhat()
     c = m.coefficients()
     assert abs(c["delta"]["mean"] - d.truth["delta"]) < 3 * c["delta"]["sd"] + 0.05
+
+
+def test_one_step_predictions_decompose_the_likelihood(fitted, short_data):
+    # Prediction-error decomposition: for a single posterior draw, the one-step-ahead
+    # Gaussian densities multiply to the Kalman likelihood of the whole series.
+    d = short_data
+    mean, sd = fitted.one_step_predictions(d.sales, d.spend, d.covariates, max_draws=1)
+    one_step = torch.distributions.Normal(mean, sd).log_prob(d.sales.double()).sum()
+    draw = {n: v[:1] for n, v in fitted._draw_subset(1).items()}
+    y = (d.sales.double() - fitted._y_loc) / fitted._y_scale
+    u = d.spend.double() / fitted._u_scale
+    X = (d.covariates.double() - fitted._x_loc) / fitted._x_scale
+    dlm = fitted._dlm(**{n: v for n, v in draw.items() if n not in ("q", "beta")})
+    log_lik = dlm.log_likelihood(y - fitted._mean_offset(draw, u, X))
+    expected = float(log_lik) - y.shape[0] * math.log(float(fitted._y_scale))
+    assert abs(float(one_step) - expected) < 1e-6 * abs(expected)

@@ -42,7 +42,7 @@ def _series(emission, T, device):
 
 
 def _empty_guide(y):
-    pass
+    """The models below have fixed parameters, so the ELBO is log p(y) exactly."""
 
 
 @pytest.mark.parametrize("emission", ["categorical", "poisson", "gaussian"])

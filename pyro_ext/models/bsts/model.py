@@ -969,6 +969,39 @@ class RetailBSTS:
             paths = torch.stack(paths, -1)  # (num_samples, n, h)
         return self._y_loc + self._y_scale * paths
 
+    def one_step_predictions(self, sales, spend, covariates=None, max_draws=200):
+        """Mean and sd of the one-step-ahead predictive ``y_t | y_{1:t-1}`` for every week
+        of ``sales`` (the training weeks and any weeks after them), original units, with the
+        static parameters from the fitted posterior: a mixture over ``max_draws`` draws of
+        the Kalman filter's predictive densities (the MAPE of thesis section 1.2.4).
+        Gaussian noise only (for Student-t noise the filter needs the future precisions).
+
+        :returns: ``(mean, sd)``, each ``(T,)``.
+        """
+        self._check_fitted()
+        if self.noise != "gaussian":
+            raise ValueError("one_step_predictions needs noise='gaussian'")
+        draws = self._draw_subset(max_draws)
+        params = {n: v for n, v in draws.items() if n != "obs_precision"}
+        y = (torch.as_tensor(sales, dtype=torch.float64) - self._y_loc) / self._y_scale
+        u = torch.as_tensor(spend, dtype=torch.float64) / self._u_scale
+        X = torch.zeros(y.shape[0], self._p, dtype=torch.float64)
+        if covariates is not None:
+            X = (torch.as_tensor(covariates, dtype=torch.float64) - self._x_loc) / self._x_scale
+        with torch.no_grad():
+            offset = self._mean_offset(params, u, X)  # (n, T)
+            dlm = self._dlm(**{n: v for n, v in params.items() if n not in ("q", "beta")})
+            filtered = kalman_filter(*dlm._args(y - offset))
+            F = dlm.matrices(1).observation_matrix[..., 0, :]
+            F = F.expand(offset.shape[0], F.shape[-1])
+            means = (filtered.predicted_means * F[:, None, :]).sum(-1) + offset
+            variances = torch.einsum("ns,ntsr,nr->nt", F, filtered.predicted_covs, F)
+            variances = variances + params["sigma_obs"].pow(2)[:, None]
+        mean = means.mean(0)
+        # Moments of the mixture over draws (law of total variance).
+        variance = variances.mean(0) + (means - mean).pow(2).mean(0)
+        return self._y_loc + self._y_scale * mean, self._y_scale * variance.sqrt()
+
     def forecast(self, spend_future, covariates_future=None, max_draws=500):
         """Posterior predictive draws ``(num_draws, h)`` of weekly sales, original units
         (one path per posterior draw, observation noise included)."""
