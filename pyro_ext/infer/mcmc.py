@@ -1,10 +1,12 @@
 """A drop-in :class:`pyro.infer.MCMC` that understands particle kernels."""
 
+import copy
 import os
 
 import pyro
 import torch
 from pyro.infer.mcmc.logger import ProgressBar
+from pyro.ops.streaming import StatsOfDict
 
 from .sgmcmc.kernels import SGMCMCKernel
 from .sgmcmc.potential import SamplerDivergenceError
@@ -27,10 +29,35 @@ class MCMC(pyro.infer.MCMC):
     - with ``checkpoint_path`` the state is written every ``checkpoint_every`` steps and
       :meth:`resume` continues an interrupted run to the same draws it would have made.
 
+    Memory: the kept draws of a large network need not pile up on the accelerator.
+    ``thinning`` keeps fewer of them, ``draws_device="cpu"`` moves each one off the GPU as
+    it is taken, and ``statistics`` keeps none at all but updates streaming statistics of
+    them (:mod:`pyro.ops.streaming`), as :class:`pyro.infer.mcmc.api.StreamingMCMC` does::
+
+        from pyro.ops.streaming import CountMeanVarianceStats, StatsOfDict
+
+        mcmc = MCMC(kernel, num_samples=100, thinning=10,
+                    statistics=StatsOfDict(default=CountMeanVarianceStats))
+        mcmc.run(x, y)
+        mcmc.get_statistics(group_by_chain=False)["w"]["mean"]  # pooled over particles
+
+    ``StreamingMCMC`` itself runs these kernels too, but it sees the ``L`` particles as
+    one chain whose state has a leading dimension ``L``: its statistics are per particle
+    and never pooled, and it has neither thinning nor checkpoints.
+
     :param int thinning: keep every ``thinning``-th post-warmup state; ``num_samples``
         draws are kept per particle, so the run takes ``num_samples * thinning`` steps.
     :param str checkpoint_path: where checkpoints are written.
     :param int checkpoint_every: steps between checkpoints (default: 10 per run).
+    :param draws_device: the device kept draws (or the streaming statistics) are moved
+        to as they are taken, e.g. ``"cpu"`` for a run on a GPU; by default they stay on
+        the particles' device.
+    :type draws_device: torch.device or str
+    :param statistics: a :class:`~pyro.ops.streaming.StatsOfDict` (e.g.
+        ``StatsOfDict(default=CountMeanVarianceStats)``), updated with
+        ``{(particle, site): constrained value}`` at each kept state instead of storing
+        the draws; read it with :meth:`get_statistics`. :meth:`get_samples` is then
+        unavailable.
 
     The other parameters are those of :class:`pyro.infer.MCMC`.
     """
@@ -51,7 +78,18 @@ class MCMC(pyro.infer.MCMC):
         thinning=1,
         checkpoint_path=None,
         checkpoint_every=None,
+        draws_device=None,
+        statistics=None,
     ):
+        if (draws_device is not None or statistics is not None) and not isinstance(
+            kernel, SGMCMCKernel
+        ):
+            raise ValueError("draws_device and statistics need a particle kernel (SGMCMCKernel)")
+        if statistics is not None and not isinstance(statistics, StatsOfDict):
+            raise TypeError(
+                "statistics must be a pyro.ops.streaming.StatsOfDict, "
+                f"got {type(statistics).__name__}"
+            )
         if isinstance(kernel, SGMCMCKernel):
             if num_chains != 1:
                 raise ValueError(
@@ -63,8 +101,12 @@ class MCMC(pyro.infer.MCMC):
         for name, value in (("num_samples", num_samples), ("thinning", thinning)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        if checkpoint_every is not None and (not isinstance(checkpoint_every, int) or checkpoint_every < 1):
-            raise ValueError(f"checkpoint_every must be a positive integer, got {checkpoint_every!r}")
+        if checkpoint_every is not None and (
+            not isinstance(checkpoint_every, int) or checkpoint_every < 1
+        ):
+            raise ValueError(
+                f"checkpoint_every must be a positive integer, got {checkpoint_every!r}"
+            )
         super().__init__(
             kernel,
             num_samples,
@@ -83,6 +125,9 @@ class MCMC(pyro.infer.MCMC):
         self.thinning = thinning
         self.checkpoint_path = checkpoint_path
         self.checkpoint_every = checkpoint_every
+        self.draws_device = None if draws_device is None else torch.device(draws_device)
+        self._statistics = statistics
+        self._initial_statistics = copy.deepcopy(statistics)
         self._initial_params = initial_params
         self._hook_fn = hook_fn
         self._disable_progbar = disable_progbar
@@ -100,6 +145,7 @@ class MCMC(pyro.infer.MCMC):
             self.kernel.initial_params = self._initial_params
         with pyro.validation_enabled(not self.disable_validation):
             self.kernel.setup(self.warmup_steps, *args, **kwargs)
+        self._statistics = copy.deepcopy(self._initial_statistics)
         self._run_particles(start=0, draws=[])
 
     def resume(self, *args, **kwargs):
@@ -118,6 +164,8 @@ class MCMC(pyro.infer.MCMC):
                 f"checkpoint was written with (warmup_steps, num_samples, thinning)="
                 f"{tuple(checkpoint['config'])}, this MCMC has {config}"
             )
+        if (checkpoint.get("statistics") is None) != (self._statistics is None):
+            raise ValueError("the checkpoint and this MCMC disagree on keeping draws or statistics")
         self._args, self._kwargs = args, kwargs
         with pyro.validation_enabled(not self.disable_validation):
             self.kernel.setup(self.warmup_steps, *args, **kwargs)
@@ -125,13 +173,16 @@ class MCMC(pyro.infer.MCMC):
         torch.set_rng_state(checkpoint["cpu_rng"])
         if checkpoint["cuda_rng"] is not None:
             torch.cuda.set_rng_state_all(checkpoint["cuda_rng"])
+        self._statistics = checkpoint.get("statistics")
         self._run_particles(start=checkpoint["step"], draws=list(checkpoint["draws"]))
 
     def _run_particles(self, start, draws):
         kernel = self.kernel
         params = kernel.initial_params
         every = self.checkpoint_every or max(1, self._total_steps // 10)
-        progress = ProgressBar(self.warmup_steps, self.num_samples * self.thinning, disable=self._disable_progbar)
+        progress = ProgressBar(
+            self.warmup_steps, self.num_samples * self.thinning, disable=self._disable_progbar
+        )
         progress.progress_bars[0].update(start)
         try:
             with pyro.validation_enabled(not self.disable_validation):
@@ -140,7 +191,7 @@ class MCMC(pyro.infer.MCMC):
                     stage = "Warmup" if step < self.warmup_steps else "Sample"
                     kept = step - self.warmup_steps + 1
                     if kept > 0 and kept % self.thinning == 0:
-                        draws.append(kernel.particles.detach().clone())
+                        self._keep(draws)
                     if self._hook_fn is not None:
                         # As in pyro.infer.MCMC, the index restarts at 0 for the sampling stage.
                         index = step if step < self.warmup_steps else step - self.warmup_steps
@@ -161,12 +212,55 @@ class MCMC(pyro.infer.MCMC):
             kernel.cleanup()
         self._collect(draws)
 
+    def _keep(self, draws):
+        z = self.kernel.particles.detach()
+        z = z.to(self.draws_device or z.device, copy=True)
+        if self._statistics is None:
+            draws.append(z)
+            return
+        potential = self.kernel.potential
+        values = {
+            name: potential.transforms[name].inv(value)
+            for name, value in potential.unflatten(z).items()
+        }
+        self._statistics.update(
+            {
+                (i, name): value[i]
+                for name, value in values.items()
+                for i in range(self.kernel.num_particles)
+            }
+        )
+
+    def get_statistics(self, group_by_chain=True):
+        """
+        The streaming statistics of a run with ``statistics``, as
+        :meth:`pyro.infer.mcmc.api.StreamingMCMC.get_statistics` gives them.
+
+        :param bool group_by_chain: keyed by ``(particle, site)`` if ``True``, else by
+            site, merged over particles.
+        """
+        if self._statistics is None:
+            raise ValueError("this MCMC keeps draws, not statistics: use get_samples()")
+        if group_by_chain:
+            return self._statistics.get()
+        merged = {}
+        for (_, name), stats in self._statistics.stats.items():
+            merged[name] = stats if name not in merged else merged[name].merge(stats)
+        return {name: stats.get() for name, stats in merged.items()}
+
+    def get_samples(self, num_samples=None, group_by_chain=False):
+        """See :meth:`pyro.infer.MCMC.get_samples`; unavailable with ``statistics``."""
+        if self._statistics is not None:
+            raise ValueError("this MCMC kept streaming statistics, not draws: use get_statistics()")
+        return super().get_samples(num_samples=num_samples, group_by_chain=group_by_chain)
+
     def _save_checkpoint(self, step, draws):
         checkpoint = {
             "step": step,
             "config": (self.warmup_steps, self.num_samples, self.thinning),
             "kernel": self.kernel.state_dict(),
             "draws": torch.stack(draws) if draws else [],
+            "statistics": self._statistics,
             "cpu_rng": torch.get_rng_state(),
             "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None,
         }
@@ -180,7 +274,8 @@ class MCMC(pyro.infer.MCMC):
         if draws:
             flat = torch.stack(draws, dim=1)  # (L, N, D)
         else:
-            flat = torch.zeros((num_particles, 0, potential.dim), device=self.kernel.particles.device)
+            device = self.draws_device or self.kernel.particles.device
+            flat = torch.zeros((num_particles, 0, potential.dim), device=device)
         self._samples = {
             name: potential.transforms[name].inv(value)
             for name, value in potential.unflatten(flat).items()

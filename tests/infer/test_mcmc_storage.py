@@ -1,0 +1,155 @@
+"""Where :class:`pyro_ext.infer.MCMC` keeps its draws: ``draws_device`` and streaming statistics."""
+
+import pyro
+import pyro.distributions as dist
+import pytest
+import torch
+from pyro.infer import NUTS
+from pyro.infer.mcmc import StreamingMCMC
+from pyro.ops.streaming import CountMeanVarianceStats, CountStats, StatsOfDict
+
+from pyro_ext.infer import MCMC, SGHMC, SGLD
+
+NUM_PARTICLES = 3
+
+
+def model(data):
+    loc = pyro.sample("loc", dist.Normal(torch.zeros(2, device=data.device), 1.0).to_event(1))
+    scale = pyro.sample("scale", dist.LogNormal(torch.zeros((), device=data.device), 1.0))
+    with pyro.plate("data", data.shape[0], subsample_size=10, device=data.device) as idx:
+        mean, sd = loc.sum(-1, keepdim=True), scale.unsqueeze(-1)
+        pyro.sample("obs", dist.Normal(mean, sd), obs=data[idx])
+
+
+def make_mcmc(**kwargs):
+    kernel = SGLD(model, step_size=1e-2, num_particles=NUM_PARTICLES, repulsion="rbf")
+    options = dict(num_samples=40, warmup_steps=10, thinning=2, disable_progbar=True)
+    return MCMC(kernel, **{**options, **kwargs})
+
+
+def streaming_stats():
+    return StatsOfDict(default=CountMeanVarianceStats)
+
+
+@pytest.fixture
+def data(device):
+    return torch.randn(30, device=device)
+
+
+def test_draws_are_moved_to_draws_device(data):
+    pyro.set_rng_seed(1)
+    reference = make_mcmc()
+    reference.run(data)
+    pyro.set_rng_seed(1)
+    mcmc = make_mcmc(draws_device="cpu")
+    mcmc.run(data)
+    for name, value in mcmc.get_samples(group_by_chain=True).items():
+        assert value.device.type == "cpu"
+        assert value.shape[:2] == (NUM_PARTICLES, 40)
+        assert torch.equal(value, reference.get_samples(group_by_chain=True)[name].cpu())
+
+
+def test_streaming_statistics_equal_those_of_the_stored_draws(data):
+    pyro.set_rng_seed(2)
+    stored = make_mcmc()
+    stored.run(data)
+    samples = stored.get_samples(group_by_chain=True)
+    pyro.set_rng_seed(2)
+    streaming = make_mcmc(statistics=streaming_stats(), draws_device="cpu")
+    streaming.run(data)
+
+    per_particle = streaming.get_statistics()
+    assert set(per_particle) == {(i, n) for i in range(NUM_PARTICLES) for n in ("loc", "scale")}
+    for (i, name), stats in per_particle.items():
+        assert stats["count"] == 40
+        assert stats["mean"].device.type == "cpu"
+        draws = samples[name][i].cpu()
+        assert torch.allclose(stats["mean"], draws.mean(0), atol=1e-5)
+        assert torch.allclose(stats["variance"], draws.var(0), rtol=1e-4, atol=1e-6)
+    pooled = streaming.get_statistics(group_by_chain=False)
+    for name, stats in pooled.items():
+        draws = stored.get_samples()[name].cpu()
+        assert stats["count"] == NUM_PARTICLES * 40
+        assert torch.allclose(stats["mean"], draws.mean(0), atol=1e-5)
+        assert torch.allclose(stats["variance"], draws.var(0), rtol=1e-4, atol=1e-6)
+    assert (pooled["scale"]["mean"] > 0).all()  # constrained values
+
+
+def test_a_second_run_starts_fresh_statistics():
+    data = torch.randn(30)
+    mcmc = make_mcmc(statistics=StatsOfDict(default=CountStats))
+    mcmc.run(data)
+    mcmc.run(data)
+    assert mcmc.get_statistics(group_by_chain=False)["loc"]["count"] == NUM_PARTICLES * 40
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+def test_checkpoint_resume_with_storage_options(tmp_path, streaming):
+    data = torch.randn(30)
+    options = dict(draws_device="cpu", statistics=streaming_stats() if streaming else None)
+
+    def result(mcmc):
+        if streaming:
+            return mcmc.get_statistics()
+        return mcmc.get_samples(group_by_chain=True)
+
+    pyro.set_rng_seed(5)
+    reference = make_mcmc(**options)
+    reference.run(data)
+
+    class Interrupt(Exception):
+        """A simulated crash in the middle of the sampling stage."""
+
+    def crash(kernel, params, stage, index):
+        if stage == "Sample" and index == 33:
+            raise Interrupt
+
+    path = str(tmp_path / "run.ckpt")
+    pyro.set_rng_seed(5)
+    first = make_mcmc(checkpoint_path=path, checkpoint_every=12, hook_fn=crash, **options)
+    with pytest.raises(Interrupt):
+        first.run(data)
+    resumed = make_mcmc(checkpoint_path=path, **options)
+    resumed.resume(data)
+    expected, actual = result(reference), result(resumed)
+    assert expected.keys() == actual.keys()
+    for key, value in expected.items():
+        if streaming:
+            assert actual[key]["count"] == value["count"] == 40
+            assert torch.allclose(actual[key]["mean"], value["mean"])
+            assert torch.allclose(actual[key]["variance"], value["variance"])
+        else:
+            assert torch.equal(actual[key], value)
+
+    mismatched = make_mcmc(
+        checkpoint_path=path, statistics=None if streaming else streaming_stats()
+    )
+    with pytest.raises(ValueError, match="draws or statistics"):
+        mismatched.resume(data)
+
+
+def test_storage_options_are_checked():
+    data = torch.randn(30)
+    with pytest.raises(ValueError, match="particle kernel"):
+        MCMC(NUTS(model), num_samples=5, draws_device="cpu")
+    with pytest.raises(TypeError, match="StatsOfDict"):
+        make_mcmc(statistics=CountMeanVarianceStats())
+    streaming = make_mcmc(statistics=streaming_stats())
+    streaming.run(data)
+    with pytest.raises(ValueError, match="get_statistics"):
+        streaming.get_samples()
+    stored = make_mcmc()
+    stored.run(data)
+    with pytest.raises(ValueError, match="get_samples"):
+        stored.get_statistics()
+
+
+def test_pyro_streaming_mcmc_sees_the_particles_as_one_chain():
+    # What the MCMC docstring says of pyro's StreamingMCMC: it runs the kernels, with
+    # per-particle statistics that it never pools.
+    kernel = SGHMC(model, step_size=1e-2, num_particles=NUM_PARTICLES)
+    mcmc = StreamingMCMC(kernel, num_samples=20, warmup_steps=5, disable_progbar=True)
+    mcmc.run(torch.randn(30))
+    stats = mcmc.get_statistics(group_by_chain=False)
+    assert stats["loc"]["mean"].shape == (NUM_PARTICLES, 2)
+    assert stats["loc"]["count"] == 20
