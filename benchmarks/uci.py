@@ -172,11 +172,25 @@ def run_task(task):
             ll = -math.inf
             print(f"  {name} split {split} {key} step {step:.0e}: failed ({str(error).splitlines()[0][:80]})", flush=True)
         tuning.append((ll if math.isfinite(ll) else -math.inf, step))
-    best_ll, best_step = max(tuning)
+    # The final chain runs longer on more rows than the tuning chains, so the chosen step
+    # can still diverge there: fall back to the next best step on the validation fold.
+    for best_ll, best_step in sorted(tuning, reverse=True):
+        if not math.isfinite(best_ll):
+            break
+        try:
+            net, samples, chain_seconds = _run_chain(
+                key, data.x_train, data.y_train, best_step, cfg, seed=10_000 + split
+            )
+            ll, err = _evaluate(net, samples, data.x_test, data.y_test)
+        except (ValueError, RuntimeError) as error:
+            print(f"  {name} split {split} {key} final step {best_step:.0e}: failed "
+                  f"({str(error).splitlines()[0][:80]})", flush=True)
+            continue
+        break
+    else:
+        best_ll = -math.inf
     if not math.isfinite(best_ll):
         return dict(name=name, split=split, key=key, step=None, ll=math.nan, rmse=math.nan, seconds=time.perf_counter() - start)
-    net, samples, chain_seconds = _run_chain(key, data.x_train, data.y_train, best_step, cfg, seed=10_000 + split)
-    ll, err = _evaluate(net, samples, data.x_test, data.y_test)
     result = dict(
         name=name,
         split=split,

@@ -441,6 +441,9 @@ def main(argv=None):
     )
     parser.add_argument("--quick", action="store_true", help="fewer iterations")
     args = parser.parse_args(argv)
+    # The tour's models are small: intra-op threads only add synchronisation, which costs
+    # up to 10x on a busy machine (ACRA's many small tensor ops).
+    torch.set_num_threads(1)
     pyro.set_rng_seed(0)
     for name in args.chapter or CHAPTERS:
         CHAPTERS[name](quick=args.quick)

@@ -10,6 +10,7 @@ Quick start (figure 4.3)::
 from .agents import (
     AgentOpponentModel,
     ApproximateLevel2QLearner,
+    ApproximateQLearner,
     DirichletOpponentModel,
     FPQLearner,
     LevelKQLearner,
@@ -24,16 +25,35 @@ from .agents import (
     tmdp_q_update,
 )
 from .base import Agent, Environment
-from .envs import Blotto, CoinGame, DataSharingGame, FriendOrFoe, SpatialFriendOrFoe
+from .envs import (
+    Blotto,
+    CoinGame,
+    DataSharingGame,
+    FriendOrFoe,
+    SpatialFriendOrFoe,
+    regulated_payoffs,
+)
 from .opponents import ExponentialSmootherAdversary, FixedPolicyOpponent, TitForTat
 from .policies import epsilon_greedy_probs, greedy_probs, policy_probs, sample, softmax_probs
+from .policy_gradient import (
+    CategoricalTaxPolicy,
+    GaussianTaxPolicy,
+    PolicyGradientAgent,
+    Regulator,
+    gaussian_score,
+    play_regulated,
+    reinforce_update,
+    softmax_score,
+)
 from .runner import play, play_many, plot_reward_curves
 
 __all__ = [
     "Agent",
     "AgentOpponentModel",
     "ApproximateLevel2QLearner",
+    "ApproximateQLearner",
     "Blotto",
+    "CategoricalTaxPolicy",
     "CoinGame",
     "DataSharingGame",
     "DirichletOpponentModel",
@@ -42,24 +62,32 @@ __all__ = [
     "FPQLearner",
     "FixedPolicyOpponent",
     "FriendOrFoe",
+    "GaussianTaxPolicy",
     "LevelKQLearner",
     "MixtureOpponentModel",
     "MultiOpponentQLearner",
     "OpponentAveragingQLearner",
+    "PolicyGradientAgent",
     "QLearner",
+    "Regulator",
     "SpatialFriendOrFoe",
     "TMDPQLearner",
     "TitForTat",
     "dirichlet_forget_update",
     "epsilon_greedy_probs",
     "expected_q",
+    "gaussian_score",
     "greedy_probs",
     "play",
     "play_many",
+    "play_regulated",
     "plot_reward_curves",
     "policy_probs",
     "q_update",
+    "regulated_payoffs",
+    "reinforce_update",
     "sample",
     "softmax_probs",
+    "softmax_score",
     "tmdp_q_update",
 ]

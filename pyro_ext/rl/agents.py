@@ -14,6 +14,9 @@ eq. (4.3); they differ only in their *opponent model* :math:`p_A(b | s)`:
 * :class:`MultiOpponentQLearner` -- conditionally independent opponents (Section 4.3.5);
 * :class:`ApproximateLevel2QLearner` -- level-2 thinking with linear or neural Q-functions
   (Algorithm 4.3).
+
+:class:`ApproximateQLearner` is the independent (level-0) learner with the same function
+approximation, the L0 player of the coin game (figure 4.10).
 """
 
 import math
@@ -35,6 +38,7 @@ __all__ = [
     "LevelKQLearner",
     "OpponentAveragingQLearner",
     "MultiOpponentQLearner",
+    "ApproximateQLearner",
     "ApproximateLevel2QLearner",
     "DirichletOpponentModel",
     "AgentOpponentModel",
@@ -78,8 +82,17 @@ def expected_q(q_s, opponent_probs):
 
 
 def tmdp_q_update(
-    q, state, action, opponent_action, reward, next_state, opponent_probs, lr, gamma,
-    done=None, mask=None,
+    q,
+    state,
+    action,
+    opponent_action,
+    reward,
+    next_state,
+    opponent_probs,
+    lr,
+    gamma,
+    done=None,
+    mask=None,
 ):
     r"""TMDP Q-learning, eq. (4.2), in place on ``q`` of shape ``(B, S, A, n)``:
 
@@ -129,8 +142,14 @@ class _Learner(Agent):
     """Shared validation of ``epsilon`` in [0, 1], ``lr`` in (0, 1] and ``gamma`` in [0, 1)."""
 
     def __init__(
-        self, epsilon, lr, gamma, policy="epsilon_greedy", temperature=1.0,
-        num_actions=None, num_opponent_actions=None,
+        self,
+        epsilon,
+        lr,
+        gamma,
+        policy="epsilon_greedy",
+        temperature=1.0,
+        num_actions=None,
+        num_opponent_actions=None,
     ):
         super().__init__(num_actions, num_opponent_actions)
         self.epsilon, self.temperature = check_policy(policy, epsilon, temperature)
@@ -157,8 +176,17 @@ class QLearner(_Learner):
     def q_values(self, state):
         return self.q[_rows(self.batch_size, self.device), state]
 
-    def update(self, state, action, opponent_action, reward, next_state,
-               opponent_reward=None, done=None, mask=None):
+    def update(
+        self,
+        state,
+        action,
+        opponent_action,
+        reward,
+        next_state,
+        opponent_reward=None,
+        done=None,
+        mask=None,
+    ):
         self.check_transition(action, opponent_action)
         q_update(self.q, state, action, reward, next_state, self.lr, self.gamma, done, mask)
 
@@ -194,8 +222,9 @@ class DirichletOpponentModel:
         counts = self.counts[self.rows, self._slot(state)]
         return counts / counts.sum(dim=-1, keepdim=True)
 
-    def observe(self, state, action, opponent_action, reward, opponent_reward, next_state,
-                done, mask):
+    def observe(
+        self, state, action, opponent_action, reward, opponent_reward, next_state, done, mask
+    ):
         slot = self._slot(state)
         counts = self.counts[self.rows, slot]
         dirichlet_forget_update(counts, opponent_action, self.forget, mask)
@@ -223,15 +252,24 @@ class AgentOpponentModel:
     def probs(self, state):
         return self.agent.action_probs(state)
 
-    def observe(self, state, action, opponent_action, reward, opponent_reward, next_state,
-                done, mask):
+    def observe(
+        self, state, action, opponent_action, reward, opponent_reward, next_state, done, mask
+    ):
         if opponent_reward is None:
             raise ValueError(
                 "opponent_reward is required to learn a strategic opponent model (Algorithm 4.1 "
                 "uses r_B); the environment returns it from step()"
             )
-        self.agent.update(state, opponent_action, action, opponent_reward, next_state,
-                          opponent_reward=reward, done=done, mask=mask)
+        self.agent.update(
+            state,
+            opponent_action,
+            action,
+            opponent_reward,
+            next_state,
+            opponent_reward=reward,
+            done=done,
+            mask=mask,
+        )
 
 
 class MixtureOpponentModel:
@@ -267,16 +305,18 @@ class MixtureOpponentModel:
         each = torch.stack([model.probs(state) for model in self.models], dim=1)  # (B, m, n)
         return (self.model_probs.unsqueeze(-1) * each).sum(dim=1)
 
-    def observe(self, state, action, opponent_action, reward, opponent_reward, next_state,
-                done, mask):
+    def observe(
+        self, state, action, opponent_action, reward, opponent_reward, next_state, done, mask
+    ):
         predicted = torch.stack([m.probs(state).argmax(dim=-1) for m in self.models], dim=1)
         hits = (predicted == opponent_action.unsqueeze(-1)).to(self.counts.dtype)
         if mask is not None:
             hits = hits * mask.unsqueeze(-1)
         self.counts += hits
         for model in self.models:
-            model.observe(state, action, opponent_action, reward, opponent_reward, next_state,
-                          done, mask)
+            model.observe(
+                state, action, opponent_action, reward, opponent_reward, next_state, done, mask
+            )
 
 
 class TMDPQLearner(_Learner):
@@ -311,13 +351,34 @@ class TMDPQLearner(_Learner):
         q_s = self.q[_rows(self.batch_size, self.device), state]
         return expected_q(q_s, self.opponent_probs(state))
 
-    def update(self, state, action, opponent_action, reward, next_state,
-               opponent_reward=None, done=None, mask=None):
+    def update(
+        self,
+        state,
+        action,
+        opponent_action,
+        reward,
+        next_state,
+        opponent_reward=None,
+        done=None,
+        mask=None,
+    ):
         self.check_transition(action, opponent_action)
-        self.opponent_model.observe(state, action, opponent_action, reward, opponent_reward,
-                                    next_state, done, mask)
-        tmdp_q_update(self.q, state, action, opponent_action, reward, next_state,
-                      self.opponent_probs(next_state), self.lr, self.gamma, done, mask)
+        self.opponent_model.observe(
+            state, action, opponent_action, reward, opponent_reward, next_state, done, mask
+        )
+        tmdp_q_update(
+            self.q,
+            state,
+            action,
+            opponent_action,
+            reward,
+            next_state,
+            self.opponent_probs(next_state),
+            self.lr,
+            self.gamma,
+            done,
+            mask,
+        )
 
 
 class FPQLearner(TMDPQLearner):
@@ -325,8 +386,9 @@ class FPQLearner(TMDPQLearner):
     of prior pseudo-count ``prior``; ``forget`` is the factor :math:`\lambda \in (0, 1)` of
     Algorithm 4.4 (``None``: no forgetting); ``state_conditional`` keeps one Dirichlet per state."""
 
-    def __init__(self, epsilon, lr, gamma, forget=None, prior=1.0, state_conditional=False,
-                 **kwargs):
+    def __init__(
+        self, epsilon, lr, gamma, forget=None, prior=1.0, state_conditional=False, **kwargs
+    ):
         model = DirichletOpponentModel(forget, prior, state_conditional)
         super().__init__(model, epsilon, lr, gamma, **kwargs)
         self.forget = model.forget
@@ -343,8 +405,18 @@ class LevelKQLearner(TMDPQLearner):
     chain ``TMDP_A^k -> TMDP_B^{k-1} -> ...`` stores exactly ``k`` Q-tables.
     """
 
-    def __init__(self, k, epsilon, lr, gamma, forget=None, prior=1.0, opponent_epsilon=None,
-                 opponent_lr=None, **kwargs):
+    def __init__(
+        self,
+        k,
+        epsilon,
+        lr,
+        gamma,
+        forget=None,
+        prior=1.0,
+        opponent_epsilon=None,
+        opponent_lr=None,
+        **kwargs,
+    ):
         k = check_positive_int(k, "k")
         if k == 1:
             model = DirichletOpponentModel(forget, prior)
@@ -353,8 +425,12 @@ class LevelKQLearner(TMDPQLearner):
                 k - 1,
                 epsilon if opponent_epsilon is None else opponent_epsilon,
                 lr if opponent_lr is None else opponent_lr,
-                gamma, forget=forget, prior=prior, opponent_epsilon=opponent_epsilon,
-                opponent_lr=opponent_lr, policy=kwargs.get("policy", "epsilon_greedy"),
+                gamma,
+                forget=forget,
+                prior=prior,
+                opponent_epsilon=opponent_epsilon,
+                opponent_lr=opponent_lr,
+                policy=kwargs.get("policy", "epsilon_greedy"),
                 temperature=kwargs.get("temperature", 1.0),
             )
             model = AgentOpponentModel(inner)
@@ -400,7 +476,7 @@ class MultiOpponentQLearner(_Learner):
 
     def reset(self, batch_size, generator):
         super().reset(batch_size, generator)
-        joint = self.num_opponent_actions ** self.num_opponents
+        joint = self.num_opponent_actions**self.num_opponents
         shape = (batch_size, self.num_states, self.num_actions, joint)
         self.q = torch.zeros(shape, device=self.device)
         for model in self.models:
@@ -432,14 +508,35 @@ class MultiOpponentQLearner(_Learner):
                 f"got {tuple(opponent_action.shape)}"
             )
 
-    def update(self, state, action, opponent_action, reward, next_state,
-               opponent_reward=None, done=None, mask=None):
+    def update(
+        self,
+        state,
+        action,
+        opponent_action,
+        reward,
+        next_state,
+        opponent_reward=None,
+        done=None,
+        mask=None,
+    ):
         self.check_transition(action, opponent_action)
         for i, model in enumerate(self.models):
-            model.observe(state, action, opponent_action[:, i], reward, None, next_state, done,
-                          mask)
-        tmdp_q_update(self.q, state, action, self.joint_index(opponent_action), reward, next_state,
-                      self.opponent_probs(next_state), self.lr, self.gamma, done, mask)
+            model.observe(
+                state, action, opponent_action[:, i], reward, None, next_state, done, mask
+            )
+        tmdp_q_update(
+            self.q,
+            state,
+            action,
+            self.joint_index(opponent_action),
+            reward,
+            next_state,
+            self.opponent_probs(next_state),
+            self.lr,
+            self.gamma,
+            done,
+            mask,
+        )
 
 
 class _BatchedQNetwork:
@@ -480,6 +577,66 @@ class _BatchedQNetwork:
         self.params = [p.detach() - lr * g for p, g in zip(params, grads)]
 
 
+def _state_features(features, num_states, state):
+    """``features(state)``, or one-hot states when no feature map is given."""
+    if features is None:
+        return torch.nn.functional.one_hot(state, num_states).to(torch.get_default_dtype())
+    return features(state)
+
+
+def _check_features(features, num_features):
+    if (features is None) != (num_features is None):
+        raise ValueError("features and num_features must be given together")
+    return None if num_features is None else check_positive_int(num_features, "num_features")
+
+
+class ApproximateQLearner(_Learner):
+    r"""Independent (opponent-unaware) Q-learner with function approximation: eq. (4.1) as
+    semi-gradient steps on :math:`Q_\phi(s, a)`, linear in ``features(state)``
+    (``hidden=None``, the L0 player of the coin game, Section 4.4.3) or a one-hidden-layer
+    network. With one-hot features and ``hidden=None`` it coincides with :class:`QLearner`.
+
+    :param features: callable ``state (B,) -> (B, num_features)``; default one-hot states.
+    """
+
+    def __init__(self, epsilon, lr, gamma, features=None, num_features=None, hidden=None, **kwargs):
+        super().__init__(epsilon, lr, gamma, **kwargs)
+        self.num_features = _check_features(features, num_features)
+        self.features = features
+        self.hidden = None if hidden is None else check_positive_int(hidden, "hidden")
+
+    def reset(self, batch_size, generator):
+        super().reset(batch_size, generator)
+        nf = self.num_states if self.features is None else self.num_features
+        self.q = _BatchedQNetwork(batch_size, nf, self.num_actions, 1, self.hidden, generator)
+        return self
+
+    def _phi(self, state):
+        return _state_features(self.features, self.num_states, state)
+
+    def q_values(self, state):
+        return self.q(self._phi(state)).squeeze(-1)
+
+    def update(
+        self,
+        state,
+        action,
+        opponent_action,
+        reward,
+        next_state,
+        opponent_reward=None,
+        done=None,
+        mask=None,
+    ):
+        self.check_transition(action, opponent_action)
+        reward = reward.to(torch.get_default_dtype())
+        notdone, mask = _keep(mask, done, reward)
+        value = self.q_values(next_state).max(dim=-1).values
+        self.q.sgd_step(
+            self._phi(state), action, reward + self.gamma * notdone * value, self.lr, mask
+        )
+
+
 class ApproximateLevel2QLearner(_Learner):
     r"""Level-2 Q-learner with function approximation, Section 4.3.4 and Algorithm 4.3.
 
@@ -493,15 +650,22 @@ class ApproximateLevel2QLearner(_Learner):
     :param features: callable ``state (B,) -> (B, num_features)``; default one-hot states.
     """
 
-    def __init__(self, epsilon, lr, gamma, features=None, num_features=None, hidden=None,
-                 opponent_epsilon=None, opponent_lr=None, prior=1.0, **kwargs):
+    def __init__(
+        self,
+        epsilon,
+        lr,
+        gamma,
+        features=None,
+        num_features=None,
+        hidden=None,
+        opponent_epsilon=None,
+        opponent_lr=None,
+        prior=1.0,
+        **kwargs,
+    ):
         super().__init__(epsilon, lr, gamma, **kwargs)
-        if (features is None) != (num_features is None):
-            raise ValueError("features and num_features must be given together")
+        self.num_features = _check_features(features, num_features)
         self.features = features
-        if num_features is not None:
-            num_features = check_positive_int(num_features, "num_features")
-        self.num_features = num_features
         self.hidden = None if hidden is None else check_positive_int(hidden, "hidden")
         self.opponent_epsilon = self.epsilon
         if opponent_epsilon is not None:
@@ -526,9 +690,7 @@ class ApproximateLevel2QLearner(_Learner):
         return self
 
     def _phi(self, state):
-        if self.features is None:
-            return torch.nn.functional.one_hot(state, self.num_states).to(torch.get_default_dtype())
-        return self.features(state)
+        return _state_features(self.features, self.num_states, state)
 
     def opponent_probs(self, state, phi=None):
         """Line 4: the level-1 opponent's estimated policy :math:`p_A(b | s)`."""
@@ -540,8 +702,17 @@ class ApproximateLevel2QLearner(_Learner):
         phi = self._phi(state)
         return expected_q(self.q_a(phi), self.opponent_probs(state, phi))
 
-    def update(self, state, action, opponent_action, reward, next_state,
-               opponent_reward=None, done=None, mask=None):
+    def update(
+        self,
+        state,
+        action,
+        opponent_action,
+        reward,
+        next_state,
+        opponent_reward=None,
+        done=None,
+        mask=None,
+    ):
         self.check_transition(action, opponent_action)
         if opponent_reward is None:
             raise ValueError("opponent_reward is required: Algorithm 4.3 learns from r_B")
@@ -553,9 +724,19 @@ class ApproximateLevel2QLearner(_Learner):
         # Line 3: the opponent (level-1) learns from r_B with his Dirichlet belief p_B(a|s').
         self.belief.observe(state, opponent_action, action, None, None, next_state, done, mask)
         value_b = expected_q(self.q_b(phi_next), self.belief.probs(next_state)).max(dim=-1).values
-        self.q_b.sgd_step(phi, opponent_action * na + action,
-                          opponent_reward + self.gamma * notdone * value_b, self.opponent_lr, mask)
+        self.q_b.sgd_step(
+            phi,
+            opponent_action * na + action,
+            opponent_reward + self.gamma * notdone * value_b,
+            self.opponent_lr,
+            mask,
+        )
         # Lines 4-5: the DM learns with the updated opponent policy p_A(b|s').
         value_a = expected_q(self.q_a(phi_next), self.opponent_probs(next_state, phi_next))
-        self.q_a.sgd_step(phi, action * nb + opponent_action,
-                          reward + self.gamma * notdone * value_a.max(dim=-1).values, self.lr, mask)
+        self.q_a.sgd_step(
+            phi,
+            action * nb + opponent_action,
+            reward + self.gamma * notdone * value_a.max(dim=-1).values,
+            self.lr,
+            mask,
+        )

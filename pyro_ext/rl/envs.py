@@ -7,7 +7,14 @@ import torch
 
 from .base import Environment, check_positive_int, check_probability
 
-__all__ = ["FriendOrFoe", "SpatialFriendOrFoe", "Blotto", "CoinGame", "DataSharingGame"]
+__all__ = [
+    "FriendOrFoe",
+    "SpatialFriendOrFoe",
+    "Blotto",
+    "CoinGame",
+    "DataSharingGame",
+    "regulated_payoffs",
+]
 
 
 def _zeros_long(batch_size, generator):
@@ -111,8 +118,11 @@ class Blotto(Environment):
         self.num_resources = check_positive_int(num_resources, "num_resources")
         self.num_opponents = check_positive_int(num_attackers, "num_attackers")
         self.allocations = torch.tensor(
-            [c for c in itertools.product(range(num_resources + 1), repeat=num_positions)
-             if sum(c) == num_resources]
+            [
+                c
+                for c in itertools.product(range(num_resources + 1), repeat=num_positions)
+                if sum(c) == num_resources
+            ]
         )
         self.num_actions = self.allocations.shape[0]
         self.num_opponent_actions = self.num_positions
@@ -177,8 +187,10 @@ class CoinGame(Environment):
 
     def features(self, state):
         dtype = torch.get_default_dtype()
-        parts = [torch.nn.functional.one_hot(p, self.cells + 1)[:, : self.cells].to(dtype)
-                 for p in self.decode(state)]
+        parts = [
+            torch.nn.functional.one_hot(p, self.cells + 1)[:, : self.cells].to(dtype)
+            for p in self.decode(state)
+        ]
         return torch.cat(parts, dim=-1)
 
     def reset(self, batch_size, generator):
@@ -211,6 +223,17 @@ class CoinGame(Environment):
         return self.state, reward, opponent_reward, done
 
 
+def regulated_payoffs(both, mutual, tax, incentive):
+    r"""The regulator's transfer of Section 4.5.4 on the raw payoffs ``both`` ``(B, 2)``: add the
+    incentive :math:`I` to both players on mutual cooperation (bool ``(B,)``, Table 4.5), then
+    collect the tax of rate :math:`x` (a float or ``(B,)``) and redistribute it evenly,
+    :math:`\tilde r_a = r_a - x r_a + \tfrac{1}{2} \sum_{a'} x r_{a'}`, which leaves the sum
+    of the two rewards, hence the social utility (4.4), unchanged."""
+    tax = torch.as_tensor(tax, dtype=both.dtype, device=both.device).reshape(-1, 1)
+    both = both + incentive * mutual.unsqueeze(-1).to(both.dtype)
+    return both - tax * both + 0.5 * tax * both.sum(dim=-1, keepdim=True)
+
+
 class DataSharingGame(Environment):
     r"""Iterated prisoner's dilemma between a Citizen (DM, row player) and a DDO (Section 4.5).
 
@@ -226,8 +249,16 @@ class DataSharingGame(Environment):
     COOPERATE, DEFECT = 0, 1
     num_states, num_actions, num_opponent_actions = 5, 2, 2
 
-    def __init__(self, temptation=6.0, reward=5.0, punishment=1.0, sucker=0.0, tax=0.0,
-                 incentive=0.0, horizon=100):
+    def __init__(
+        self,
+        temptation=6.0,
+        reward=5.0,
+        punishment=1.0,
+        sucker=0.0,
+        tax=0.0,
+        incentive=0.0,
+        horizon=100,
+    ):
         names = ("temptation", "reward", "punishment", "sucker")
         values = (temptation, reward, punishment, sucker)
         t, r, p, s = (_check_payoff(v, n) for v, n in zip(values, names))
@@ -260,7 +291,6 @@ class DataSharingGame(Environment):
         self.check_actions(action, opponent_action)
         both = self.payoffs.to(action.device)[action, opponent_action]  # (B, 2)
         mutual = (action == self.COOPERATE) & (opponent_action == self.COOPERATE)
-        both = both + self.incentive * mutual.unsqueeze(-1).to(both.dtype)
-        both = both - self.tax * both + 0.5 * self.tax * both.sum(dim=-1, keepdim=True)
+        both = regulated_payoffs(both, mutual, self.tax, self.incentive)
         next_state = 1 + 2 * action + opponent_action
         return next_state, both[:, 0], both[:, 1], torch.zeros_like(mutual)

@@ -1,6 +1,7 @@
 """Framework wiring of the SG-MCMC kernels: Pyro interop, errors, reproducibility."""
 
 import math
+import pickle
 
 import pyro
 import pyro.distributions as dist
@@ -235,6 +236,10 @@ def test_divergence_names_step_and_site_and_keeps_draws(device):
     kept = mcmc.get_samples(group_by_chain=True)["stiff"]
     assert kept.shape == (2, info.value.step, 2)
     assert torch.isfinite(kept).all()
+    # The error survives pickling, e.g. the trip back from a worker process.
+    copy = pickle.loads(pickle.dumps(info.value))
+    assert (copy.step, copy.sites, copy.particles) == (info.value.step, ["stiff"], [0, 1])
+    assert str(copy) == str(info.value)
 
 
 def test_initial_params_are_used():

@@ -256,6 +256,43 @@ def test_recovery_sgld():
     assert inc["avg_rain"] < 0.3
 
 
+def test_recovery_vis():
+    # fit(method="vis"): an AutoNormal refined by 5 Adam-preconditioned Langevin steps.
+    d = simulate_retail(num_weeks=234, seed=0, noise="gaussian")
+    m = RetailBSTS(variant="RF", noise="gaussian")
+    m.fit(
+        d.sales,
+        d.spend,
+        d.covariates,
+        method="vis",
+        seed=0,
+        num_steps=300,
+        num_samples=50,
+        num_particles=4,
+    )
+    c = m.coefficients()
+    assert c["q"]["mean"].shape == (5,) and m.samples["delta"].shape == (200,)
+    assert abs(c["delta"]["mean"] - d.truth["delta"]) < 3 * c["delta"]["sd"] + 0.05
+    z = (c["q"]["mean"] - d.truth["q"].double()).abs() / c["q"]["sd"]
+    assert (z < 3.5).all()
+
+
+def test_vis_divergence_is_reported(short_data):
+    d = short_data
+    m = RetailBSTS(variant="RF", noise="gaussian", seasonal_harmonics=1)
+    with pytest.raises(RuntimeError, match="diverged at SVI iteration"):
+        m.fit(
+            d.sales,
+            d.spend,
+            d.covariates,
+            method="vis",
+            seed=0,
+            num_steps=50,
+            sampler="sgld",
+            step_size=1.0,
+        )
+
+
 def test_allocation_integration(fitted):
     from pyro_ext.models.bsts import allocate_budget, evaluate_strategies
 

@@ -9,7 +9,7 @@ shares one fresh subsample per plate and step.
 """
 
 import warnings
-from typing import Callable, Dict, NamedTuple, Tuple
+from typing import Dict, NamedTuple, Tuple
 
 import pyro
 import torch
@@ -39,6 +39,11 @@ class SamplerDivergenceError(RuntimeError):
             "Reduce the step size or check the model; draws collected before this step "
             "are kept (see MCMC.get_samples())."
         )
+
+    def __reduce__(self):
+        # Rebuild from the constructor's arguments: the default pickling passes only the
+        # message, which breaks the error's trip back from a worker process.
+        return type(self), (self.step, self.sites, self.particles)
 
 
 class _SiteLayout(NamedTuple):
