@@ -16,11 +16,15 @@ Protocol (per data set, per split, per sampler):
   one draw every 10 iterations after that (100 draws x 20 particles = 2000 draws).
 * Step size chosen per split and sampler on a validation fold (the last 20 % of a fixed
   random permutation of the training rows; the chain is run on the other 80 %) from the
-  grid ``{1e-5, 1e-4, 1e-3}``, by validation log-likelihood of the posterior predictive.
-  For the repulsive variants (+R) the grid is multiplied by ``L = 20`` (``{2e-4, 2e-3,
-  2e-2}``), since their drift averages over the particles (eq. 2.7's ``K / L``) and the
-  effective per-particle step is about ``step_size / L``. The chosen step is then rerun on
-  the whole training part and evaluated on the test part.
+  grid ``{1e-3, 1e-2, 1e-1} / N``, N the number of rows the chain runs on (a per-row step:
+  the drift is the step times the full-data gradient, which grows with N; the thesis'
+  absolute ``{1e-5, ..., 1e-3}`` diverges in the first steps on naval and protein), by
+  validation log-likelihood of the posterior predictive. AdamSGLD's step is a learning rate
+  on a normalised gradient, so its grid stays ``{1e-5, 1e-4, 1e-3}``. For the repulsive
+  variants (+R) the grid is multiplied by ``L = 20``, since their drift averages over the
+  particles (eq. 2.7's ``K / L``) and the effective per-particle step is about
+  ``step_size / L``. The chosen step is then rerun on the whole training part (with its N)
+  and evaluated on the test part; if that chain diverges, the next best step is used.
 * Test log-likelihood and RMSE of the posterior predictive mixture
   (:func:`pyro_ext.models.log_predictive_density`, :func:`pyro_ext.models.rmse`), mean +-
   standard error over splits.
@@ -71,7 +75,22 @@ SAMPLERS = {
     "adamsgld": ("AdamSGLD", AdamSGLD, None, {}),
     "adamsgld+r": ("AdamSGLD+R", AdamSGLD, "rbf", {}),
 }
-BASE_GRID = (1e-5, 1e-4, 1e-3)
+# Step sizes times the number of training rows: the drift of a step is the step times the
+# full-data gradient, which grows with N, so a fixed grid that suits 300 rows diverges at the
+# first steps on 10,000 (naval, protein) while a per-row grid suits every data set.
+BASE_GRID = (1e-3, 1e-2, 1e-1)
+# AdamSGLD divides the gradient by its running scale, so its step is a learning rate that
+# does not grow with N: an absolute grid.
+ADAM_GRID = (1e-5, 1e-4, 1e-3)
+
+
+def _per_row(key):
+    return SAMPLERS[key][1] is not AdamSGLD
+
+
+def _step_label(key, step):
+    return f"{step:.0e}/N" if _per_row(key) else f"{step:.0e}"
+
 
 # Thesis Tables 2.3 (test LL) and 2.4 (test RMSE): (SGLD, SGLD+R), mean +- s.e. where given.
 THESIS_LL = {
@@ -155,7 +174,8 @@ def run_task(task):
     data, y_mean, y_std = standardize_split(load_uci(name, split))
     y_std = float(y_std)
     repulsive = SAMPLERS[key][2] is not None
-    grid = [s * (cfg["particles"] if repulsive else 1) for s in cfg["grid"]]
+    base = cfg["grid"] if _per_row(key) else ADAM_GRID
+    grid = [c * (cfg["particles"] if repulsive else 1) for c in base]
     start = time.perf_counter()
     n = data.x_train.shape[0]
     perm = torch.randperm(n, generator=torch.Generator().manual_seed(1000 + split))
@@ -166,11 +186,11 @@ def run_task(task):
     tuning = []
     for step in grid:
         try:
-            net, samples, _ = _run_chain(key, data.x_train[fit], data.y_train[fit], step, cfg, seed=split)
+            net, samples, _ = _run_chain(key, data.x_train[fit], data.y_train[fit], step / (fit.numel() if _per_row(key) else 1), cfg, seed=split)
             ll, _ = _evaluate(net, samples, data.x_train[val], data.y_train[val])
         except (ValueError, RuntimeError) as error:  # a diverged chain (non-finite state)
             ll = -math.inf
-            print(f"  {name} split {split} {key} step {step:.0e}: failed ({str(error).splitlines()[0][:80]})", flush=True)
+            print(f"  {name} split {split} {key} step {_step_label(key, step)}: failed ({str(error).splitlines()[0][:80]})", flush=True)
         tuning.append((ll if math.isfinite(ll) else -math.inf, step))
     # The final chain runs longer on more rows than the tuning chains, so the chosen step
     # can still diverge there: fall back to the next best step on the validation fold.
@@ -179,11 +199,11 @@ def run_task(task):
             break
         try:
             net, samples, chain_seconds = _run_chain(
-                key, data.x_train, data.y_train, best_step, cfg, seed=10_000 + split
+                key, data.x_train, data.y_train, best_step / (n if _per_row(key) else 1), cfg, seed=10_000 + split
             )
             ll, err = _evaluate(net, samples, data.x_test, data.y_test)
         except (ValueError, RuntimeError) as error:
-            print(f"  {name} split {split} {key} final step {best_step:.0e}: failed "
+            print(f"  {name} split {split} {key} final step {_step_label(key, best_step)}: failed "
                   f"({str(error).splitlines()[0][:80]})", flush=True)
             continue
         break
@@ -202,7 +222,7 @@ def run_task(task):
         seconds=time.perf_counter() - start,
     )
     print(
-        f"  {name} split {split} {SAMPLERS[key][0]}: step {best_step:.0e}, test LL {result['ll']:.3f}, "
+        f"  {name} split {split} {SAMPLERS[key][0]}: step {_step_label(key, best_step)}, test LL {result['ll']:.3f}, "
         f"RMSE {result['rmse']:.3f} ({result['seconds']:.1f} s)",
         flush=True,
     )
@@ -291,7 +311,7 @@ def main():
                     _reference(name, key, "ll"),
                     _mean_se([r["rmse"] for r in rs]),
                     _reference(name, key, "rmse"),
-                    ", ".join(f"{s:.0e}" for s in steps) or "-",
+                    ", ".join(_step_label(key, s) for s in steps) or "-",
                 ]
             )
             chain = [r["chain_seconds"] for r in rs if "chain_seconds" in r]
@@ -316,7 +336,7 @@ def main():
         f"~ Gamma(1, 0.1) sampled; inputs and targets standardised on the training part; "
         f"L = {args.particles} particles, batch 100, {iterations} iterations, burn-in {burnin}, a draw every 10 "
         f"iterations after it ({num_draws} draws in all); jit_compile={args.jit}. Step size per split and sampler "
-        f"chosen by validation LL on a held-out 20 % of the training part from {{1e-5, 1e-4, 1e-3}}, multiplied by "
+        f"chosen by validation LL on a held-out 20 % of the training part from {{1e-3, 1e-2, 1e-1}} / N (N: rows the chain runs on; AdamSGLD, whose step is a learning rate: {{1e-5, 1e-4, 1e-3}}), multiplied by "
         f"L = {args.particles} for the +R variants (their effective per-particle step is about step/L), then rerun "
         f"on the whole training part. Metrics on the test part in original units (RMSE x y_std, LL - log y_std), "
         f"mean ± standard error over splits.\n\n"
