@@ -17,6 +17,7 @@ Robust (Student-t) observations, thesis "Robustness", use the exact scale mixtur
 """
 
 import math
+from abc import ABC, abstractmethod
 from typing import NamedTuple
 
 import pyro
@@ -91,15 +92,15 @@ def _diag(scales):
     return torch.diag_embed(torch.stack([s.expand(batch) for s in scales], -1).pow(2))
 
 
-class Component:
+class Component(ABC):
     """Base class: subclasses set ``state_dim``, ``state_names`` and implement ``block``."""
 
     name = "component"
     init_scale = 10.0
 
+    @abstractmethod
     def block(self, num_steps):
         """Matrices over ``num_steps`` steps; see :class:`_Block`."""
-        raise NotImplementedError
 
     def future_block(self, num_steps, covariates=None):
         """Matrices for forecasting; covariate-driven components need ``covariates``."""

@@ -267,7 +267,7 @@ def _select_state(obs_dist, z):
         return dist.Poisson(Vindex(obs_dist.rate)[..., z])
     if isinstance(obs_dist, dist.Normal):
         return dist.Normal(Vindex(obs_dist.loc)[..., z], Vindex(obs_dist.scale)[..., z])
-    raise NotImplementedError(
+    raise ValueError(
         "backend='funsor' supports categorical, poisson and gaussian emissions, "
         f"got {type(obs_dist).__name__}"
     )
