@@ -23,13 +23,12 @@ intractable, so ``log_prob`` is not available, but ``pyro.sample("x_attacked",
 LangevinAttacker(...))`` runs inside any Pyro program.
 """
 
-import math
-import numbers
 
 import torch
 from pyro.distributions import TorchDistribution
 from torch.distributions import constraints
 
+from ._validation import check_count, check_number
 from .attacks import attack_loss
 
 __all__ = ["AttackMixture", "LangevinAttacker", "langevin_attack"]
@@ -94,21 +93,6 @@ def langevin_attack(
             moved = moved.clamp(*clip)
         x_t = torch.where(_per_example(steps > t, x), moved, x_t)
     return x_t
-
-
-def _check_real(value, name, low=0.0, strict=False):
-    ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
-    if not ok or value < low or (strict and value == low):
-        raise ValueError(
-            f"{name} must be a finite number {'>' if strict else '>='} {low}, got {value!r}"
-        )
-    return float(value)
-
-
-def _check_count(value, name, low=0):
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
-    return value
 
 
 class LangevinAttacker(TorchDistribution):
@@ -187,21 +171,21 @@ class LangevinAttacker(TorchDistribution):
         if isinstance(eps, (tuple, list)):
             if len(eps) != 2:
                 raise ValueError(f"eps must be a number or a (low, high) pair, got {eps!r}")
-            low, high = (_check_real(e, "eps") for e in eps)
+            low, high = (check_number(e, "eps", 0.0) for e in eps)
             if low > high:
                 raise ValueError(f"eps range must have low <= high, got {eps!r}")
         else:
-            low = high = _check_real(eps, "eps")
+            low = high = check_number(eps, "eps", 0.0)
         concentration = tuple(
-            _check_real(c, "eps_concentration", strict=True) for c in eps_concentration
+            check_number(c, "eps_concentration", 0.0, open_low=True) for c in eps_concentration
         )
         if len(concentration) != 2:
             raise ValueError(f"eps_concentration must be a pair (a, b), got {eps_concentration!r}")
-        steps = _check_count(steps, "steps")
-        steps_rate = _check_real(steps_rate, "steps_rate")
+        steps = check_count(steps, "steps")
+        steps_rate = check_number(steps_rate, "steps_rate", 0.0)
         if max_steps is not None:
-            max_steps = _check_count(max_steps, "max_steps", low=max(steps, 1))
-        noise_scale = _check_real(noise_scale, "noise_scale")
+            max_steps = check_count(max_steps, "max_steps", low=max(steps, 1))
+        noise_scale = check_number(noise_scale, "noise_scale", 0.0)
         if loss not in _LOSSES:
             raise ValueError(f"loss must be one of {_LOSSES}, got {loss!r}")
         if norm not in _NORMS:

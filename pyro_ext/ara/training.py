@@ -15,7 +15,6 @@ training. All trainers share ``fit`` / ``epoch_times`` / ``predict_logits`` /
 """
 
 import math
-import numbers
 import time
 
 import pyro
@@ -26,6 +25,7 @@ from pyro.poutine.messenger import Messenger
 
 from pyro_ext.infer import SGHMC, SGLD
 
+from ._validation import check_count, check_number
 from .attacks import pgd, predictive_logits
 
 __all__ = ["ARATrainer", "AdversarialTrainer", "init_fan_in"]
@@ -45,20 +45,6 @@ def init_fan_in(site):
     if value.dim() < 2:
         return value
     return torch.randn_like(value) / math.sqrt(value.shape[-1])
-
-
-def _check_positive_int(value, name):
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    return value
-
-
-def _check_number(value, name, low, high=math.inf, open_low=False):
-    ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
-    if not ok or not (low < value if open_low else low <= value) or value > high:
-        bounds = f"{'(' if open_low else '['}{low}, {high}]"
-        raise ValueError(f"{name} must be a number in {bounds}, got {value!r}")
-    return float(value)
 
 
 def _check_data(x, y, num_classes=None):
@@ -185,12 +171,12 @@ class ARATrainer:
         if kernel not in _KERNELS:
             raise ValueError(f"kernel must be one of {sorted(_KERNELS)}, got {kernel!r}")
         self.model, self.attacker = model, attacker
-        self.step_size = _check_number(step_size, "step_size", 0.0, open_low=True)
-        self.num_particles = _check_positive_int(num_particles, "num_particles")
-        self.friction = _check_number(friction, "friction", 0.0, 1.0, open_low=True)
-        self.batch_size = _check_positive_int(batch_size, "batch_size")
-        self.clean_fraction = _check_number(clean_fraction, "clean_fraction", 0.0, 1.0)
-        self.temperature = _check_number(temperature, "temperature", 0.0)
+        self.step_size = check_number(step_size, "step_size", 0.0, open_low=True)
+        self.num_particles = check_count(num_particles, "num_particles", low=1)
+        self.friction = check_number(friction, "friction", 0.0, 1.0, open_low=True)
+        self.batch_size = check_count(batch_size, "batch_size", low=1)
+        self.clean_fraction = check_number(clean_fraction, "clean_fraction", 0.0, 1.0)
+        self.temperature = check_number(temperature, "temperature", 0.0)
         self.kernel_name, self.repulsion, self.init_strategy = kernel, repulsion, init_strategy
         self.kernel = None
         self.num_classes = None
@@ -292,7 +278,7 @@ class ARATrainer:
         :returns: ``self``.
         """
         _check_data(x, y, self.num_classes)
-        _check_positive_int(epochs, "epochs")
+        check_count(epochs, "epochs", low=1)
         if self.kernel is None:
             self._setup(x, y)
         if self.attacker is not None:
@@ -347,18 +333,18 @@ class AdversarialTrainer:
         if not isinstance(net, torch.nn.Module):
             raise ValueError(f"net must be a torch.nn.Module, got {type(net).__name__}")
         self.net = net
-        self.eps = _check_number(eps, "eps", 0.0)
-        self.steps = _check_positive_int(steps, "steps")
+        self.eps = check_number(eps, "eps", 0.0)
+        self.steps = check_count(steps, "steps", low=1)
         if attack_step_size is None:
             attack_step_size = 2.5 * eps / steps if eps > 0 else 1.0
-        self.attack_step_size = _check_number(
+        self.attack_step_size = check_number(
             attack_step_size, "attack_step_size", 0.0, open_low=True
         )
         self.norm, self.clip, self.random_start = norm, clip, random_start
-        self.clean_fraction = _check_number(clean_fraction, "clean_fraction", 0.0, 1.0)
-        self.batch_size = _check_positive_int(batch_size, "batch_size")
-        lr = _check_number(lr, "lr", 0.0, open_low=True)
-        momentum = _check_number(momentum, "momentum", 0.0, 1.0)
+        self.clean_fraction = check_number(clean_fraction, "clean_fraction", 0.0, 1.0)
+        self.batch_size = check_count(batch_size, "batch_size", low=1)
+        lr = check_number(lr, "lr", 0.0, open_low=True)
+        momentum = check_number(momentum, "momentum", 0.0, 1.0)
         self.optimizer = torch.optim.SGD(net.parameters(), lr=lr, momentum=momentum)
         self.epoch_times = []
 
@@ -398,7 +384,7 @@ class AdversarialTrainer:
         :returns: ``self``.
         """
         _check_data(x, y)
-        _check_positive_int(epochs, "epochs")
+        check_count(epochs, "epochs", low=1)
         attacking = self.clean_fraction < 1 and self.clip is not None
         if attacking and (float(x.min()) < self.clip[0] or float(x.max()) > self.clip[1]):
             raise ValueError(f"x lies outside the attack's domain clip={tuple(self.clip)}")
