@@ -23,18 +23,16 @@ def _data(likelihood, out_features, device):
     if likelihood == "gaussian":
         y = torch.randn((N, out_features) if out_features > 1 else (N,), device=device)
     elif likelihood == "bernoulli":
-        y = torch.randint(0, 2, (N, out_features) if out_features > 1 else (N,), device=device).float()
+        y = torch.randint(
+            0, 2, (N, out_features) if out_features > 1 else (N,), device=device
+        ).float()
     else:
         y = torch.randint(0, out_features, (N,), device=device)
     return x, y
 
 
 def _prior_samples(net, x, num):
-    return {
-        k: v
-        for k, v in Predictive(net, num_samples=num)(x).items()
-        if k != "obs"
-    }
+    return {k: v for k, v in Predictive(net, num_samples=num)(x).items() if k != "obs"}
 
 
 CASES = [("gaussian", 1), ("gaussian", 2), ("bernoulli", 1), ("bernoulli", 2), ("categorical", 3)]
@@ -46,7 +44,9 @@ CASES = [("gaussian", 1), ("gaussian", 2), ("bernoulli", 1), ("bernoulli", 2), (
 def test_shapes(likelihood, out_features, subsample_size, observed, device):
     x, y = _data(likelihood, out_features, device)
     net = BayesianMLP(D, hidden=(4, 3), out_features=out_features, likelihood=likelihood).to(device)
-    trace = pyro.poutine.trace(net).get_trace(x, y if observed else None, subsample_size=subsample_size)
+    trace = pyro.poutine.trace(net).get_trace(
+        x, y if observed else None, subsample_size=subsample_size
+    )
     output = trace.nodes["_RETURN"]["value"]
     rows = N if subsample_size is None else subsample_size
     multi = out_features > 1 and likelihood != "categorical"
@@ -59,7 +59,9 @@ def test_shapes(likelihood, out_features, subsample_size, observed, device):
 
     # Batched draws: Predictive(parallel=True) agrees with the sequential path.
     samples = _prior_samples(net, x, 4)
-    par = Predictive(net, posterior_samples=samples, return_sites=("_RETURN", "obs"), parallel=True)(x)
+    par = Predictive(
+        net, posterior_samples=samples, return_sites=("_RETURN", "obs"), parallel=True
+    )(x)
     seq = Predictive(net, posterior_samples=samples, return_sites=("_RETURN",), parallel=False)(x)
     assert par["_RETURN"].shape == (4,) + output.shape
     assert par["obs"].shape == (4,) + ((N, out_features) if multi else (N,))
@@ -69,7 +71,9 @@ def test_shapes(likelihood, out_features, subsample_size, observed, device):
 @pytest.mark.parametrize("likelihood,out_features", CASES)
 def test_subsample_scales_likelihood(likelihood, out_features, device):
     x, y = _data(likelihood, out_features, device)
-    net = BayesianMLP(D, hidden=(4,), out_features=out_features, likelihood=likelihood, hierarchical=True).to(device)
+    net = BayesianMLP(
+        D, hidden=(4,), out_features=out_features, likelihood=likelihood, hierarchical=True
+    ).to(device)
     latents = {
         k: v["value"]
         for k, v in pyro.poutine.trace(net).get_trace(x).nodes.items()
@@ -78,13 +82,17 @@ def test_subsample_scales_likelihood(likelihood, out_features, device):
     full = pyro.poutine.trace(pyro.poutine.condition(net, latents)).get_trace(x, y)
     full.compute_log_prob()
     idx = torch.tensor([7, 1, 10, 4], device=device)
-    sub = pyro.poutine.trace(pyro.poutine.condition(net, {**latents, "data": idx})).get_trace(x, y, subsample_size=4)
+    sub = pyro.poutine.trace(pyro.poutine.condition(net, {**latents, "data": idx})).get_trace(
+        x, y, subsample_size=4
+    )
     sub.compute_log_prob()
     assert sub.nodes["obs"]["scale"] == pytest.approx(N / 4)
     expected = N / 4 * full.nodes["obs"]["log_prob"][idx].sum()
     assert torch.allclose(sub.nodes["obs"]["log_prob_sum"], expected, rtol=1e-5)
     # The prior terms are not rescaled, and the return value still covers all of x.
-    assert torch.allclose(sub.nodes["layers.0.weight"]["log_prob_sum"], full.nodes["layers.0.weight"]["log_prob_sum"])
+    assert torch.allclose(
+        sub.nodes["layers.0.weight"]["log_prob_sum"], full.nodes["layers.0.weight"]["log_prob_sum"]
+    )
     assert torch.equal(sub.nodes["_RETURN"]["value"], full.nodes["_RETURN"]["value"])
 
 
@@ -108,7 +116,9 @@ def test_full_output_false_same_log_joint_on_subsample(likelihood, out_features,
         traces.append(trace)
     full, mini = traces
     assert torch.allclose(mini.log_prob_sum(), full.log_prob_sum(), rtol=1e-5)
-    assert torch.allclose(mini.nodes["obs"]["fn"].log_prob(y[idx]), full.nodes["obs"]["fn"].log_prob(y[idx]))
+    assert torch.allclose(
+        mini.nodes["obs"]["fn"].log_prob(y[idx]), full.nodes["obs"]["fn"].log_prob(y[idx])
+    )
     # Only the minibatch output comes back, in the order of the plate's indices.
     full_out, mini_out = full.nodes["_RETURN"]["value"], mini.nodes["_RETURN"]["value"]
     assert mini_out.shape[0] == 4
@@ -181,6 +191,65 @@ def test_sgld_posterior_predictive_agrees_with_nuts():
         assert ratio.min() > 0.67 and ratio.max() < 1.5, (repulsion, sd, ref_sd)
 
 
+def _network_output(net, values, x):
+    h = x
+    for i in range(len(net.layers)):
+        h = h @ values[f"layers.{i}.weight"].T + values[f"layers.{i}.bias"]
+        if i < len(net.layers) - 1:
+            h = net.activation(h)
+    return h.squeeze(-1)
+
+
+@pytest.mark.parametrize("hierarchical", [False, True])
+def test_init_strategy_fan_in_and_residual_precision(hierarchical, device):
+    x = torch.randn(40, 4, device=device)
+    y = 3.0 + torch.randn(40, device=device)
+    net = BayesianMLP(4, hidden=(300,), hierarchical=hierarchical)
+    strategy = net.init_strategy(x, y, max_rows=40)
+    init = pyro.infer.autoguide.initialization.InitMessenger(strategy)
+    trace = pyro.poutine.trace(init(net)).get_trace(x, y)
+    values = {name: site["value"] for name, site in trace.nodes.items() if site["type"] == "sample"}
+    assert values["layers.0.weight"].std().item() == pytest.approx(1 / 5**0.5, rel=0.05)
+    assert values["layers.1.weight"].std().item() == pytest.approx(1 / 301**0.5, rel=0.2)
+    assert torch.equal(values["layers.0.bias"], torch.zeros(300, device=device))
+    residual = _network_output(net, values, x) - y
+    assert torch.allclose(values["precision"], residual.pow(2).mean().reciprocal())
+    # y is centred at 3: the residual precision is far from any prior draw's typical value
+    assert values["precision"].item() < 0.2
+
+
+def test_init_strategy_matches_the_network_in_any_site_order():
+    x, y = torch.randn(30, 2), torch.randn(30)
+    net = BayesianMLP(2, hidden=(6,))
+    sites = pyro.poutine.trace(net).get_trace(x, y).nodes
+    layer_sites = [sites[n] for n in sites if n.startswith("layers.")]
+    for precision_first in (True, False):
+        strategy = net.init_strategy(x, y, max_rows=30)
+        networks = []
+        for _ in range(2):  # two particles in a row
+            order = (
+                [sites["precision"]] + layer_sites
+                if precision_first
+                else layer_sites + [sites["precision"]]
+            )
+            values = {site["name"]: strategy(site) for site in order}
+            residual = _network_output(net, values, x) - y
+            assert torch.allclose(values["precision"], residual.pow(2).mean().reciprocal())
+            networks.append(values["layers.0.weight"])
+        assert not torch.equal(*networks)  # each particle gets its own network
+
+
+def test_init_strategy_starts_sgld_particles():
+    x, y = torch.randn(50, 3), torch.randn(50)
+    net = BayesianMLP(3, hidden=(8,))
+    kernel = SGLD(net, 1e-3, num_particles=4, init_strategy=net.init_strategy(x, y))
+    mcmc = MCMC(kernel, num_samples=5, warmup_steps=5, disable_progbar=True)
+    mcmc.run(x, y, subsample_size=10)
+    assert mcmc.get_samples()["precision"].shape == (20,)
+    with pytest.raises(ValueError, match="needs both x and y"):
+        net.init_strategy(x)
+
+
 def test_svi_autonormal_runs_and_predicts():
     x, y = _toy_regression()
     net = BayesianMLP(1, hidden=(5,), activation="tanh")
@@ -189,8 +258,18 @@ def test_svi_autonormal_runs_and_predicts():
     losses = [svi.step(x, y, subsample_size=10) for _ in range(200)]
     assert all(torch.isfinite(torch.tensor(losses)))
     assert sum(losses[-20:]) < sum(losses[:20])
-    samples = Predictive(net, guide=guide, num_samples=50, return_sites=["precision", "layers.0.weight",
-                         "layers.0.bias", "layers.1.weight", "layers.1.bias"])(x)
+    samples = Predictive(
+        net,
+        guide=guide,
+        num_samples=50,
+        return_sites=[
+            "precision",
+            "layers.0.weight",
+            "layers.0.bias",
+            "layers.1.weight",
+            "layers.1.bias",
+        ],
+    )(x)
     assert rmse(net, samples, x, y) < y.std()
 
 
@@ -206,7 +285,9 @@ def test_log_predictive_density_matches_loop():
             trace.compute_log_prob()
             per_draw.append(trace.nodes["obs"]["log_prob"].exp())
         expected = torch.stack(per_draw).mean(0).log().mean()
-        assert torch.allclose(log_predictive_density(net, samples, x, y, chunk_size=3), expected, rtol=1e-4)
+        assert torch.allclose(
+            log_predictive_density(net, samples, x, y, chunk_size=3), expected, rtol=1e-4
+        )
 
 
 def test_predictive_moments_gaussian_matches_loop():
@@ -217,11 +298,16 @@ def test_predictive_moments_gaussian_matches_loop():
         [pyro.poutine.condition(net, {k: v[s] for k, v in samples.items()})(x) for s in range(6)]
     )
     mean, sd = predictive_moments(net, samples, x, chunk_size=4)
-    var = (outputs.square() + 1 / samples["precision"].reshape(6, 1)).mean(0) - outputs.mean(0).square()
+    var = (outputs.square() + 1 / samples["precision"].reshape(6, 1)).mean(0) - outputs.mean(
+        0
+    ).square()
     assert torch.allclose(mean, outputs.mean(0), atol=1e-5)
     assert torch.allclose(sd, var.sqrt(), rtol=1e-4)
-    probs, _ = predictive_moments(BayesianMLP(D, (4,), 3, "categorical"), _prior_samples(
-        BayesianMLP(D, (4,), 3, "categorical"), x, 5), x)
+    probs, _ = predictive_moments(
+        BayesianMLP(D, (4,), 3, "categorical"),
+        _prior_samples(BayesianMLP(D, (4,), 3, "categorical"), x, 5),
+        x,
+    )
     assert probs.shape == (N, 3) and torch.allclose(probs.sum(-1), torch.ones(N))
 
 

@@ -271,6 +271,12 @@ class SGHMC(SGMCMCKernel):
     form, the thesis' SGDm; with ``repulsion``, SGDm+R (Algorithm 2.2, made a valid sampler
     by friction and matching noise). See :func:`~pyro_ext.infer.sgmcmc.updates.sghmc_update`.
 
+    With repulsion the velocity is built from the particle-averaged drift (``K / L``) and
+    moves the particles through ``K / L`` again, so when the particles are far apart
+    relative to the kernel bandwidth the effective per-particle step is about
+    ``step_size / L^2``: scale ``step_size`` up with ``L^2`` (``benchmarks/uci.py``
+    validates both on the UCI regressions).
+
     :param float friction: ``1 - momentum``, in ``(0, 1]``; ``1`` recovers SGLD with step
         size ``step_size``.
 
@@ -297,6 +303,9 @@ class AdamSGLD(SGMCMCKernel):
     r"""
     Adam-preconditioned Langevin dynamics, the thesis' Adam+N; with ``repulsion``, Adam+NR
     (section 2.3.2). See :func:`~pyro_ext.infer.sgmcmc.updates.adam_sgld_update`.
+
+    As for :class:`SGHMC`, repulsion shrinks the effective per-particle step to about
+    ``step_size / L^2``.
 
     :param tuple betas: Adam's ``(beta1, beta2)``; ``1 - beta1`` is the friction.
     :param float eps: added to ``sqrt(v)`` in the mass matrix.
