@@ -306,6 +306,12 @@ def run_task(task):
     return result
 
 
+def _splits(rs):
+    """Completed splits, and the failed ones (every step diverged) that the means leave out."""
+    failed = sum(not math.isfinite(r["ll"]) for r in rs)
+    return f"{len(rs) - failed} ({failed} failed)" if failed else f"{len(rs)}"
+
+
 def _mean_se(values):
     values = [v for v in values if math.isfinite(v)]
     if not values:
@@ -534,7 +540,7 @@ def main():
                 [
                     name,
                     SAMPLERS[key][0],
-                    len(rs),
+                    _splits(rs),
                     _mean_se([r["ll"] for r in rs]),
                     _reference(name, key, "ll"),
                     _mean_se([r["rmse"] for r in rs]),
