@@ -323,6 +323,12 @@ def bnn(quick=False):
         f"  yacht split 0 ({n} train / {data.x_test.shape[0]} test rows), in-50-1 ReLU BNN, "
         f"{num_particles} particles, batch 100, {iterations} iterations, second half kept"
     )
+
+    def common(net):
+        return dict(
+            num_particles=num_particles, jit_compile=True, init_strategy=net.init_strategy(x, y)
+        )
+
     # Steps: benchmarks/uci.py's choice for yacht on validation folds. Repulsion averages
     # the drift over the particles, so SGLD+R's step is written as L times a per-particle
     # step, and Adam+NR's (whose velocity passes through the average twice) as L^2 times.
@@ -334,11 +340,6 @@ def bnn(quick=False):
             net, 3e-4 * num_particles**2, repulsion="rbf", **common(net)
         ),
     }
-
-    def common(net):
-        return dict(
-            num_particles=num_particles, jit_compile=True, init_strategy=net.init_strategy(x, y)
-        )
 
     for name, make in samplers.items():
         pyro.set_rng_seed(0)

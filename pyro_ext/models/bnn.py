@@ -376,6 +376,8 @@ class _FanInInit:
         self.pending, self.precision_given = set(self.network), False
 
     def _noise_precision(self):
+        # By hand, not net._network: that would sample the layer sites again inside the
+        # model trace this strategy is called from.
         h = self.x
         for i in range(len(self.net.layers)):
             h = h @ self.network[f"layers.{i}.weight"].T + self.network[f"layers.{i}.bias"]
