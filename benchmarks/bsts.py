@@ -22,14 +22,17 @@ and the budget allocation of section 1.2.4, with ``pyro_ext.models.bsts``.
    relative errors compare: table 1.1's CPS errors are -0.06 %/+0.18 % (B), +0.14 %/+0.03 %
    (RA), -0.01 %/-0.29 % (RF)).  For reference we also give the MAPE of the full k-step
    forecast from the end of training (``RetailBSTS.forecast``, mean over draws), which
-   the thesis does not report.  Several simulator seeds: mean +- sd.
+   the thesis does not report.  Several simulator seeds: mean +- sd.  "90 % coverage"
+   counts, over seeds, the true delta, q and beta inside their central 90 % posterior
+   intervals (nominal: 90 % of the count).
 2. The same on Meta Robyn's simulated weekly data (``load_marketing_mix("robyn")``, 208
    weeks): revenue; channels tv_S, ooh_S, print_S, facebook_S, search_S; covariates
    competitor_sales_B, newsletter, event1, event2 (events forced in as holidays);
    ``spend_lag=0`` (Robyn's spend acts within the week).  104 weeks train, 104 holdout.
 3. Speed and convergence on all 208 Robyn weeks, variant RF: wall time of
    ``fit(method="sgld")`` (package default) and the largest split-R-hat over all static
-   parameters (table 1.7 reports R-hat < 1.04 for the thesis' Gibbs sampler), next to
+   parameters (table 1.7 reports R-hat < 1.04 for the thesis' Gibbs sampler), with
+   Gaussian and with Student-t (nu = 5) observation noise, next to
    ``fit(method="nuts")`` (``pyro.infer.NUTS``, one chain, sizes in the table) on the same
    model, and to the MLE fit of a comparable ``statsmodels`` ``UnobservedComponents``
    model (local level + AR(1) + trigonometric yearly seasonal with 2 harmonics + the
@@ -116,6 +119,20 @@ def evaluate(model, sales, spend, covariates, num_train, year):
     return {"mape1": mape(hold, pred1), "mapek": mape(hold, kstep), "cps": cps}
 
 
+def interval_coverage(model, truth, level=0.9):
+    """How many of delta, q and beta (original units) lie in their central ``level``
+    posterior intervals: ``(covered, total)``."""
+    s = model.samples
+    draws = [s["delta"][:, None], model._orig_q(s["q"])]
+    values = [torch.tensor([truth["delta"]]), torch.as_tensor(truth["q"])]
+    if "beta" in s:
+        draws.append(model._orig_beta(s["beta"]))
+        values.append(torch.as_tensor(truth["beta"]))
+    draws, values = torch.cat(draws, -1), torch.cat(values).double()
+    lo, hi = torch.quantile(draws, torch.tensor([(1 - level) / 2, (1 + level) / 2]).double(), 0)
+    return int(((lo <= values) & (values <= hi)).sum()), values.numel()
+
+
 def max_rhat(model):
     vals = [r.reshape(-1) for r in model.rhat().values()]
     return float(torch.cat(vals).max())
@@ -170,6 +187,7 @@ def table_1_1_simulator(seeds, num_weeks, num_train, year, quick):
             scores["rhat"] = max_rhat(model)
             scores["failures"] = failures
             scores["delta"] = float(model.coefficients()["delta"]["mean"])
+            scores["coverage"] = interval_coverage(model, data.truth)
             results[variant].append(scores)
             print(f"sim seed {seed} {variant}: {scores}", flush=True)
             if seed == seeds[0]:
@@ -215,6 +233,15 @@ def speed(num_weeks, nuts_warmup, nuts_samples, quick):
         name += ", 1 diverged run retried"
     rows.append((name, sgld.fit_seconds, max_rhat(sgld), n_sgld))
     print(f"speed sgld {sgld.fit_seconds:.1f}s", flush=True)
+    student = RetailBSTS(**dict(spec, noise="student_t"))
+    fails_t = robust_fit(student, sales, spend, cov, method="sgld", **opts, **fit_kwargs(quick))
+    name = "sgld, Student-t noise (nu = 5; 208 precision latents, per-step Kalman scan)"
+    if fails_t:
+        name += ", 1 diverged run retried"
+    rows.append((name, student.fit_seconds, max_rhat(student),
+                 student.samples["delta"].shape[0]))
+    print(f"speed sgld student-t {student.fit_seconds:.1f}s", flush=True)
+    fails = fails + fails_t
     nuts = RetailBSTS(**spec)
     robust_fit(nuts, sales, spend, cov, method="nuts", warmup_steps=nuts_warmup,
                num_samples=nuts_samples, **opts)
@@ -292,7 +319,7 @@ def sim_table(results):
     header = [
         "variant", "paper MAPE", "ours MAPE (1-step)", "ours MAPE (k-step)",
         "paper CPS err Y1 / Y2", "ours CPS err Y1", "ours CPS err Y2", "max R̂", "fit s",
-        "failed fits",
+        "90 % coverage (δ, q, β)", "failed fits",
     ]
     rows = []
     for v in VARIANTS:
@@ -307,6 +334,7 @@ def sim_table(results):
             (_ms(cps[0], "{:+.2f}") + " %") if cps[0] else "n/a",
             (_ms(cps[1], "{:+.2f}") + " %") if cps[1] else "n/a",
             _ms([s["rhat"] for s in r]), _ms([s["time"] for s in r], "{:.0f}"),
+            "{} / {}".format(*map(sum, zip(*[s["coverage"] for s in r]))),
             str(sum(len(s["failures"]) for s in r)),
         ])
     return markdown(header, rows)

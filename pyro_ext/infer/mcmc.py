@@ -27,7 +27,9 @@ class MCMC(pyro.infer.MCMC):
     - a :class:`~pyro_ext.infer.SamplerDivergenceError` stops the run, but the draws
       collected before it stay available through :meth:`get_samples`;
     - with ``checkpoint_path`` the state is written every ``checkpoint_every`` steps and
-      :meth:`resume` continues an interrupted run to the same draws it would have made.
+      :meth:`resume` continues an interrupted run to the same draws it would have made;
+    - :meth:`extend` continues a finished run for more draws (e.g. until ``r_hat`` is
+      small enough) without a second warm-up.
 
     Memory: the kept draws of a large network need not pile up on the accelerator.
     ``thinning`` keeps fewer of them, ``draws_device="cpu"`` moves each one off the GPU as
@@ -176,6 +178,21 @@ class MCMC(pyro.infer.MCMC):
         self._statistics = checkpoint.get("statistics")
         self._run_particles(start=checkpoint["step"], draws=list(checkpoint["draws"]))
 
+    def extend(self, num_samples):
+        """
+        Keep ``num_samples`` more draws per particle by continuing the finished run from
+        the kernel's current state (no new warm-up, the same thinning). The draws are
+        those a single run with the larger ``num_samples`` would have made.
+        """
+        if not isinstance(self.kernel, SGMCMCKernel) or getattr(self, "_flat", None) is None:
+            raise ValueError("extend() continues a finished run of a particle kernel: run() first")
+        if not isinstance(num_samples, int) or num_samples < 1:
+            raise ValueError(f"num_samples must be a positive integer, got {num_samples!r}")
+        start = self._total_steps
+        draws = [] if self._statistics is not None else list(self._flat.unbind(1))
+        self.num_samples += num_samples
+        self._run_particles(start=start, draws=draws)
+
     def _run_particles(self, start, draws):
         kernel = self.kernel
         params = kernel.initial_params
@@ -276,6 +293,7 @@ class MCMC(pyro.infer.MCMC):
         else:
             device = self.draws_device or self.kernel.particles.device
             flat = torch.zeros((num_particles, 0, potential.dim), device=device)
+        self._flat = flat
         self._samples = {
             name: potential.transforms[name].inv(value)
             for name, value in potential.unflatten(flat).items()

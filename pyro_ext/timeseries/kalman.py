@@ -436,7 +436,12 @@ def _block_model(G, F, W, V, B):
     Pi = torch.cat([torch.zeros_like(terms[:1]), terms.cumsum(0)])  # Pi_0..Pi_B
     FG = F @ pw[:B]  # (B, *b, p, S): F G^d
     PiF = Pi[:B] @ F.mT  # (B, *b, S, p): Pi_i F^T
-    grid = FG.unsqueeze(1) @ PiF.unsqueeze(0)  # [d, i] -> F G^d Pi_i F^T
+    # [d, i] -> F G^d Pi_i F^T as one (B p, S) x (S, B p) product per batch element: the
+    # broadcast (B, B)-batch of tiny matmuls it replaces was most of a BSTS step's backward.
+    grid = FG.movedim(0, -3).reshape(*batch, B * p, S) @ PiF.movedim(0, -2).reshape(
+        *batch, S, B * p
+    )
+    grid = grid.reshape(*batch, B, p, B, p).movedim(-4, 0).movedim(-2, 1)
     j = torch.arange(B, device=G.device)
     jj, ii = j[:, None], j[None, :]
     low = grid[(jj - ii).clamp(min=0), ii]  # [j, i] -> Cov(y_j, y_i) for j >= i

@@ -84,6 +84,31 @@ def test_a_second_run_starts_fresh_statistics():
 
 
 @pytest.mark.parametrize("streaming", [False, True])
+def test_extend_equals_one_longer_run(data, streaming):
+    def result(mcmc):
+        if streaming:
+            return {k: v["mean"] for k, v in mcmc.get_statistics(group_by_chain=False).items()}
+        return mcmc.get_samples(group_by_chain=True)
+
+    options = dict(statistics=streaming_stats()) if streaming else {}
+    pyro.set_rng_seed(4)
+    reference = make_mcmc(num_samples=25, **options)
+    reference.run(data)
+    pyro.set_rng_seed(4)
+    extended = make_mcmc(num_samples=15, **options)
+    extended.run(data)
+    extended.extend(10)
+    assert extended.num_samples == 25
+    expected, actual = result(reference), result(extended)
+    for name in expected:
+        assert torch.allclose(actual[name], expected[name], rtol=1e-6, atol=1e-7), name
+    with pytest.raises(ValueError, match="num_samples"):
+        extended.extend(0)
+    with pytest.raises(ValueError, match="run\\(\\) first"):
+        make_mcmc().extend(5)
+
+
+@pytest.mark.parametrize("streaming", [False, True])
 def test_checkpoint_resume_with_storage_options(tmp_path, streaming):
     data = torch.randn(30)
     options = dict(draws_device="cpu", statistics=streaming_stats() if streaming else None)

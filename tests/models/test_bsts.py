@@ -1,9 +1,19 @@
 import math
 
+import pyro.distributions as dist
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from pyro_ext.models.bsts import RetailBSTS, SpikeSlabNormal, goodwill_offset, simulate_retail
+from pyro_ext.models.bsts import (
+    NoiseScales,
+    PolarTransform,
+    RetailBSTS,
+    SpikeSlabNormal,
+    goodwill_offset,
+    simulate_retail,
+)
 from pyro_ext.timeseries.dlm import DLM, LinearGaussian
 
 torch.set_num_threads(1)
@@ -58,7 +68,7 @@ def _dense_loglik(model, params, y, u, X, T):
     """Dense Gaussian of y under the thesis' eq. (1.4) form: build the joint covariance of
     the states x_t = [A_t, level_t, season_t] by the exact moment recursion with the input
     as a known mean term."""
-    dlm = model._dlm(**{n: v for n, v in params.items() if n not in ("q", "beta")})
+    dlm = model.state_space(params)
     G, F, W, V, m0, P0 = dlm.matrices(T)
     S = G.shape[-1]
     inflow = (u * params["q"]).sum(-1)
@@ -101,7 +111,7 @@ def test_likelihood_exact_dense_and_time_varying():
         sigma_level=f(0.05),
         sigma_season=f(0.02),
     )
-    dlm = m._dlm(**{n: v for n, v in params.items() if n not in ("q", "beta")})
+    dlm = m.state_space(params)
     ll = dlm.log_likelihood(y - m._mean_offset(params, u, X))
     dense = _dense_loglik(m, params, y, u, X, T)
     assert torch.allclose(ll, dense, rtol=1e-8, atol=1e-6)
@@ -120,6 +130,47 @@ def test_likelihood_exact_dense_and_time_varying():
     dlm2 = DLM([na] + rest, params["sigma_obs"])
     ll2 = dlm2.log_likelihood(y - (X * params["beta"]).sum(-1))
     assert torch.allclose(ll, ll2, rtol=1e-8, atol=1e-6)
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    u1=st.floats(-8.0, 3.0),
+    u2=st.floats(-12.0, 12.0),
+)
+def test_polar_transform_roundtrip_and_jacobian(u1, u2):
+    t = PolarTransform()
+    u = torch.tensor([u1, u2], dtype=torch.float64)
+    x = t(u)
+    assert (x > 0).all()
+    assert torch.allclose(torch.hypot(x[0], x[1]), u[0].exp(), rtol=1e-12)
+    assert torch.allclose(t.inv(x), u, rtol=1e-9, atol=1e-9)
+    jac = torch.autograd.functional.jacobian(t, u)
+    assert torch.allclose(t.log_abs_det_jacobian(u, x), jac.det().abs().log(), atol=1e-9)
+
+
+def test_noise_scales_is_two_halfnormals_in_polar_coordinates():
+    scale = torch.tensor([0.5, 0.2], dtype=torch.float64)
+    d = NoiseScales(scale)
+    assert isinstance(torch.distributions.biject_to(d.support), PolarTransform)
+    x = torch.tensor([[0.3, 0.1], [1e-4, 2.0]], dtype=torch.float64)
+    expected = dist.HalfNormal(scale).log_prob(x).sum(-1)
+    assert torch.allclose(d.log_prob(x), expected)
+    torch.manual_seed(0)
+    draws = d.expand([4000]).sample()
+    assert draws.shape == (4000, 2) and (draws > 0).all()
+    # E|N(0, s^2)| = s sqrt(2 / pi), Monte Carlo sd ~ 0.6 s / sqrt(4000)
+    assert torch.allclose(draws.mean(0), scale * math.sqrt(2 / math.pi), rtol=0.05)
+    # The density of the unconstrained pair integrates to one (grid over R^2).
+    g = torch.linspace(-12, 4, 801, dtype=torch.float64)
+    h = torch.linspace(-25, 25, 1001, dtype=torch.float64)
+    U = torch.stack(torch.meshgrid(g, h, indexing="ij"), -1)
+    t = PolarTransform()
+    X = t(U)
+    dens = (d.log_prob(X) + t.log_abs_det_jacobian(U, X)).exp()
+    mass = torch.trapezoid(torch.trapezoid(dens, h, dim=1), g)
+    assert abs(float(mass) - 1.0) < 1e-3
+    with pytest.raises(ValueError, match="scale"):
+        NoiseScales(torch.ones(3))
 
 
 def test_spike_slab_distribution():
@@ -344,7 +395,7 @@ def test_one_step_predictions_decompose_the_likelihood(fitted, short_data):
     y = (d.sales.double() - fitted._y_loc) / fitted._y_scale
     u = d.spend.double() / fitted._u_scale
     X = (d.covariates.double() - fitted._x_loc) / fitted._x_scale
-    dlm = fitted._dlm(**{n: v for n, v in draw.items() if n not in ("q", "beta")})
+    dlm = fitted.state_space(draw)
     log_lik = dlm.log_likelihood(y - fitted._mean_offset(draw, u, X))
     expected = float(log_lik) - y.shape[0] * math.log(float(fitted._y_scale))
     assert abs(float(one_step) - expected) < 1e-6 * abs(expected)

@@ -9,13 +9,15 @@ from .allocation import (
     evaluate_strategies,
     pareto_frontier,
 )
-from .model import RetailBSTS, SpikeSlabNormal, goodwill_offset
+from .model import NoiseScales, PolarTransform, RetailBSTS, SpikeSlabNormal, goodwill_offset
 from .simulate import RetailData, simulate_retail
 
 __all__ = [
     "AllocationResult",
     "InfeasibleAllocationError",
+    "NoiseScales",
     "ParetoFrontier",
+    "PolarTransform",
     "RetailBSTS",
     "RetailData",
     "SpikeSlabNormal",
