@@ -688,9 +688,9 @@ class RetailBSTS:
         :class:`NoiseScales` site samples them in polar coordinates, which straightens it
         (max R-hat 1.15 -> 1.01 at 400 + 2 x 400 steps, and no more divergences on its
         stiff flank).  Student-t noise (208 extra precision latents and the per-step
-        Kalman scan) costs ~3x.  The mass is floored at ``adam_floor = 0.6`` times Adam's
-        ``sqrt(E[grad^2])`` (a lower floor mixes faster but diverged on a simulated
-        series).
+        Kalman scan) costs ~4x (43 s on Robyn).  The mass is floored at
+        ``adam_floor = 0.6`` times Adam's ``sqrt(E[grad^2])`` (a lower floor mixes faster
+        but diverged on a simulated series).
 
         ``"vis"`` options via ``kwargs``: ``num_steps`` (1000 SVI iterations), ``lr``
         (0.02), ``vis_steps`` (5 refinement steps), ``sampler`` (``"adam"``), ``step_size``
