@@ -554,8 +554,7 @@ class RetailBSTS:
         if self.uses_covariates:
             out["beta"] = pyro.sample("beta", self._coef_prior(pi_b, self.slab_scale).to_event(1))
         ps = self.prior_scales
-        pair = torch.tensor([ps["sigma_obs"], ps["sigma_goodwill"]], dtype=f64)
-        scales = pyro.sample("noise_scales", NoiseScales(pair))
+        scales = pyro.sample("noise_scales", self._noise_scales_prior())
         out["noise_scales"] = scales
         out["sigma_obs"], out["sigma_goodwill"] = scales[..., 0], scales[..., 1]
         out["sigma_level"] = pyro.sample("sigma_level", _hn(ps["sigma_level"], f64))
@@ -775,13 +774,16 @@ class RetailBSTS:
         self._method = method
         return self
 
+    def _noise_scales_prior(self):
+        ps = self.prior_scales
+        scale = torch.tensor([ps["sigma_obs"], ps["sigma_goodwill"]], dtype=torch.float64)
+        return NoiseScales(scale)
+
     def _init_to_median(self):
         # init_to_median skips multivariate sites; NoiseScales' median is elementwise.
-        ps = self.prior_scales
-        median = torch.tensor([ps["sigma_obs"], ps["sigma_goodwill"]], dtype=torch.float64)
+        median = dist.HalfNormal(self._noise_scales_prior().scale).icdf(torch.tensor(0.5))
         return pyro.infer.autoguide.init_to_value(
-            values={"noise_scales": median * 0.6744897501960817},
-            fallback=pyro.infer.autoguide.init_to_median,
+            values={"noise_scales": median}, fallback=pyro.infer.autoguide.init_to_median
         )
 
     def _map_init(self, num_steps, lr=0.05):
