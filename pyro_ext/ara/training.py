@@ -186,9 +186,7 @@ class ARATrainer:
 
     # -- particles and predictions ---------------------------------------------------
     def _site_values(self, z):
-        potential = self.kernel.potential
-        transforms = potential.transforms
-        return {name: transforms[name].inv(u) for name, u in potential.unflatten(z).items()}
+        return self.kernel.potential.constrain(z)
 
     def _particle_logits(self, z, x):
         """Logits ``(N, C)`` of the classifier with the weights of flat particle ``z``."""
@@ -264,7 +262,7 @@ class ARATrainer:
         if num_attacked:
             x_attacked = self._attacked(x[:num_attacked], y[:num_attacked])
             x = torch.cat([x_attacked, x[num_attacked:]])
-        self.kernel.potential.model_args = (x, y, scale)
+        self.kernel.set_data(x, y, scale)
         self._params = self.kernel.sample(self._params)
 
     def fit(self, x, y, epochs=1):

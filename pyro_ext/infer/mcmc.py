@@ -235,11 +235,7 @@ class MCMC(pyro.infer.MCMC):
         if self._statistics is None:
             draws.append(z)
             return
-        potential = self.kernel.potential
-        values = {
-            name: potential.transforms[name].inv(value)
-            for name, value in potential.unflatten(z).items()
-        }
+        values = self.kernel.potential.constrain(z)
         self._statistics.update(
             {
                 (i, name): value[i]
@@ -294,10 +290,7 @@ class MCMC(pyro.infer.MCMC):
             device = self.draws_device or self.kernel.particles.device
             flat = torch.zeros((num_particles, 0, potential.dim), device=device)
         self._flat = flat
-        self._samples = {
-            name: potential.transforms[name].inv(value)
-            for name, value in potential.unflatten(flat).items()
-        }
+        self._samples = potential.constrain(flat)
         self.transforms = {}
         self.num_chains = num_particles
         self._diagnostics = [self.kernel.diagnostics()] * num_particles

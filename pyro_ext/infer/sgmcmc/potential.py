@@ -110,25 +110,40 @@ def _subsampled_frames(site):
     ]
 
 
+VECTORIZE = ("auto", "vmap", "plate")
+
+
 class ParticlePotential:
     """
-    The log joint density of ``model`` as a function of ``L`` flat unconstrained particles.
+    The log joint density of ``model`` as a function of ``L`` flat unconstrained particles:
+    the one potential layer that the SG-MCMC kernels, their compiled step, VIS and ARA
+    training share.
+
+    The model is run once to read its latent sites, which are laid out side by side in a
+    flat vector of ``D`` unconstrained coordinates (:meth:`unflatten`, :meth:`constrain`,
+    :meth:`unconstrain`). The potential at particles ``z`` ``(L, D)`` is the scaled log
+    joint plus the log-Jacobian of the maps to the sites' supports.
 
     :param callable model: a Pyro model with continuous latent sites and static structure.
     :param tuple model_args: positional arguments of ``model``.
     :param dict model_kwargs: keyword arguments of ``model``.
-    :param bool jit_compile: trace the log density with :func:`torch.jit.trace` (as
-        ``pyro.infer.HMC(jit_compile=True)`` does) for one particle, or for several when
-        the model vectorises under a particle plate. The model must then have static
-        control flow; its arguments are baked into the trace.
+    :param str vectorize: how ``L > 1`` particles are evaluated in one pass.
+        ``"vmap"``: :func:`torch.func.vmap` over a model written for one draw (any model
+        whose operations vmap can batch); ``"plate"``: one run of the model inside a
+        ``pyro.plate`` over particles (needs batch dimensions that broadcast, as
+        :class:`pyro.infer.SVGD` does); ``"auto"`` (default): vmap, and if vmap cannot
+        batch one of the model's operations (e.g. boolean masking), the plate, with a
+        warning that names the vmap error. :attr:`vectorize` then tells which ran.
     """
 
-    def __init__(self, model, model_args=(), model_kwargs=None, jit_compile=False):
+    def __init__(self, model, model_args=(), model_kwargs=None, vectorize="auto"):
+        if vectorize not in VECTORIZE:
+            raise ValueError(f"vectorize must be one of {VECTORIZE}, got {vectorize!r}")
         self.model = model
-        self.jit_compile = jit_compile
-        self._compiled = {}
         self.model_args = tuple(model_args)
         self.model_kwargs = {} if model_kwargs is None else dict(model_kwargs)
+        self.vectorize = None if vectorize == "auto" else vectorize
+        self._vectorize_choice = vectorize
         with pyro.poutine.block():
             trace = pyro.poutine.trace(model).get_trace(*self.model_args, **self.model_kwargs)
         self.layout: Dict[str, _SiteLayout] = {}
@@ -187,7 +202,19 @@ class ParticlePotential:
         ]
         self.max_plate_nesting = max(plate_dims, default=0)
         self._trace = trace
-        self.vectorize = None
+
+    def set_data(self, *args, **kwargs):
+        """
+        Evaluate the model on new arguments from now on (the next minibatch, new data).
+        The latent sites must stay the same; a compiled step keeps its compiled code as
+        long as the tensors keep their shapes.
+        """
+        self.model_args, self.model_kwargs = tuple(args), dict(kwargs)
+
+    def _run_model(self, args, kwargs):
+        if args is None:
+            args, kwargs = self.model_args, self.model_kwargs
+        self.model(*args, **kwargs)
 
     @property
     def transforms(self) -> Dict[str, torch.distributions.Transform]:
@@ -207,6 +234,22 @@ class ParticlePotential:
             name: z[..., s.start : s.end].reshape(batch + s.unconstrained_shape)
             for name, s in self.layout.items()
         }
+
+    def constrain(self, z: torch.Tensor) -> Dict[str, torch.Tensor]:
+        """Constrained site values at flat unconstrained particles ``z`` ``(..., D)``."""
+        return {name: self.layout[name].transform(u) for name, u in self.unflatten(z).items()}
+
+    def unconstrain(self, values: Dict[str, torch.Tensor], num_particles: int) -> torch.Tensor:
+        """Flat unconstrained particles ``(L, D)`` from constrained site values."""
+        return self.flatten(
+            {name: self.layout[name].transform.inv(torch.as_tensor(values[name]))
+             for name in self.layout if name in values},
+            num_particles,
+        )
+
+    def log_jacobian(self, z: torch.Tensor) -> torch.Tensor:
+        """``log|d constrain / dz|`` at particles ``z`` ``(..., D)``, shape ``(...)``."""
+        return self._constrain(z)[1]
 
     def flatten(self, values: Dict[str, torch.Tensor], num_particles: int) -> torch.Tensor:
         """Inverse of :meth:`unflatten`; values without a particle dim are broadcast."""
@@ -279,14 +322,18 @@ class ParticlePotential:
             values[name] = value
         return values, log_jacobian
 
-    def log_density(self, z: torch.Tensor, subsamples: Dict[str, torch.Tensor]) -> torch.Tensor:
-        """Log joint plus log-Jacobian at one flat unconstrained particle ``z`` of shape (D,)."""
+    def log_density(self, z: torch.Tensor, subsamples: Dict[str, torch.Tensor],
+                    args=None, kwargs=None) -> torch.Tensor:
+        """
+        Log joint plus log-Jacobian at one flat unconstrained particle ``z`` of shape (D,),
+        on the model arguments ``args``/``kwargs`` (default: the current data).
+        """
         values, log_jacobian = self._constrain(z)
         with _LogJointMessenger(values, subsamples) as joint:
-            self.model(*self.model_args, **self.model_kwargs)
+            self._run_model(args, kwargs)
         return joint.log_joint + log_jacobian
 
-    def log_density_plate(self, z: torch.Tensor, subsamples) -> torch.Tensor:
+    def log_density_plate(self, z: torch.Tensor, subsamples, args=None, kwargs=None) -> torch.Tensor:
         """
         Log densities ``(L,)`` at particles ``z`` ``(L, D)`` by running the model once
         inside a ``pyro.plate`` over particles (the way :class:`pyro.infer.SVGD`
@@ -304,7 +351,7 @@ class ParticlePotential:
             values[name] = values[name].reshape((num_particles,) + pad + values[name].shape[1:])
         with _LogJointMessenger(values, subsamples, particle_dims=nesting) as joint:
             with pyro.plate("_pyro_ext_particles", num_particles, dim=-nesting - 1):
-                self.model(*self.model_args, **self.model_kwargs)
+                self._run_model(args, kwargs)
         return joint.log_joint.reshape(-1).expand(num_particles) + log_jacobian
 
     def nonfinite_sites(self, z: torch.Tensor, subsamples) -> list:
@@ -318,7 +365,7 @@ class ParticlePotential:
                 if not torch.isfinite(s.transform.log_abs_det_jacobian(unconstrained, values[name])).all():
                     bad.append(name)
             with pyro.poutine.trace() as tracer, _LogJointMessenger(values, subsamples):
-                self.model(*self.model_args, **self.model_kwargs)
+                self._run_model(None, None)
             for name, site in tracer.trace.nodes.items():
                 if site["type"] == "sample" and not site_is_subsample(site):
                     log_prob = site["fn"].log_prob(site["value"], *site["args"], **site["kwargs"])
@@ -326,69 +373,46 @@ class ParticlePotential:
                         bad.append(name)
         return bad
 
-    def _log_density_vmap(self, z, subsamples):
+    def _log_density_vmap(self, z, subsamples, args=None, kwargs=None):
         return torch.func.vmap(
-            lambda particle: self.log_density(particle, subsamples), randomness="different"
+            lambda particle: self.log_density(particle, subsamples, args, kwargs),
+            randomness="different",
         )(z)
 
-    def _log_density_all(self, z, subsamples):
+    def log_density_all(self, z, subsamples, args=None, kwargs=None):
+        """
+        Log densities ``(L,)`` at particles ``z`` ``(L, D)``: one particle runs the model
+        directly, several are vectorised as :attr:`vectorize` says. Differentiable; the
+        caller disables value checks (they branch on tensor values).
+        """
         if z.shape[0] == 1:
-            return self.log_density(z[0], subsamples).reshape(1)
+            return self.log_density(z[0], subsamples, args, kwargs).reshape(1)
         if self.vectorize == "vmap":
-            return self._log_density_vmap(z, subsamples)
+            return self._log_density_vmap(z, subsamples, args, kwargs)
         if self.vectorize == "plate":
-            return self.log_density_plate(z, subsamples)
-        # First call: vmap runs any model written for one draw, unless it uses an
-        # operation vmap cannot batch (e.g. boolean masking); then fall back to a
-        # particle plate, which needs broadcastable batch dimensions.
+            return self.log_density_plate(z, subsamples, args, kwargs)
+        # vectorize="auto", first call: vmap runs any model written for one draw, unless
+        # it uses an operation vmap cannot batch; then a particle plate, said aloud.
         try:
-            log_density = self._log_density_vmap(z, subsamples)
+            log_density = self._log_density_vmap(z, subsamples, args, kwargs)
             self.vectorize = "vmap"
         except RuntimeError as vmap_error:
             try:
-                log_density = self.log_density_plate(z, subsamples)
+                log_density = self.log_density_plate(z, subsamples, args, kwargs)
             except Exception as plate_error:
                 raise RuntimeError(
                     "could not evaluate the particles in one vectorised pass. "
                     f"torch.func.vmap failed with: {vmap_error}; a particle pyro.plate "
                     f"failed with: {plate_error}"
                 ) from plate_error
+            warnings.warn(
+                f"vectorize='auto': torch.func.vmap cannot batch this model ({vmap_error}); "
+                "its particles are evaluated under a particle pyro.plate instead. Pass "
+                "vectorize='plate' to choose that explicitly.",
+                RuntimeWarning,
+            )
             self.vectorize = "plate"
         return log_density
-
-    def _compiled_log_density(self, z, subsamples):
-        """The traced log density for this number of particles, or None if untraceable."""
-        key = z.shape[0]
-        if key not in self._compiled:
-            names = sorted(subsamples)
-            if key == 1:
-                fn = lambda z, *idx: self.log_density(z[0], dict(zip(names, idx))).reshape(1)  # noqa: E731
-            else:
-                fn = lambda z, *idx: self.log_density_plate(z, dict(zip(names, idx)))  # noqa: E731
-            try:
-                with warnings.catch_warnings():
-                    # TorchScript tracing is deprecated in favour of torch.compile, whose
-                    # compile time (about a minute for a small BNN) defeats the purpose here.
-                    # Tracer warnings flag Python-level constants (plate sizes, scales),
-                    # which are indeed fixed for a model with static structure.
-                    warnings.simplefilter("ignore", DeprecationWarning)
-                    warnings.simplefilter("ignore", torch.jit.TracerWarning)
-                    self._compiled[key] = torch.jit.trace(fn, (z,) + tuple(subsamples[n] for n in names))
-                if key > 1:
-                    self.vectorize = "plate"
-            except Exception as error:
-                if key == 1:
-                    raise
-                warnings.warn(
-                    f"jit_compile: the model does not trace under a particle plate ({error}); "
-                    "evaluating the particles with torch.func.vmap instead, uncompiled",
-                    RuntimeWarning,
-                )
-                self._compiled[key] = None
-        compiled = self._compiled[key]
-        if compiled is None:
-            return None
-        return compiled(z, *(subsamples[n] for n in sorted(subsamples)))
 
     def log_density_and_grad(self, z: torch.Tensor, subsamples=None):
         """
@@ -396,17 +420,13 @@ class ParticlePotential:
 
         A single particle runs the model directly. Several run it once: under
         :func:`torch.func.vmap` (the model sees per-particle values of their usual shape)
-        or, when vmap cannot batch one of its operations, inside a particle plate.
+        or inside a particle plate (see ``vectorize``).
         """
         if subsamples is None:
             subsamples = self.draw_subsamples(z.device)
         z = z.detach().requires_grad_(True)
         # Distribution argument checks branch on tensor values, which vmap cannot trace.
         with torch.enable_grad(), pyro.validation_enabled(False):
-            log_density = None
-            if self.jit_compile:
-                log_density = self._compiled_log_density(z, subsamples)
-            if log_density is None:
-                log_density = self._log_density_all(z, subsamples)
+            log_density = self.log_density_all(z, subsamples)
             (grad,) = torch.autograd.grad(log_density.sum(), z)
         return log_density.detach(), grad

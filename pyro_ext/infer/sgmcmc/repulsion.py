@@ -18,10 +18,15 @@ class Coupling(NamedTuple):
     """
     :ivar torch.Tensor matrix: the ``(L, L)`` kernel matrix ``K_ij = k(z_i, z_j)``.
     :ivar torch.Tensor repulsion: the ``(L, D)`` term ``sum_j grad_{z_j} k(z_j, z_i)``.
+    :ivar int cholesky_tries: how many jitters :func:`coupled_noise` tries (each ten
+        times the last) before giving up. A traced step uses 1, which has no
+        data-dependent branch: a failed factorisation then gives non-finite noise, and
+        the caller redoes the step eagerly with every try.
     """
 
     matrix: torch.Tensor
     repulsion: torch.Tensor
+    cholesky_tries: int = 6
 
 
 class RBFKernel(SteinKernel):
@@ -57,10 +62,14 @@ class RBFKernel(SteinKernel):
         # Coincident particles give h = 0; any positive h then gives the same (flat) kernel.
         return torch.where(h > 0, h, torch.ones_like(h))
 
-    @torch.no_grad()
     def coupling(self, z: torch.Tensor) -> Coupling:
+        """
+        The :class:`Coupling` at particles ``z`` ``(L, D)`` in ``O(L^2 + L D)`` memory.
+        It is differentiable in ``z`` (VIS backpropagates through it); the median
+        bandwidth is treated as a constant, as in SVGD.
+        """
         sq = self._squared_distances(z)
-        h = self._bandwidth(sq)
+        h = self._bandwidth(sq.detach())
         matrix = torch.exp(-sq / h)
         # sum_j k_ij (2/h)(z_i - z_j), without forming the (L, L, D) differences.
         repulsion = (2.0 / h) * (matrix.sum(-1, keepdim=True) * z - matrix @ z)
@@ -101,15 +110,19 @@ def coupled_noise(coupling: Coupling, noise: torch.Tensor) -> torch.Tensor:
     eye = torch.eye(num_particles, dtype=matrix.dtype, device=matrix.device)
     # The RBF Gram matrix is positive semi-definite but often numerically singular.
     jitter = 1e-6 if matrix.dtype == torch.float64 else 1e-4
-    for _ in range(6):
+    for _ in range(coupling.cholesky_tries - 1):
         chol, info = torch.linalg.cholesky_ex(matrix + jitter * eye)
         if not info.any():
-            break
+            return chol @ noise / math.sqrt(num_particles)
         jitter *= 10.0
-    else:
-        if not torch.isfinite(matrix).all():
-            # Overflowing particles: let the update turn non-finite, so that the kernel
-            # reports a divergence at this step rather than a linear-algebra error.
-            return torch.full_like(noise, math.nan)
-        raise RuntimeError("the particle kernel matrix is not positive semi-definite")
-    return chol @ noise / math.sqrt(num_particles)
+    chol, info = torch.linalg.cholesky_ex(matrix + jitter * eye)
+    if coupling.cholesky_tries == 1:
+        # Traced: no branch on the result; a failure turns the update non-finite.
+        return torch.where(info == 0, chol @ noise / math.sqrt(num_particles), math.nan)
+    if not info.any():
+        return chol @ noise / math.sqrt(num_particles)
+    if not torch.isfinite(matrix).all():
+        # Overflowing particles: let the update turn non-finite, so that the kernel
+        # reports a divergence at this step rather than a linear-algebra error.
+        return torch.full_like(noise, math.nan)
+    raise RuntimeError("the particle kernel matrix is not positive semi-definite")

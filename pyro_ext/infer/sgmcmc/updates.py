@@ -6,18 +6,31 @@ of the log density ``grad`` ``(L, D)`` (``-\nabla H`` in the thesis' notation), 
 size, standard normal noise and an optional :class:`~.repulsion.Coupling`, and returns the
 new state. Randomness is an argument, so each function is deterministic and testable.
 
+Step sizes may be Python numbers or 0-dim tensors: a tensor keeps the update
+differentiable in the step size (VIS learns it) and lets a compiled step take a new step
+size without recompiling. Every branch of an update is on Python values fixed for a run
+(the sampler's hyper-parameters), never on tensor values, so the functions trace.
+
 Without a coupling the particles are independent chains. With one, the drift becomes the
 SVGD direction :math:`\phi_i = \frac1L \sum_j [k(z_j, z_i) \nabla\log\pi(z_j) +
 \nabla_{z_j} k(z_j, z_i)]` of eq. (2.4)/(2.8), and position noise is correlated across
 particles with covariance :math:`K \otimes I / L` (eq. 2.7).
+
+:data:`SAMPLERS` is the one registry of samplers: name -> :class:`Sampler`, the pair
+``(init_state, update)`` that the kernels, VIS and ARA training all look up.
 """
 
 import math
-from typing import NamedTuple, Optional
+from typing import Callable, NamedTuple, Optional
 
 import torch
 
 from .repulsion import Coupling, coupled_noise
+
+
+def _sqrt(value):
+    """``sqrt`` of a Python number or a tensor (keeping a tensor differentiable)."""
+    return torch.sqrt(value) if isinstance(value, torch.Tensor) else math.sqrt(value)
 
 
 def drift(grad: torch.Tensor, coupling: Optional[Coupling]) -> torch.Tensor:
@@ -33,6 +46,12 @@ def _couple(velocity: torch.Tensor, coupling: Optional[Coupling]) -> torch.Tenso
     return coupling.matrix @ velocity / velocity.shape[0]
 
 
+class PositionState(NamedTuple):
+    """The state of a first-order sampler (SGLD, SGD, SVGD): the particles alone."""
+
+    z: torch.Tensor
+
+
 def sgld_update(z, grad, step_size, noise, coupling=None, temperature=1.0):
     r"""
     SGLD, eq. (2.1) (``D = I``, ``Q = 0`` in eq. 2.2), and SGLD+R, eq. (2.7)-(2.8)::
@@ -41,9 +60,12 @@ def sgld_update(z, grad, step_size, noise, coupling=None, temperature=1.0):
 
     With ``temperature=0`` and a coupling this is exactly one SVGD step (eq. 2.6).
     """
+    new_z = z + step_size * drift(grad, coupling)
+    if temperature == 0:
+        return new_z
     if coupling is not None:
         noise = coupled_noise(coupling, noise)
-    return z + step_size * drift(grad, coupling) + math.sqrt(2.0 * step_size * temperature) * noise
+    return new_z + _sqrt(2.0 * step_size * temperature) * noise
 
 
 class MomentumState(NamedTuple):
@@ -66,11 +88,9 @@ def sghmc_update(state, grad, step_size, friction, noise, coupling=None, tempera
     The repulsion enters the momentum only: ``Q_K`` depends on ``z`` alone, so its
     correction term ``Gamma`` vanishes in the position block.
     """
-    velocity = (
-        (1.0 - friction) * state.velocity
-        + step_size * drift(grad, coupling)
-        + math.sqrt(2.0 * friction * step_size * temperature) * noise
-    )
+    velocity = (1.0 - friction) * state.velocity + step_size * drift(grad, coupling)
+    if temperature != 0:
+        velocity = velocity + _sqrt(2.0 * friction * step_size * temperature) * noise
     return MomentumState(state.z + _couple(velocity, coupling), velocity)
 
 
@@ -78,7 +98,8 @@ class AdamState(NamedTuple):
     z: torch.Tensor
     velocity: torch.Tensor
     second_moment: torch.Tensor
-    count: int
+    #: number of adapted steps so far, a 0-dim tensor (an int in states saved before 0.1)
+    count: torch.Tensor
 
 
 def adam_sgld_update(
@@ -106,18 +127,92 @@ def adam_sgld_update(
 
     With ``M`` frozen the chain targets the posterior exactly as ``step_size -> 0``
     (eq. 2.5 with a constant diagonal mass); while adapting it behaves like Adam.
+
+    :param adapt: a bool, or a 0-dim bool tensor (so that a compiled step switches from
+        adapting to frozen without recompiling).
     """
     beta1, beta2 = betas
     second_moment, count = state.second_moment, state.count
-    if adapt:
+    if isinstance(adapt, torch.Tensor):
+        count = count + adapt.to(torch.as_tensor(count).dtype)
+        second_moment = torch.where(
+            adapt, beta2 * second_moment + (1.0 - beta2) * grad.pow(2), second_moment
+        )
+    elif adapt:
         count = count + 1
         second_moment = beta2 * second_moment + (1.0 - beta2) * grad.pow(2)
     mass = (second_moment / (1.0 - beta2**count)).sqrt() + eps
     friction = 1.0 - beta1
-    velocity = (
-        beta1 * state.velocity
-        + step_size * drift(grad, coupling)
-        + math.sqrt(2.0 * friction * step_size * temperature) * mass.sqrt() * noise
-    )
+    velocity = beta1 * state.velocity + step_size * drift(grad, coupling)
+    if temperature != 0:
+        velocity = velocity + _sqrt(2.0 * friction * step_size * temperature) * mass.sqrt() * noise
     z = state.z + _couple(velocity / mass, coupling)
     return AdamState(z, velocity, second_moment, count)
+
+
+# -- the registry --------------------------------------------------------------------------
+class Sampler(NamedTuple):
+    r"""
+    A sampler as a pair of pure functions.
+
+    ``init_state(z, step_size, temperature, **hyper) -> state`` builds the state at
+    particles ``z`` (drawing the momenta it needs from the global RNG), and
+    ``update(state, grad, step_size, noise, coupling, temperature, adapt, **hyper) ->
+    state`` is one transition; ``hyper`` are the sampler's own hyper-parameters
+    (``friction``; ``betas``, ``eps``) and ``adapt`` says whether a preconditioner adapts.
+    """
+
+    init_state: Callable
+    update: Callable
+    hyper: tuple = ()
+
+
+def _position_init(z, step_size, temperature):
+    return PositionState(z)
+
+
+def _sgd_update(state, grad, step_size, noise, coupling, temperature, adapt):
+    return PositionState(state.z + step_size * drift(grad, coupling))
+
+
+def _sgld_update(state, grad, step_size, noise, coupling, temperature, adapt):
+    return PositionState(sgld_update(state.z, grad, step_size, noise, coupling, temperature))
+
+
+def _momentum_init(z, step_size, temperature, friction=0.1):
+    # Momenta start at their stationary law N(0, I), i.e. velocity ~ N(0, step_size T).
+    return MomentumState(z, _sqrt(step_size * temperature) * torch.randn_like(z))
+
+
+def _sghmc_update(state, grad, step_size, noise, coupling, temperature, adapt, friction=0.1):
+    return sghmc_update(state, grad, step_size, friction, noise, coupling, temperature)
+
+
+def _adam_init(z, step_size, temperature, betas=(0.9, 0.999), eps=1e-8):
+    zeros = torch.zeros_like(z)
+    return AdamState(z, zeros, zeros.clone(), z.new_zeros((), dtype=torch.long))
+
+
+def _adam_update(state, grad, step_size, noise, coupling, temperature, adapt,
+                 betas=(0.9, 0.999), eps=1e-8):
+    return adam_sgld_update(state, grad, step_size, noise, coupling, temperature, betas, eps, adapt)
+
+
+#: name -> :class:`Sampler`: the one place the samplers are listed. ``"sgd"`` is noise-free
+#: gradient ascent (with a coupling: SVGD), the deterministic limit of ``"sgld"``.
+SAMPLERS = {
+    "sgd": Sampler(_position_init, _sgd_update),
+    "sgld": Sampler(_position_init, _sgld_update),
+    "sghmc": Sampler(_momentum_init, _sghmc_update, ("friction",)),
+    "adam": Sampler(_adam_init, _adam_update, ("betas", "eps")),
+}
+
+
+def get_sampler(name: str) -> Sampler:
+    """The registered :class:`Sampler` called ``name``, or a ValueError listing them."""
+    if not isinstance(name, str):
+        raise TypeError(f"sampler must be a string, one of {sorted(SAMPLERS)}; got {type(name).__name__}")
+    try:
+        return SAMPLERS[name]
+    except KeyError:
+        raise ValueError(f"sampler must be one of {sorted(SAMPLERS)}, got {name!r}") from None

@@ -297,14 +297,14 @@ def _preconditioned_kernel():
             zeros = torch.zeros_like(z)
             # adam_sgld_update's mass is sqrt(v / (1 - beta2^count)) + eps: v = M^2, count
             # large (no bias correction), never adapted.
-            return AdamState(z, zeros, (1.0 / var).pow(2), 10**9)
+            return AdamState(z, zeros, (1.0 / var).pow(2), z.new_tensor(10**9, dtype=torch.long))
 
         def _window(self):
             lo, hi = self.adapt_window
             w = self._warmup_steps
             return int(round(lo * w)), int(round(hi * w))
 
-        def _update(self, state, grad, step_size, coupling):
+        def _update(self, state, grad, step_size, noise, coupling, adapt):
             start, end = self._window()
             if start <= self._step < end:
                 if self._sums is None:
@@ -334,7 +334,6 @@ def _preconditioned_kernel():
                 velocity = state.velocity * (new / old).sqrt()
                 state = AdamState(state.z, velocity, new.pow(2), state.count)
                 self._sums = self._g2 = None
-            noise = torch.randn_like(state.z)
             return adam_sgld_update(
                 state, grad, step_size, noise, coupling, self.temperature, self.betas, self.eps,
                 adapt=False,

@@ -1,0 +1,254 @@
+r"""
+A whole SG-MCMC step as one compiled function.
+
+The Pyro model is traced once, with :func:`torch.fx.experimental.proxy_tensor.make_fx`, into
+a pure function of (sampler state, noise, step size, minibatch indices, model arguments)
+that contains everything a step does: the potential's gradient for all ``L`` particles
+(vectorised as the potential says), the repulsion coupling, the preconditioner and momentum
+state, the noise and the update, and a finiteness flag. Pyro's handlers and every other
+Python-level cost run only while tracing; what remains is a graph of tensor operations,
+which ``jit_compile="trace"`` runs as it is and ``jit_compile=True`` hands to
+:func:`torch.compile` (``mode="reduce-overhead"`` on CUDA replays it as one CUDA graph).
+
+Randomness stays outside: the kernel draws the minibatch indices and the standard normal
+noise with the global generator, in the order its eager step does, and passes them in. So
+the compiled chain is the eager chain, up to float32 round-off, for the same seed; and the
+step size, the adaptation switch and the data enter as tensors, so none of them triggers a
+recompilation. The model's tensors keep their shapes from step to step; when they change
+(a new data set, a smaller last batch), the step is traced and compiled again, once per
+new set of shapes, with a warning.
+
+A step whose potential, gradient or new particles are not finite (or whose repulsive
+noise could not be factorised at the first jitter) is not accepted: the kernel redoes that
+step eagerly from the same inputs, which either succeeds (retrying the factorisation) or
+raises :class:`~.potential.SamplerDivergenceError` with the eager diagnosis.
+"""
+
+import logging
+import time
+import warnings
+from typing import Dict, NamedTuple
+
+import pyro
+import torch
+from torch.fx.experimental.proxy_tensor import make_fx
+from torch.utils import _pytree as pytree
+
+from .repulsion import stein_coupling
+
+logger = logging.getLogger(__name__)
+
+#: the kinds ``jit_compile`` accepts (``True`` is ``"compile"``)
+JIT_COMPILE = (False, True, "trace", "compile")
+COMPILE_MODES = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+
+
+def check_jit_compile(jit_compile, compile_mode):
+    """Validate the kernels' ``jit_compile`` and ``compile_mode`` arguments."""
+    if not isinstance(jit_compile, (bool, str)):
+        raise TypeError(
+            f"jit_compile must be a bool or one of 'trace', 'compile'; got {type(jit_compile).__name__}"
+        )
+    if jit_compile not in JIT_COMPILE:
+        raise ValueError(
+            f"jit_compile must be False, True (= 'compile': torch.compile the traced step) or "
+            f"'trace' (run the traced step without compiling it); got {jit_compile!r}"
+        )
+    if compile_mode not in COMPILE_MODES:
+        raise ValueError(f"compile_mode must be one of {COMPILE_MODES}, got {compile_mode!r}")
+    if compile_mode is not None and jit_compile in (False, "trace"):
+        raise ValueError(f"compile_mode={compile_mode!r} needs jit_compile=True")
+    return "compile" if jit_compile is True else jit_compile
+
+
+class ModelNotTraceableError(RuntimeError):
+    """The model cannot be traced into a compiled step; the message says why and what to do."""
+
+
+class _Constant:
+    """A non-tensor model argument, compared by value when it is a plain value, else by identity."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value):
+        self.value = value
+
+    def _key(self):
+        value = self.value
+        if value is None or isinstance(value, (bool, int, float, complex, str, bytes)):
+            return (type(value), value)
+        return (type(value), id(value))
+
+    def __eq__(self, other):
+        return isinstance(other, _Constant) and self._key() == other._key()
+
+    def __hash__(self):
+        return hash(self._key())
+
+
+def _data_spec(args, kwargs, tensors_as_inputs):
+    """Leaves of the model arguments and a hashable key of what the trace depends on."""
+    leaves, spec = pytree.tree_flatten((tuple(args), dict(kwargs)))
+    key = []
+    for leaf in leaves:
+        if isinstance(leaf, torch.Tensor):
+            if tensors_as_inputs:
+                key.append((tuple(leaf.shape), leaf.dtype, leaf.device, leaf.requires_grad))
+            else:  # baked into the trace: the very same tensor, unmodified
+                key.append((id(leaf), leaf._version))
+        else:
+            key.append(_Constant(leaf))
+    return leaves, spec, (spec, tuple(key))
+
+
+class StepOutput(NamedTuple):
+    state: tuple
+    log_density: torch.Tensor
+    ok: torch.Tensor
+
+
+class CompiledStep:
+    """
+    The traced (and compiled) step of one :class:`~.kernels.SGMCMCKernel`.
+
+    :param potential: the kernel's :class:`~.potential.ParticlePotential`.
+    :param sampler: the registry entry (:class:`~.updates.Sampler`).
+    :param dict hyper: the sampler's hyper-parameters.
+    :param float temperature: the noise temperature.
+    :param repulsion: ``None`` or a :class:`pyro.infer.svgd.SteinKernel`.
+    :param str kind: ``"trace"`` or ``"compile"``.
+    :param str compile_mode: passed to :func:`torch.compile`; ``None`` picks
+        ``"reduce-overhead"`` (CUDA graphs) on CUDA and the default elsewhere.
+    """
+
+    def __init__(self, potential, sampler, hyper, temperature, repulsion, kind, compile_mode=None):
+        self.potential, self.sampler, self.hyper = potential, sampler, dict(hyper)
+        self.temperature, self.repulsion = temperature, repulsion
+        self.kind, self.compile_mode = kind, compile_mode
+        self._fns: Dict[tuple, object] = {}
+        self._bake_data = False
+        self.trace_seconds = 0.0
+        self.compile_seconds = 0.0
+        self.num_traces = 0
+        self._pending_first_call = set()
+        self._cudagraphs = False
+
+    # -- the pure step ---------------------------------------------------------------------
+    def _pure_step(self, state_type, data_spec, subsample_names, baked_leaves):
+        potential, sampler, hyper = self.potential, self.sampler, self.hyper
+        temperature, repulsion = self.temperature, self.repulsion
+        num_state = len(state_type._fields)
+        num_subsamples = len(subsample_names)
+
+        def step(*inputs):
+            state = state_type(*inputs[:num_state])
+            noise, step_size, adapt = inputs[num_state : num_state + 3]
+            rest = inputs[num_state + 3 :]
+            subsamples = dict(zip(subsample_names, rest[:num_subsamples]))
+            leaves = baked_leaves if baked_leaves is not None else list(rest[num_subsamples:])
+            args, kwargs = pytree.tree_unflatten(leaves, data_spec)
+
+            def total(z):
+                log_density = potential.log_density_all(z, subsamples, args, kwargs)
+                return log_density.sum(), log_density
+
+            grad, log_density = torch.func.grad(total, has_aux=True)(state.z)
+            coupling = None
+            if repulsion is not None:
+                coupling = stein_coupling(repulsion, state.z)._replace(cholesky_tries=1)
+            new_state = sampler.update(
+                state, grad, step_size, noise, coupling, temperature, adapt, **hyper
+            )
+            ok = torch.isfinite(log_density.sum() + new_state.z.sum())
+            return (*new_state, log_density, ok)
+
+        return step
+
+    def _build(self, key, state, inputs, data_spec, subsample_names, leaves):
+        state_type = type(state)
+        baked = leaves if self._bake_data else None
+        step = self._pure_step(state_type, data_spec, subsample_names, baked)
+        started = time.perf_counter()
+        with pyro.validation_enabled(False), warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # tracer notes on scalars
+            graph = make_fx(step)(*inputs)
+        graph.graph.eliminate_dead_code()
+        graph.recompile()
+        self.trace_seconds += time.perf_counter() - started
+        self.num_traces += 1
+        if self.kind == "trace":
+            return graph
+        mode = self.compile_mode
+        if mode is None and state.z.is_cuda:
+            mode = "reduce-overhead"
+        self._cudagraphs = state.z.is_cuda and mode in ("reduce-overhead", "max-autotune")
+        self._pending_first_call.add(key)
+        return torch.compile(graph, mode=None if mode == "default" else mode, dynamic=False,
+                             fullgraph=True)
+
+    def _trace(self, key, state, inputs, data_spec, subsample_names, leaves):
+        try:
+            return self._build(key, state, inputs, data_spec, subsample_names, leaves)
+        except RuntimeError as error:
+            if "_local_scalar_dense" not in str(error) and "data-dependent" not in str(error):
+                raise
+            if not self._bake_data:
+                # Perhaps only the data is read as a Python number (e.g. int(y.sum())):
+                # trace again with the model's tensors as constants of the trace.
+                self._bake_data = True
+                return None
+            raise ModelNotTraceableError(
+                "jit_compile: the model reads a tensor's value as a Python number (control "
+                "flow on a latent value, .item(), bool(tensor), ...), which a traced step "
+                "cannot follow. Write that branch with torch.where, or run the kernel "
+                "eagerly with jit_compile=False."
+            ) from error
+
+    # -- calling ---------------------------------------------------------------------------
+    def __call__(self, state, noise, step_size, adapt, subsamples, args, kwargs) -> StepOutput:
+        subsample_names = tuple(sorted(subsamples))
+        for _ in range(2):
+            leaves, data_spec, data_key = _data_spec(args, kwargs, not self._bake_data)
+            shapes = tuple((tuple(t.shape), t.dtype) for t in state) + tuple(
+                tuple(subsamples[n].shape) for n in subsample_names
+            )
+            key = (type(state), shapes, subsample_names, data_key, self._bake_data)
+            inputs = (*state, noise, step_size, adapt,
+                      *(subsamples[n] for n in subsample_names))
+            if not self._bake_data:
+                inputs = inputs + tuple(leaf for leaf in leaves if isinstance(leaf, torch.Tensor))
+            fn = self._fns.get(key)
+            if fn is not None:
+                break
+            if self._fns:
+                warnings.warn(
+                    "jit_compile: the model's arguments changed shape (or, for a model traced "
+                    "with its data as constants, value); tracing and compiling the step again. "
+                    "Keep minibatch shapes fixed (e.g. drop the last, smaller batch) to "
+                    "compile once.",
+                    RuntimeWarning,
+                )
+            fn = self._trace(key, state, inputs, data_spec, subsample_names, leaves)
+            if fn is not None:
+                self._fns[key] = fn
+                break
+        if self._cudagraphs:
+            torch.compiler.cudagraph_mark_step_begin()
+        first = key in self._pending_first_call
+        if first:
+            started = time.perf_counter()
+        outputs = fn(*inputs)
+        if first:
+            self._pending_first_call.discard(key)
+            self.compile_seconds += time.perf_counter() - started
+            logger.info(
+                "pyro_ext: SG-MCMC step traced in %.1f s and compiled in %.1f s",
+                self.trace_seconds, self.compile_seconds,
+            )
+        num_state = len(state)
+        if self._cudagraphs:
+            # A CUDA graph's outputs live in its static memory and are overwritten by the
+            # next replay; the kernel keeps this state (and may redo the step from it).
+            outputs = [output.clone() for output in outputs]
+        new_state = type(state)(*outputs[:num_state])
+        return StepOutput(new_state, outputs[num_state], outputs[num_state + 1])
