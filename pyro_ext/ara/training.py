@@ -23,14 +23,12 @@ import torch.nn.functional as F
 from pyro.infer.autoguide.initialization import init_to_median
 from pyro.poutine.messenger import Messenger
 
-from pyro_ext.infer import SGHMC, SGLD
+from pyro_ext.infer.sgmcmc import get_kernel
 
 from ._validation import check_count, check_number
 from .attacks import pgd, predictive_logits
 
 __all__ = ["ARATrainer", "AdversarialTrainer", "init_fan_in"]
-
-_KERNELS = {"sgld": SGLD, "sghmc": SGHMC}
 
 
 def init_fan_in(site):
@@ -144,6 +142,9 @@ class ARATrainer:
     :param repulsion: ``None`` or ``"rbf"``, see :class:`~pyro_ext.infer.SGLD`.
     :param init_strategy: Pyro initialisation strategy per particle
         (default :func:`init_fan_in`).
+    :param jit_compile: compile the SG-MCMC step (``True`` or ``"trace"``, see
+        :class:`~pyro_ext.infer.SGMCMCKernel`); the full batches and the last, smaller one
+        of an epoch are compiled once each. The attack itself runs eagerly.
 
     :ivar list epoch_times: wall-clock seconds of each epoch trained.
     :ivar kernel: the :class:`~pyro_ext.infer.SGMCMCKernel` holding the particles.
@@ -163,13 +164,13 @@ class ARATrainer:
         temperature=1.0,
         repulsion=None,
         init_strategy=init_fan_in,
+        jit_compile=False,
     ):
         if not callable(model):
             raise ValueError("model must be a callable Pyro model")
         if attacker is not None and not callable(attacker):
             raise ValueError("attacker must be None or a factory (predict_logits, x, y) -> model")
-        if kernel not in _KERNELS:
-            raise ValueError(f"kernel must be one of {sorted(_KERNELS)}, got {kernel!r}")
+        get_kernel(kernel)  # a ValueError naming the registered kernels
         self.model, self.attacker = model, attacker
         self.step_size = check_number(step_size, "step_size", 0.0, open_low=True)
         self.num_particles = check_count(num_particles, "num_particles", low=1)
@@ -178,6 +179,7 @@ class ARATrainer:
         self.clean_fraction = check_number(clean_fraction, "clean_fraction", 0.0, 1.0)
         self.temperature = check_number(temperature, "temperature", 0.0)
         self.kernel_name, self.repulsion, self.init_strategy = kernel, repulsion, init_strategy
+        self.jit_compile = jit_compile
         self.kernel = None
         self.num_classes = None
         self.epoch_times = []
@@ -237,17 +239,18 @@ class ARATrainer:
         self.num_classes = _logits_of(trace.nodes["obs"]["fn"]).shape[-1]
         _check_data(x, y, self.num_classes)
         kwargs = {"friction": self.friction} if self.kernel_name == "sghmc" else {}
-        self.kernel = _KERNELS[self.kernel_name](
+        self.kernel = get_kernel(self.kernel_name)(
             _MinibatchModel(self.model),
             self.step_size,
             num_particles=self.num_particles,
             repulsion=self.repulsion,
             temperature=self.temperature,
             init_strategy=self.init_strategy,
+            jit_compile=self.jit_compile,
             **kwargs,
         )
         batch = min(self.batch_size, x.shape[0])
-        self.kernel.setup(0, x[:batch], y[:batch], 1.0)
+        self.kernel.setup(0, x[:batch], y[:batch], x.new_tensor(1.0))
         self._params = self.kernel.initial_params
 
     def _attacked(self, x, y):
@@ -286,7 +289,8 @@ class ARATrainer:
         for _ in range(epochs):
             start = time.perf_counter()
             for index in torch.randperm(num, device=x.device).split(self.batch_size):
-                self._step(x[index], y[index], num / index.numel())
+                # The scale is a tensor so that a compiled step takes it as an input.
+                self._step(x[index], y[index], x.new_tensor(num / index.numel()))
             self.epoch_times.append(time.perf_counter() - start)
         return self
 

@@ -10,6 +10,7 @@ from .sgmcmc import (
     CyclicalStepSize,
     PolynomialDecay,
     RBFKernel,
+    ModelNotTraceableError,
     SamplerDivergenceError,
     SGMCMCKernel,
 )
@@ -20,6 +21,7 @@ __all__ = [
     "ConstantStepSize",
     "CyclicalStepSize",
     "MCMC",
+    "ModelNotTraceableError",
     "PolynomialDecay",
     "RBFKernel",
     "SGHMC",

@@ -48,48 +48,29 @@ is learned from the refined ELBO), ``gradient="fast"`` uses eq. (2.13),
 """
 
 import math
-import warnings
 from contextlib import ExitStack
 
 import pyro
 import pyro.distributions as dist
 import pyro.poutine as poutine
 import torch
-from pyro.distributions.util import scale_and_mask, sum_rightmost
+from pyro.distributions.util import sum_rightmost
 from pyro.infer.mcmc.util import TraceEinsumEvaluator
 from pyro.infer.svgd import SteinKernel
 from pyro.poutine.messenger import Messenger
 from pyro.poutine.util import site_is_subsample
 from torch.distributions import biject_to, constraints
 
-from .sgmcmc.repulsion import Coupling, RBFKernel, coupled_noise, stein_coupling
-from .sgmcmc.updates import (
-    AdamState,
-    MomentumState,
-    adam_sgld_update,
-    drift,
-    sghmc_update,
-)
+from .sgmcmc.potential import LogJointMessenger
+from .sgmcmc.repulsion import RBFKernel, stein_coupling
+from .sgmcmc.updates import get_sampler
 
+#: VIS's sampler names; each is an entry of :data:`~pyro_ext.infer.sgmcmc.updates.SAMPLERS`
+#: (``"svgd"`` is ``"sgd"`` with a kernel).
 SAMPLERS = ("sgd", "sgld", "sghmc", "adam", "svgd")
+_REGISTRY_NAME = {"svgd": "sgd"}
 ENTROPIES = ("particle", "mc", "gaussian", "fokker_planck")
 GRADIENTS = ("full", "fast")
-
-
-def _rbf(kernel, z):
-    """Differentiable RBF Gram matrix and its (detached, median-heuristic) bandwidth."""
-    sq = kernel._squared_distances(z)
-    h = kernel._bandwidth(sq.detach())
-    return torch.exp(-sq / h), h
-
-
-def _coupling(kernel, z):
-    # RBFKernel.coupling runs under no_grad (MCMC never differentiates through it); here
-    # the ELBO does, so the RBF case is rebuilt from the differentiable Gram matrix.
-    if not isinstance(kernel, RBFKernel):
-        return stein_coupling(kernel, z)
-    matrix, h = _rbf(kernel, z)
-    return Coupling(matrix, (2.0 / h) * (matrix.sum(-1, keepdim=True) * z - matrix @ z))
 
 
 def fokker_planck_score(kernel, z):
@@ -99,19 +80,11 @@ def fokker_planck_score(kernel, z):
 
         - sum_n grad K(z_m, z_n) / sum_n K_mn  -  sum_l grad K(z_m, z_l) / sum_n K_nl
     """
-    matrix, h = _rbf(kernel, z)
+    matrix, h = kernel.gram(z)
     mass = matrix.sum(-1, keepdim=True)  # K is symmetric: row sums = column sums
     own = z - matrix @ z / mass
     others = z * (matrix @ mass.reciprocal()) - matrix @ (z / mass)
     return (2.0 / h) * (own + others)
-
-
-def _differentiable_noise(noise, step_size):
-    # sghmc/adam updates scale their noise by math.sqrt(step_size), a Python float. Dividing
-    # by that float and multiplying by the tensor sqrt leaves the value unchanged and lets
-    # the gradient of the noise scale reach the step size.
-    root = torch.sqrt(step_size)
-    return noise * root / root.detach().item()
 
 
 def _log_forward_over_reverse(step_size, grad, previous_grad, noise):
@@ -159,42 +132,27 @@ def refine(z0, grad_fn, step_size, num_steps, sampler="sgd", kernel=None,
     else:
         z = z0
     log_density = torch.zeros_like(z0) if track_density else None
-    zeros = torch.zeros_like(z)
-    momentum = MomentumState(z, zeros)
-    adam = AdamState(z, zeros, zeros, 0)
+    registered = get_sampler(_REGISTRY_NAME.get(sampler, sampler))
+    hyper = {"friction": friction} if sampler == "sghmc" else {}
+    # The chain starts at rest (zero momenta), a deterministic function of z0.
+    state = registered.init_state(z, step_size, 1.0, at_rest=True, **hyper)
+    noisy = sampler not in ("sgd", "svgd")
     pending = None  # VIS-MC: (g(z_{t-1}), noise_t) of the last step, awaiting g(z_t)
     for _ in range(num_steps):
-        grad = grad_fn(z, not fast)
+        grad = grad_fn(state.z, not fast)
         if pending is not None:
             log_density = log_density + _log_forward_over_reverse(step_size, grad, *pending)
             pending = None
         if fokker_planck:
-            grad = grad + fokker_planck_score(kernel, z)
+            grad = grad + fokker_planck_score(kernel, state.z)
             coupling = None
         else:
-            coupling = None if kernel is None else _coupling(kernel, z)
-        if sampler in ("sgd", "svgd"):
-            z = z + step_size * drift(grad, coupling)
-            continue
-        noise = torch.randn_like(z)
-        if sampler == "sgld":
-            correlated = noise if coupling is None else coupled_noise(coupling, noise)
-            z = z + step_size * drift(grad, coupling) + torch.sqrt(2 * step_size) * correlated
-            if track_density:
-                pending = grad, noise
-        else:
-            noise = _differentiable_noise(noise, step_size)
-            with warnings.catch_warnings():
-                # The float conversion it warns about is undone by _differentiable_noise.
-                warnings.filterwarnings("ignore", "Converting a tensor with requires_grad")
-                if sampler == "sghmc":
-                    momentum = sghmc_update(
-                        momentum._replace(z=z), grad, step_size, friction, noise, coupling
-                    )
-                    z = momentum.z
-                else:
-                    adam = adam_sgld_update(adam._replace(z=z), grad, step_size, noise, coupling)
-                    z = adam.z
+            coupling = None if kernel is None else stein_coupling(kernel, state.z)
+        noise = torch.randn_like(state.z) if noisy else None
+        state = registered.update(state, grad, step_size, noise, coupling, 1.0, True, **hyper)
+        if track_density:
+            pending = grad, noise
+    z = state.z
     if pending is not None:
         # The reverse kernel of the last step needs the gradient at z_T.
         log_density = log_density + _log_forward_over_reverse(
@@ -235,38 +193,6 @@ def _is_identity(transform):
 def _is_one(scale):
     return isinstance(scale, (int, float)) and scale == 1.0
 
-
-class _Potential(Messenger):
-    """
-    Conditions the model's sample sites on ``data`` (like :func:`~pyro.poutine.condition`),
-    hides every site from outer handlers (like :func:`~pyro.poutine.block`) and sums the
-    scaled, masked log densities of the non-subsample sample sites in program order,
-    exactly as :meth:`~pyro.poutine.Trace.log_prob_sum` of their trace does.
-    """
-
-    def __init__(self, data):
-        super().__init__()
-        self.data = data
-        self.log_joint = 0.0
-        self.scales = {}
-
-    def _process_message(self, msg):
-        if msg["type"] == "sample" and msg["name"] in self.data:
-            msg["value"] = self.data[msg["name"]]
-            msg["is_observed"] = msg["value"] is not None
-        msg["stop"] = True
-
-    def _postprocess_message(self, msg):
-        if msg["type"] != "sample":
-            return
-        name = msg["name"]
-        if name in self.scales:
-            raise RuntimeError(f"Multiple sample sites named {name!r}")
-        self.scales[name] = msg["scale"]
-        if site_is_subsample(msg):
-            return
-        log_p = msg["fn"].log_prob(msg["value"], *msg["args"], **msg["kwargs"])
-        self.log_joint = self.log_joint + scale_and_mask(log_p, msg["scale"], msg["mask"]).sum()
 
 
 class _Site:
@@ -460,7 +386,7 @@ class VIS:
             # The same sum as ``trace.log_prob_sum`` of the conditioned, blocked trace, in
             # the same order, accumulated by one light messenger instead of three handlers
             # and a Trace.
-            potential = _Potential({**values, **subsamples})
+            potential = LogJointMessenger(values, subsamples, strict=False)
             with potential:
                 self.model(*args, **kwargs)
             return potential.log_joint, potential.scales

@@ -1,13 +1,21 @@
 """Stochastic-gradient MCMC with repulsive forces (thesis sections 2.2-2.3)."""
 
-from .kernels import SGHMC, SGLD, AdamSGLD, SGMCMCKernel
-from .potential import ParticlePotential, SamplerDivergenceError
+from .compiled import ModelNotTraceableError
+from .kernels import KERNELS, SGHMC, SGLD, AdamSGLD, SGMCMCKernel, get_kernel
+from .potential import LogJointMessenger, ParticlePotential, SamplerDivergenceError
 from .repulsion import Coupling, RBFKernel, stein_coupling
 from .schedules import ConstantStepSize, CyclicalStepSize, PolynomialDecay
-from .updates import adam_sgld_update, sghmc_update, sgld_update
+from .updates import SAMPLERS, Sampler, adam_sgld_update, get_sampler, sghmc_update, sgld_update
 
 __all__ = [
     "AdamSGLD",
+    "KERNELS",
+    "LogJointMessenger",
+    "ModelNotTraceableError",
+    "SAMPLERS",
+    "Sampler",
+    "get_kernel",
+    "get_sampler",
     "ConstantStepSize",
     "Coupling",
     "CyclicalStepSize",

@@ -86,16 +86,17 @@ class _Constant:
         return hash(self._key())
 
 
-def _data_spec(args, kwargs, tensors_as_inputs):
-    """Leaves of the model arguments and a hashable key of what the trace depends on."""
+def _data_spec(args, kwargs):
+    """
+    Leaves of the model arguments and a hashable key of what the trace depends on: the
+    tensors' shapes (they are inputs of the traced step) and the other values themselves
+    (they are constants of it).
+    """
     leaves, spec = pytree.tree_flatten((tuple(args), dict(kwargs)))
     key = []
     for leaf in leaves:
         if isinstance(leaf, torch.Tensor):
-            if tensors_as_inputs:
-                key.append((tuple(leaf.shape), leaf.dtype, leaf.device, leaf.requires_grad))
-            else:  # baked into the trace: the very same tensor, unmodified
-                key.append((id(leaf), leaf._version))
+            key.append((tuple(leaf.shape), leaf.dtype, leaf.device, leaf.requires_grad))
         else:
             key.append(_Constant(leaf))
     return leaves, spec, (spec, tuple(key))
@@ -126,7 +127,6 @@ class CompiledStep:
         self.temperature, self.repulsion = temperature, repulsion
         self.kind, self.compile_mode = kind, compile_mode
         self._fns: Dict[tuple, object] = {}
-        self._bake_data = False
         self.trace_seconds = 0.0
         self.compile_seconds = 0.0
         self.num_traces = 0
@@ -134,7 +134,7 @@ class CompiledStep:
         self._cudagraphs = False
 
     # -- the pure step ---------------------------------------------------------------------
-    def _pure_step(self, state_type, data_spec, subsample_names, baked_leaves):
+    def _pure_step(self, state_type, data_spec, subsample_names, leaves):
         potential, sampler, hyper = self.potential, self.sampler, self.hyper
         temperature, repulsion = self.temperature, self.repulsion
         num_state = len(state_type._fields)
@@ -145,8 +145,11 @@ class CompiledStep:
             noise, step_size, adapt = inputs[num_state : num_state + 3]
             rest = inputs[num_state + 3 :]
             subsamples = dict(zip(subsample_names, rest[:num_subsamples]))
-            leaves = baked_leaves if baked_leaves is not None else list(rest[num_subsamples:])
-            args, kwargs = pytree.tree_unflatten(leaves, data_spec)
+            tensors = iter(rest[num_subsamples:])
+            args, kwargs = pytree.tree_unflatten(
+                [next(tensors) if isinstance(leaf, torch.Tensor) else leaf for leaf in leaves],
+                data_spec,
+            )
 
             def total(z):
                 log_density = potential.log_density_all(z, subsamples, args, kwargs)
@@ -166,8 +169,12 @@ class CompiledStep:
 
     def _build(self, key, state, inputs, data_spec, subsample_names, leaves):
         state_type = type(state)
-        baked = leaves if self._bake_data else None
-        step = self._pure_step(state_type, data_spec, subsample_names, baked)
+        if self.potential.vectorize is None and state.z.shape[0] > 1:
+            # vectorize="auto": settle vmap or plate eagerly, so that the trace holds only
+            # the path taken (no dead nodes of a failed vmap attempt).
+            with torch.no_grad(), pyro.validation_enabled(False):
+                self.potential.log_density_all(state.z, dict(zip(subsample_names, inputs[len(state) + 3:])))
+        step = self._pure_step(state_type, data_spec, subsample_names, leaves)
         started = time.perf_counter()
         with pyro.validation_enabled(False), warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)  # tracer notes on scalars
@@ -192,46 +199,39 @@ class CompiledStep:
         except RuntimeError as error:
             if "_local_scalar_dense" not in str(error) and "data-dependent" not in str(error):
                 raise
-            if not self._bake_data:
-                # Perhaps only the data is read as a Python number (e.g. int(y.sum())):
-                # trace again with the model's tensors as constants of the trace.
-                self._bake_data = True
-                return None
             raise ModelNotTraceableError(
-                "jit_compile: the model reads a tensor's value as a Python number (control "
-                "flow on a latent value, .item(), bool(tensor), ...), which a traced step "
-                "cannot follow. Write that branch with torch.where, or run the kernel "
-                "eagerly with jit_compile=False."
+                "jit_compile: the model needs a tensor's value on the host while tracing: it "
+                "branches on a latent value (if, bool(tensor), .item()), or reads its data "
+                "as a Python number (e.g. int(y.sum())). A traced step cannot follow either. "
+                "Write such a branch with torch.where; compute numbers from the data outside "
+                "the model and pass them as Python numbers (they are constants of the trace); "
+                "or run the kernel eagerly with jit_compile=False. Tracing stopped with: "
+                f"{str(error).splitlines()[0][:200]}"
             ) from error
 
     # -- calling ---------------------------------------------------------------------------
     def __call__(self, state, noise, step_size, adapt, subsamples, args, kwargs) -> StepOutput:
         subsample_names = tuple(sorted(subsamples))
-        for _ in range(2):
-            leaves, data_spec, data_key = _data_spec(args, kwargs, not self._bake_data)
-            shapes = tuple((tuple(t.shape), t.dtype) for t in state) + tuple(
-                tuple(subsamples[n].shape) for n in subsample_names
-            )
-            key = (type(state), shapes, subsample_names, data_key, self._bake_data)
-            inputs = (*state, noise, step_size, adapt,
-                      *(subsamples[n] for n in subsample_names))
-            if not self._bake_data:
-                inputs = inputs + tuple(leaf for leaf in leaves if isinstance(leaf, torch.Tensor))
-            fn = self._fns.get(key)
-            if fn is not None:
-                break
-            if self._fns:
+        leaves, data_spec, data_key = _data_spec(args, kwargs)
+        shapes = tuple((tuple(t.shape), t.dtype) for t in state) + tuple(
+            tuple(subsamples[n].shape) for n in subsample_names
+        )
+        key = (type(state), shapes, subsample_names, data_key)
+        inputs = (
+            *state, noise, step_size, adapt, *(subsamples[n] for n in subsample_names),
+            *(leaf for leaf in leaves if isinstance(leaf, torch.Tensor)),
+        )
+        fn = self._fns.get(key)
+        if fn is None:
+            if len(self._fns) >= 2:
+                # A second shape is common (an epoch's last, smaller batch); more are not.
                 warnings.warn(
-                    "jit_compile: the model's arguments changed shape (or, for a model traced "
-                    "with its data as constants, value); tracing and compiling the step again. "
-                    "Keep minibatch shapes fixed (e.g. drop the last, smaller batch) to "
-                    "compile once.",
+                    f"jit_compile: the model's arguments changed shape (or a non-tensor "
+                    f"argument changed value) again; tracing and compiling the step for the "
+                    f"{len(self._fns) + 1}th time. Keep minibatch shapes fixed to compile once.",
                     RuntimeWarning,
                 )
-            fn = self._trace(key, state, inputs, data_spec, subsample_names, leaves)
-            if fn is not None:
-                self._fns[key] = fn
-                break
+            fn = self._fns[key] = self._trace(key, state, inputs, data_spec, subsample_names, leaves)
         if self._cudagraphs:
             torch.compiler.cudagraph_mark_step_begin()
         first = key in self._pending_first_call

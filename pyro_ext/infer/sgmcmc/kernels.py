@@ -8,7 +8,7 @@ from pyro.infer.mcmc.mcmc_kernel import MCMCKernel
 from pyro.infer.svgd import SteinKernel
 
 from .compiled import CompiledStep, check_jit_compile
-from .potential import ParticlePotential, SamplerDivergenceError
+from .potential import VECTORIZE, ParticlePotential, SamplerDivergenceError
 from .repulsion import RBFKernel, stein_coupling
 from .schedules import as_schedule
 from .updates import SAMPLERS
@@ -137,6 +137,8 @@ class SGMCMCKernel(MCMCKernel):
         self.repulsion = _check_repulsion(repulsion, num_particles)
         self.temperature = float(temperature)
         self.init_strategy = init_strategy
+        if vectorize not in VECTORIZE:
+            raise ValueError(f"vectorize must be one of {VECTORIZE}, got {vectorize!r}")
         self.jit_compile = check_jit_compile(jit_compile, compile_mode)
         self.compile_mode = compile_mode
         self.vectorize = vectorize
@@ -427,3 +429,18 @@ class AdamSGLD(SGMCMCKernel):
     def _adapting(self):
         # The mass adapts during warmup (and at least once, so that it is defined).
         return self.adapt_after_warmup or self._step < max(self._warmup_steps, 1)
+
+
+#: sampler name -> kernel class, keyed like :data:`~.updates.SAMPLERS`: the one registry of
+#: kernels that callers choosing a sampler by name (ARA training, BSTS) look up.
+KERNELS = {kernel.sampler_name: kernel for kernel in (SGLD, SGHMC, AdamSGLD)}
+
+
+def get_kernel(name: str):
+    """The kernel class registered as ``name`` (``"sgld"``, ``"sghmc"`` or ``"adam"``)."""
+    if not isinstance(name, str):
+        raise TypeError(f"kernel must be a string, one of {sorted(KERNELS)}; got {type(name).__name__}")
+    try:
+        return KERNELS[name]
+    except KeyError:
+        raise ValueError(f"kernel must be one of {sorted(KERNELS)}, got {name!r}") from None

@@ -55,37 +55,65 @@ class _SiteLayout(NamedTuple):
     is_real: bool  # unconstrained already: no transform, no Jacobian
 
 
-class _LogJointMessenger(Messenger):
+class LogJointMessenger(Messenger):
     """
-    Conditions latent sites and plate subsamples, and accumulates the scaled log joint.
+    Conditions a Pyro model on latent values and plate subsamples, and accumulates its
+    scaled, masked log joint: the one messenger behind every potential of the package
+    (:class:`ParticlePotential`, hence the SG-MCMC kernels and ARA training, and VIS).
 
-    ``particle_dims`` is ``None`` when one particle is evaluated (the log joint is a
-    scalar), else the number of plate dims right of the particle dim, which are summed.
+    One light handler instead of ``condition`` + ``trace`` + ``block`` and a
+    :class:`~pyro.poutine.Trace`: the sum equals :meth:`~pyro.poutine.Trace.log_prob_sum`
+    of the conditioned trace, in the same order.
+
+    :param dict values: latent site name -> value.
+    :param dict subsamples: plate name -> subsample indices (plates absent draw their own).
+    :param int particle_dims: ``None`` when one particle is evaluated (the log joint is a
+        scalar), else the number of plate dims right of the particle dim, which are summed.
+    :param bool strict: a latent site missing from ``values`` is an error (a model whose
+        latent structure changed); otherwise it is sampled and scored as in the model.
+    :param bool block: hide the model's sites from outer handlers (e.g. an ELBO's trace).
+    :ivar log_joint: the accumulated log joint.
+    :ivar dict scales: site name -> the scale Pyro's plates gave it.
     """
 
-    def __init__(self, values, subsamples, particle_dims=None):
+    def __init__(self, values, subsamples=None, particle_dims=None, strict=True, block=True):
         super().__init__()
         self.values = values
-        self.subsamples = subsamples
+        self.subsamples = {} if subsamples is None else subsamples
         self.particle_dims = particle_dims
+        self.strict = strict
+        self.block = block
         self.log_joint = 0.0
+        self.scales = {}
 
-    def _pyro_sample(self, msg):
+    def _process_message(self, msg):
+        if self.block:
+            msg["stop"] = True
+        if msg["type"] != "sample":
+            return
+        name = msg["name"]
         if site_is_subsample(msg):
-            if msg["name"] in self.subsamples:
-                msg["value"] = self.subsamples[msg["name"]]
+            if name in self.subsamples:
+                msg["value"] = self.subsamples[name]
             return
         if msg["is_observed"]:
             return
-        try:
-            msg["value"] = self.values[msg["name"]]
-        except KeyError:
+        if name in self.values:
+            msg["value"] = self.values[name]
+            msg["is_observed"] = True
+        elif self.strict:
             raise ValueError(
-                f"latent site {msg['name']!r} did not appear when the model was set up; "
+                f"latent site {name!r} did not appear when the model was set up; "
                 "stochastic-gradient samplers need a model with static latent structure"
-            ) from None
+            )
 
-    def _pyro_post_sample(self, msg):
+    def _postprocess_message(self, msg):
+        if msg["type"] != "sample":
+            return
+        name = msg["name"]
+        if name in self.scales:
+            raise RuntimeError(f"Multiple sample sites named {name!r}")
+        self.scales[name] = msg["scale"]
         if site_is_subsample(msg) or msg["infer"].get("_deterministic"):
             return
         log_prob = msg["fn"].log_prob(msg["value"], *msg["args"], **msg["kwargs"])
@@ -144,8 +172,13 @@ class ParticlePotential:
         self.model_kwargs = {} if model_kwargs is None else dict(model_kwargs)
         self.vectorize = None if vectorize == "auto" else vectorize
         self._vectorize_choice = vectorize
+        self._read_structure()
+
+    def _read_structure(self):
+        """Run the model once: its latent sites' layout and its subsampled plates' sizes."""
         with pyro.poutine.block():
-            trace = pyro.poutine.trace(model).get_trace(*self.model_args, **self.model_kwargs)
+            trace = pyro.poutine.trace(self.model).get_trace(*self.model_args, **self.model_kwargs)
+        previous = getattr(self, "layout", None)
         self.layout: Dict[str, _SiteLayout] = {}
         self.subsample_sizes: Dict[str, Tuple[int, int]] = {}
         start = 0
@@ -202,14 +235,32 @@ class ParticlePotential:
         ]
         self.max_plate_nesting = max(plate_dims, default=0)
         self._trace = trace
+        if previous is not None:
+            before = {name: tuple(s.unconstrained_shape) for name, s in previous.items()}
+            after = {name: tuple(s.unconstrained_shape) for name, s in self.layout.items()}
+            if before != after:
+                raise ValueError(
+                    "set_data: the model's latent sites changed with the new data (sites and "
+                    f"unconstrained shapes were {before}, are {after}); the particles cannot "
+                    "carry over. Keep the latent sites' shapes independent of the data."
+                )
+
+    @staticmethod
+    def _shapes(args, kwargs):
+        leaves = torch.utils._pytree.tree_leaves((args, kwargs))
+        return [tuple(x.shape) if isinstance(x, torch.Tensor) else None for x in leaves]
 
     def set_data(self, *args, **kwargs):
         """
         Evaluate the model on new arguments from now on (the next minibatch, new data).
-        The latent sites must stay the same; a compiled step keeps its compiled code as
-        long as the tensors keep their shapes.
+        When the tensors change shape the model is run once more to read its plate sizes
+        (the latent sites must stay the same); a compiled step keeps its compiled code as
+        long as the shapes stay.
         """
+        reshaped = self._shapes(args, kwargs) != self._shapes(self.model_args, self.model_kwargs)
         self.model_args, self.model_kwargs = tuple(args), dict(kwargs)
+        if reshaped:
+            self._read_structure()
 
     def _run_model(self, args, kwargs):
         if args is None:
@@ -329,7 +380,7 @@ class ParticlePotential:
         on the model arguments ``args``/``kwargs`` (default: the current data).
         """
         values, log_jacobian = self._constrain(z)
-        with _LogJointMessenger(values, subsamples) as joint:
+        with LogJointMessenger(values, subsamples) as joint:
             self._run_model(args, kwargs)
         return joint.log_joint + log_jacobian
 
@@ -349,7 +400,7 @@ class ParticlePotential:
                 )
             pad = (1,) * (nesting - len(s.batch_shape))
             values[name] = values[name].reshape((num_particles,) + pad + values[name].shape[1:])
-        with _LogJointMessenger(values, subsamples, particle_dims=nesting) as joint:
+        with LogJointMessenger(values, subsamples, particle_dims=nesting) as joint:
             with pyro.plate("_pyro_ext_particles", num_particles, dim=-nesting - 1):
                 self._run_model(args, kwargs)
         return joint.log_joint.reshape(-1).expand(num_particles) + log_jacobian
@@ -364,7 +415,7 @@ class ParticlePotential:
                 values[name] = s.transform(unconstrained)
                 if not torch.isfinite(s.transform.log_abs_det_jacobian(unconstrained, values[name])).all():
                     bad.append(name)
-            with pyro.poutine.trace() as tracer, _LogJointMessenger(values, subsamples):
+            with pyro.poutine.trace() as tracer, LogJointMessenger(values, subsamples, block=False):
                 self._run_model(None, None)
             for name, site in tracer.trace.nodes.items():
                 if site["type"] == "sample" and not site_is_subsample(site):

@@ -62,15 +62,21 @@ class RBFKernel(SteinKernel):
         # Coincident particles give h = 0; any positive h then gives the same (flat) kernel.
         return torch.where(h > 0, h, torch.ones_like(h))
 
-    def coupling(self, z: torch.Tensor) -> Coupling:
+    def gram(self, z: torch.Tensor):
         """
-        The :class:`Coupling` at particles ``z`` ``(L, D)`` in ``O(L^2 + L D)`` memory.
-        It is differentiable in ``z`` (VIS backpropagates through it); the median
-        bandwidth is treated as a constant, as in SVGD.
+        The ``(L, L)`` Gram matrix ``K_ij = k(z_i, z_j)`` and the bandwidth ``h`` used.
+        Differentiable in ``z``; the median bandwidth is treated as a constant, as in SVGD.
         """
         sq = self._squared_distances(z)
         h = self._bandwidth(sq.detach())
-        matrix = torch.exp(-sq / h)
+        return torch.exp(-sq / h), h
+
+    def coupling(self, z: torch.Tensor) -> Coupling:
+        """
+        The :class:`Coupling` at particles ``z`` ``(L, D)`` in ``O(L^2 + L D)`` memory,
+        differentiable in ``z`` (VIS backpropagates through it).
+        """
+        matrix, h = self.gram(z)
         # sum_j k_ij (2/h)(z_i - z_j), without forming the (L, L, D) differences.
         repulsion = (2.0 / h) * (matrix.sum(-1, keepdim=True) * z - matrix @ z)
         return Coupling(matrix, repulsion)

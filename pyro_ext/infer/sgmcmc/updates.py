@@ -155,8 +155,9 @@ class Sampler(NamedTuple):
     r"""
     A sampler as a pair of pure functions.
 
-    ``init_state(z, step_size, temperature, **hyper) -> state`` builds the state at
-    particles ``z`` (drawing the momenta it needs from the global RNG), and
+    ``init_state(z, step_size, temperature, at_rest=False, **hyper) -> state`` builds
+    the state at particles ``z``: momenta drawn from their stationary law with the global
+    RNG, or zero (and no randomness used) ``at_rest``; and
     ``update(state, grad, step_size, noise, coupling, temperature, adapt, **hyper) ->
     state`` is one transition; ``hyper`` are the sampler's own hyper-parameters
     (``friction``; ``betas``, ``eps``) and ``adapt`` says whether a preconditioner adapts.
@@ -167,7 +168,7 @@ class Sampler(NamedTuple):
     hyper: tuple = ()
 
 
-def _position_init(z, step_size, temperature):
+def _position_init(z, step_size, temperature, at_rest=False):
     return PositionState(z)
 
 
@@ -179,7 +180,9 @@ def _sgld_update(state, grad, step_size, noise, coupling, temperature, adapt):
     return PositionState(sgld_update(state.z, grad, step_size, noise, coupling, temperature))
 
 
-def _momentum_init(z, step_size, temperature, friction=0.1):
+def _momentum_init(z, step_size, temperature, at_rest=False, friction=0.1):
+    if at_rest:
+        return MomentumState(z, torch.zeros_like(z))
     # Momenta start at their stationary law N(0, I), i.e. velocity ~ N(0, step_size T).
     return MomentumState(z, _sqrt(step_size * temperature) * torch.randn_like(z))
 
@@ -188,7 +191,7 @@ def _sghmc_update(state, grad, step_size, noise, coupling, temperature, adapt, f
     return sghmc_update(state, grad, step_size, friction, noise, coupling, temperature)
 
 
-def _adam_init(z, step_size, temperature, betas=(0.9, 0.999), eps=1e-8):
+def _adam_init(z, step_size, temperature, at_rest=False, betas=(0.9, 0.999), eps=1e-8):
     zeros = torch.zeros_like(z)
     return AdamState(z, zeros, zeros.clone(), z.new_zeros((), dtype=torch.long))
 

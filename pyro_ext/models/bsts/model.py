@@ -701,7 +701,8 @@ class RetailBSTS:
 
         :returns: ``self``.
         """
-        from ...infer import MCMC, SGHMC, SGLD, VIS, AdamSGLD
+        from ...infer import MCMC, VIS
+        from ...infer.sgmcmc import KERNELS
 
         if method not in METHODS:
             raise ValueError(f"method must be one of {METHODS}, got {method!r}")
@@ -737,7 +738,7 @@ class RetailBSTS:
         if method == "sgld":
             self._fit_sgld(
                 MCMC,
-                dict(sgld=SGLD, adam=AdamSGLD, sghmc=SGHMC),
+                KERNELS,
                 num_samples,
                 warmup_steps,
                 num_particles,
