@@ -1,41 +1,44 @@
 """
-Per-step speed of the stochastic-gradient MCMC kernels of ``pyro_ext.infer``, as ratios
-against baselines timed in the same run.
+Per-step speed of the stochastic-gradient MCMC kernels of ``pyro_ext.infer``, eager and
+compiled, as ratios against baselines timed in the same run.
 
 Model: a Bayesian MLP on UCI kin8nm (split 0, standardised): 8 inputs, one hidden layer of
 50 ReLU units, N(0, 1) priors on all weights (D = 501), Gaussian likelihood with fixed noise
 ``NOISE``, minibatches of 100 drawn with ``randperm`` and scaled by N / 100. The Pyro model is
 written idiomatically (``pyro.sample(...).to_event()``, ``pyro.plate(subsample_size=100)``);
 the baselines compute the same log density by hand (checked equal, value and gradient,
-before timing).
+before timing). A bigger network shows the ratios where arithmetic dominates: 784-400-400-10
+on MNIST, batch 128, L = 10 particles.
 
-Tables (each ratio is the median over repeats of ours / baseline, the two timed back to back
-in every repeat; times are medians in microseconds per step):
+Our kernel runs in three ways: ``eager`` (``jit_compile=False``), ``trace`` (the traced
+step run as a graph, no compilation) and ``compile`` (``jit_compile=True``: the traced
+step through ``torch.compile``). Baselines:
 
-1. ``MCMC(SGLD|SGHMC|AdamSGLD)`` vs a hand-written PyTorch loop with autograd (the loop keeps
-   a copy of every state, as MCMC does); 10 particles vs the loop under ``torch.func.vmap``.
-2. ``SGLD(repulsion="rbf")`` vs ``SGLD(repulsion=None)`` at L = 10, 50, 200, and the peak
-   memory of ``RBFKernel().coupling(z)`` vs ``pyro.infer.svgd.RBFSteinKernel()
-   .log_kernel_and_grad(z)`` for z of shape (L, D), against the O(L^2 + LD) and O(L^2 D)
-   predictions (CPU: allocator events of ``torch.profiler``; CUDA: ``max_memory_allocated``).
-3. Peers on the same model: ``posteriors`` SGLD / SGHMC and BlackJAX SGLD (jitted step; its
-   minibatch indices come from NumPy's ``permutation``, as ``jax.random.permutation`` of the
-   7373 rows alone costs milliseconds on CPU). A peer that is not importable gets a
-   "not installed" row.
+- **hand loop**: a hand-written PyTorch loop with autograd and in-place updates (it keeps
+  a copy of every state, as MCMC does); ``torch.func.vmap`` over particles when L > 1;
+- **floor**: the same step written as one pure function with ``torch.func.grad`` and
+  ``torch.compile``d, the noise drawn inside it;
+- **peers**: ``posteriors`` SGLD / SGHMC and BlackJAX SGLD (jitted step; its minibatch
+  indices come from NumPy's ``permutation``, as ``jax.random.permutation`` of the 7373 rows
+  alone costs milliseconds on CPU). A peer that is not importable gets a "not installed" row.
 
-Each timed run takes ``warmup`` untimed steps, then ``steps`` timed ones; ``MCMC`` is timed
-from its ``hook_fn`` so that setup and the final collection of samples are excluded. CPU runs
-use one intra-op thread (``--threads``): the per-step tensors are tiny, and extra threads
-only add synchronisation noise, worst on a shared machine.
+Every step is timed (a clock reading per step; CUDA synchronises there), after ``warmup``
+untimed steps, which hold the compilation: compile time is reported apart, with the number
+of steps after which compiling pays off. Times are in microseconds per step: the median,
+mean, p90 and max over all timed steps of all repeats; a ratio is the median over repeats
+of ours / baseline (mean step times), the two timed back to back in every repeat. ``MCMC``
+is timed from its ``hook_fn``, so setup and the final collection of samples are excluded.
+CPU runs use one intra-op thread (``--threads``).
 
 Run from the repository root::
 
-    python benchmarks/sgmcmc_speed.py            # full: 5 repeats of 200 steps, a few minutes
-    python benchmarks/sgmcmc_speed.py --quick    # 2 repeats of 20 steps, under a minute
-    python benchmarks/sgmcmc_speed.py --device cuda
+    python benchmarks/sgmcmc_speed.py            # full: 5 repeats of 300 steps, ~10 minutes
+    python benchmarks/sgmcmc_speed.py --quick    # 2 repeats of 20 steps, no MNIST and peers
+    python benchmarks/sgmcmc_speed.py --device cuda   # compile_mode "reduce-overhead"
 
 Data are read from ``$PYRO_EXT_DATA`` (default: ``../shared/data`` next to the repository).
-The tables are printed and written to ``benchmarks/results/sgmcmc_speed.md``.
+The tables are printed and written to ``benchmarks/results/sgmcmc_speed.md`` (CUDA:
+``sgmcmc_speed_cuda.md``).
 """
 
 import argparse
@@ -57,7 +60,7 @@ import pyro.distributions as dist  # noqa: E402
 import torch  # noqa: E402
 from pyro.infer.svgd import RBFSteinKernel  # noqa: E402
 
-from pyro_ext.datasets import load_uci, standardize_split  # noqa: E402
+from pyro_ext.datasets import load_mnist, load_uci, standardize_split  # noqa: E402
 from pyro_ext.infer import MCMC, SGHMC, SGLD, AdamSGLD  # noqa: E402
 from pyro_ext.infer.sgmcmc import ParticlePotential  # noqa: E402
 from pyro_ext.infer.sgmcmc.repulsion import RBFKernel  # noqa: E402
@@ -74,6 +77,10 @@ BETAS = (0.9, 0.999)
 ADAM_EPS = 1e-8
 HALF_LOG_2PI = 0.5 * math.log(2 * math.pi)
 REPULSION_PARTICLES = (10, 50, 200)
+MNIST_HIDDEN = (400, 400)
+MNIST_BATCH = 128
+MNIST_PARTICLES = 10
+JIT = {"eager": False, "trace": "trace", "compile": True}
 
 
 class Budget(NamedTuple):
@@ -82,11 +89,22 @@ class Budget(NamedTuple):
     repeats: int
 
 
-FULL = Budget(warmup=20, steps=200, repeats=5)
-QUICK = Budget(warmup=5, steps=20, repeats=2)
+FULL = Budget(warmup=20, steps=300, repeats=5)
+QUICK = Budget(warmup=3, steps=20, repeats=2)
 
 
-# -- model and data ------------------------------------------------------------------------
+class Problem(NamedTuple):
+    """A Pyro model, its data, and the same log density written by hand for one particle."""
+
+    name: str
+    model: object
+    data: tuple
+    log_joint: object  # (params, x_batch, y_batch, scale) -> scalar
+    shapes: list
+    batch: int
+
+
+# -- models and data -----------------------------------------------------------------------
 def bnn_model(x, y):
     prior = dist.Normal(x.new_zeros(()), 1.0)
     w1 = pyro.sample("w1", prior.expand([x.shape[-1], HIDDEN]).to_event(2))
@@ -98,16 +116,6 @@ def bnn_model(x, y):
         pyro.sample("obs", dist.Normal(mean, NOISE), obs=y[idx])
 
 
-def load_data(device):
-    split, _, _ = standardize_split(load_uci("kin8nm", 0, device=device))
-    return split.x_train, split.y_train
-
-
-def param_shapes(x):
-    return [(x.shape[-1], HIDDEN), (HIDDEN,), (HIDDEN,), ()]
-
-
-# -- hand-written baselines ----------------------------------------------------------------
 def bnn_log_joint(params, x_batch, y_batch, scale):
     """The model's log density written out, for one particle."""
     w1, b1, w2, b2 = params
@@ -117,24 +125,74 @@ def bnn_log_joint(params, x_batch, y_batch, scale):
     return scale * log_lik.sum() + log_prior
 
 
-def hand_log_joint(num_particles):
+def mnist_model(x, y):
+    prior = dist.Normal(x.new_zeros(()), 1.0)
+    sizes = (x.shape[-1],) + MNIST_HIDDEN + (10,)
+    h = None
+    with pyro.plate("data", x.shape[0], subsample_size=MNIST_BATCH) as idx:
+        h = x[idx]
+        for i, (fan_in, fan_out) in enumerate(zip(sizes[:-1], sizes[1:])):
+            w = pyro.sample(f"w{i}", prior.expand([fan_in, fan_out]).to_event(2))
+            b = pyro.sample(f"b{i}", prior.expand([fan_out]).to_event(1))
+            h = h @ w + b
+            if i < len(sizes) - 2:
+                h = torch.relu(h)
+        pyro.sample("obs", dist.Categorical(logits=h), obs=y[idx])
+
+
+def mnist_log_joint(params, x_batch, y_batch, scale):
+    h = x_batch
+    for i in range(0, len(params), 2):
+        h = h @ params[i] + params[i + 1]
+        if i < len(params) - 2:
+            h = torch.relu(h)
+    log_lik = torch.log_softmax(h, -1).gather(-1, y_batch.unsqueeze(-1)).sum()
+    log_prior = sum(-0.5 * p.pow(2).sum() - HALF_LOG_2PI * p.numel() for p in params)
+    return scale * log_lik + log_prior
+
+
+def kin8nm(device):
+    split, _, _ = standardize_split(load_uci("kin8nm", 0, device=device))
+    x = split.x_train
+    shapes = [(x.shape[-1], HIDDEN), (HIDDEN,), (HIDDEN,), ()]
+    return Problem("BNN 8-50-1, kin8nm", bnn_model, (x, split.y_train), bnn_log_joint, shapes, BATCH)
+
+
+def mnist(device):
+    x, y = load_mnist("train", device=device, flatten=True)
+    sizes = (x.shape[-1],) + MNIST_HIDDEN + (10,)
+    shapes = []
+    for fan_in, fan_out in zip(sizes[:-1], sizes[1:]):
+        shapes += [(fan_in, fan_out), (fan_out,)]
+    return Problem("BNN 784-400-400-10, MNIST", mnist_model, (x, y), mnist_log_joint, shapes, MNIST_BATCH)
+
+
+def load_data(device):
+    """kin8nm's training inputs and targets (kept for other scripts that import it)."""
+    return kin8nm(device).data
+
+
+# -- hand-written baselines ----------------------------------------------------------------
+def summed_log_joint(problem, num_particles):
     """Summed log density of ``num_particles`` particles (leading dim) when more than one."""
     if num_particles == 1:
-        return bnn_log_joint
-    batched = torch.func.vmap(bnn_log_joint, in_dims=(0, None, None, None))
+        return problem.log_joint
+    batched = torch.func.vmap(problem.log_joint, in_dims=(0, None, None, None))
     return lambda *args: batched(*args).sum()
 
 
-def init_params(x, num_particles, requires_grad=True):
+def init_params(problem, num_particles, requires_grad=True, scale=2.0):
+    x = problem.data[0]
     lead = () if num_particles == 1 else (num_particles,)
     return [
-        torch.empty(lead + shape, device=x.device).uniform_(-2, 2).requires_grad_(requires_grad)
-        for shape in param_shapes(x)
+        torch.empty(lead + shape, device=x.device).uniform_(-scale, scale).requires_grad_(requires_grad)
+        for shape in problem.shapes
     ]
 
 
-def minibatch(x, y):
-    idx = torch.randperm(x.shape[0], device=x.device)[:BATCH]
+def minibatch(problem):
+    x, y = problem.data
+    idx = torch.randperm(x.shape[0], device=x.device)[: problem.batch]
     return x[idx], y[idx]
 
 
@@ -173,10 +231,41 @@ def hand_state(params):
 
 HAND_STEPS = {"SGLD": sgld_step, "SGHMC": sghmc_step, "AdamSGLD": adam_sgld_step}
 KERNELS = {
-    "SGLD": lambda **kw: SGLD(bnn_model, STEP_SIZE, **kw),
-    "SGHMC": lambda **kw: SGHMC(bnn_model, STEP_SIZE, friction=FRICTION, **kw),
-    "AdamSGLD": lambda **kw: AdamSGLD(bnn_model, STEP_SIZE, betas=BETAS, eps=ADAM_EPS, **kw),
+    "SGLD": lambda model, **kw: SGLD(model, STEP_SIZE, **kw),
+    "SGHMC": lambda model, **kw: SGHMC(model, STEP_SIZE, friction=FRICTION, **kw),
+    "AdamSGLD": lambda model, **kw: AdamSGLD(model, STEP_SIZE, betas=BETAS, eps=ADAM_EPS, **kw),
 }
+
+
+# -- the floor: a pure step, torch.compile'd ----------------------------------------------
+def floor_step(sampler, problem, num_particles):
+    """``step(params, state, idx, adapt) -> (params, state)``, compiled, for one sampler."""
+    x, y = problem.data
+    scale = x.shape[0] / problem.batch
+    grad = torch.func.grad(summed_log_joint(problem, num_particles))
+    beta1, beta2 = BETAS
+
+    def step(params, state, idx, adapt):
+        grads = grad(params, x[idx], y[idx], scale)
+        if sampler == "SGLD":
+            noise = math.sqrt(2 * STEP_SIZE)
+            return [p + STEP_SIZE * g + noise * torch.randn_like(p) for p, g in zip(params, grads)], state
+        if sampler == "SGHMC":
+            noise = math.sqrt(2 * FRICTION * STEP_SIZE)
+            velocity = [(1 - FRICTION) * v + STEP_SIZE * g + noise * torch.randn_like(v)
+                        for v, g in zip(state["velocity"], grads)]
+            return [p + v for p, v in zip(params, velocity)], dict(state, velocity=velocity)
+        count = state["count"] + adapt.long()
+        second = [torch.where(adapt, beta2 * s + (1 - beta2) * g * g, s)
+                  for s, g in zip(state["second_moment"], grads)]
+        mass = [(s / (1 - beta2**count)).sqrt() + ADAM_EPS for s in second]
+        noise = math.sqrt(2 * (1 - beta1) * STEP_SIZE)
+        velocity = [beta1 * u + STEP_SIZE * g + noise * m.sqrt() * torch.randn_like(u)
+                    for u, g, m in zip(state["velocity"], grads, mass)]
+        params = [p + u / m for p, u, m in zip(params, velocity, mass)]
+        return params, dict(state, velocity=velocity, second_moment=second, count=count)
+
+    return torch.compile(step, fullgraph=True, dynamic=False)
 
 
 # -- timing --------------------------------------------------------------------------------
@@ -188,79 +277,132 @@ def clock(device):
 
 def time_loop(step, budget, device, sync=lambda result: None):
     """
-    Seconds per call of ``step(t)`` over ``budget.steps`` calls after the warm-up ones;
+    Seconds of each of ``budget.steps`` calls of ``step(t)`` after the warm-up ones;
     ``sync(result)`` waits for asynchronous work (JAX) before each clock reading.
     """
     for t in range(budget.warmup):
         result = step(t)
     sync(result)
-    start = clock(device)
+    stamps = [clock(device)]
     for t in range(budget.warmup, budget.warmup + budget.steps):
-        result = step(t)
-    sync(result)
-    return (clock(device) - start) / budget.steps
+        sync(step(t))
+        stamps.append(clock(device))
+    return [b - a for a, b in zip(stamps[:-1], stamps[1:])]
 
 
-def time_ours(sampler, data, budget, **kernel_kwargs):
-    device = data[0].device
-    calls = 0
+def time_ours(sampler, problem, budget, jit="eager", **kernel_kwargs):
+    """Per-step seconds of ``MCMC(kernel)``, and the kernel (for its compile time)."""
+    device = problem.data[0].device
     stamps = []
 
     def hook(kernel, params, stage, index):
-        nonlocal calls
-        calls += 1
-        if calls in (budget.warmup, budget.warmup + budget.steps):
+        if stage == "Sample":
             stamps.append(clock(device))
 
-    kernel = KERNELS[sampler](**kernel_kwargs)
-    mcmc = MCMC(
-        kernel, budget.steps, warmup_steps=budget.warmup, disable_progbar=True, hook_fn=hook
-    )
-    mcmc.run(*data)
-    return (stamps[1] - stamps[0]) / budget.steps
+    kernel = KERNELS[sampler](problem.model, jit_compile=JIT[jit], **kernel_kwargs)
+    mcmc = MCMC(kernel, budget.steps + 1, warmup_steps=budget.warmup, disable_progbar=True, hook_fn=hook)
+    mcmc.run(*problem.data)
+    return [b - a for a, b in zip(stamps[:-1], stamps[1:])], kernel
 
 
-def time_hand(sampler, data, budget, num_particles=1):
-    x, y = data
-    params = init_params(x, num_particles)
+def time_hand(sampler, problem, budget, num_particles=1):
+    params = init_params(problem, num_particles)
     state = hand_state(params)
-    log_joint = hand_log_joint(num_particles)
-    scale = x.shape[0] / BATCH
+    log_joint = summed_log_joint(problem, num_particles)
+    scale = problem.data[0].shape[0] / problem.batch
     update = HAND_STEPS[sampler]
     draws = []
 
     def step(t):
-        grads = torch.autograd.grad(log_joint(params, *minibatch(x, y), scale), params)
+        grads = torch.autograd.grad(log_joint(params, *minibatch(problem), scale), params)
         with torch.no_grad():
             update(params, grads, state, adapting=t < budget.warmup or state["count"] == 0)
             draws.append([p.clone() for p in params])
 
-    return time_loop(step, budget, x.device)
+    return time_loop(step, budget, problem.data[0].device)
 
 
-def compare(ours, theirs, budget):
-    """Median seconds per step of each, and the median of the paired ratios ours/theirs."""
-    pairs = [(ours(), theirs()) for _ in range(budget.repeats)]
-    return (
-        statistics.median(a for a, _ in pairs),
-        statistics.median(b for _, b in pairs),
-        statistics.median(a / b for a, b in pairs),
+def time_floor(sampler, problem, budget, num_particles=1, compiled=None):
+    x = problem.data[0]
+    step = compiled or floor_step(sampler, problem, num_particles)
+    params = init_params(problem, num_particles, requires_grad=False)
+    zeros = [torch.zeros_like(p) for p in params]
+    state = {"velocity": zeros, "second_moment": [z.clone() for z in zeros],
+             "count": torch.zeros((), dtype=torch.long, device=x.device)}
+    flags = torch.tensor(True, device=x.device), torch.tensor(False, device=x.device)
+    draws = []
+    first_call = []
+
+    def step_t(t):
+        nonlocal params, state
+        started = clock(x.device) if t == 0 else None
+        idx = torch.randperm(x.shape[0], device=x.device)[: problem.batch]
+        params, state = step(params, state, idx, flags[0] if t < budget.warmup else flags[1])
+        draws.append([p.clone() for p in params])
+        if started is not None:
+            first_call.append(clock(x.device) - started)
+
+    return time_loop(step_t, budget, x.device), step, first_call[0]
+
+
+class Timing(NamedTuple):
+    steps: list  # seconds of every timed step of every repeat
+    means: list  # mean seconds per step of each repeat
+
+
+def compare(runs, budget):
+    """
+    Run each of ``runs`` (name -> () -> per-step seconds) back to back in every repeat.
+    Returns name -> :class:`Timing`.
+    """
+    timings = {name: Timing([], []) for name in runs}
+    for _ in range(budget.repeats):
+        for name, run in runs.items():
+            steps = run()
+            timings[name].steps.extend(steps)
+            timings[name].means.append(statistics.fmean(steps))
+    return timings
+
+
+def ratio(timings, ours, baseline):
+    return statistics.median(a / b for a, b in zip(timings[ours].means, timings[baseline].means))
+
+
+def fmt_us(seconds):
+    return f"{seconds * 1e6:,.0f}"
+
+
+def spread(steps):
+    """median / mean / p90 / max of per-step times, in microseconds."""
+    ordered = sorted(steps)
+    p90 = ordered[min(len(ordered) - 1, int(math.ceil(0.9 * len(ordered))) - 1)]
+    return "{} / {} / {} / {}".format(
+        fmt_us(statistics.median(ordered)), fmt_us(statistics.fmean(ordered)), fmt_us(p90), fmt_us(ordered[-1])
     )
 
 
-def check_same_density(data, num_particles):
+def verdict(value, target):
+    return f"<= {target}: {'yes' if value <= target else 'NO'}"
+
+
+def check_same_density(problem, num_particles):
     """The hand-written log density and gradient equal the Pyro model's."""
-    x, y = data
-    potential = ParticlePotential(bnn_model, (x, y))
-    z = torch.empty(num_particles, potential.dim, device=x.device).uniform_(-2, 2)
+    x, y = problem.data
+    potential = ParticlePotential(problem.model, (x, y))
+    z = torch.empty(num_particles, potential.dim, device=x.device).uniform_(-0.1, 0.1)
     subsamples = potential.draw_subsamples(x.device)
     ours, grad = potential.log_density_and_grad(z, subsamples)
     values = potential.unflatten(z)
-    params = [values[name].squeeze(0).requires_grad_() for name in ("w1", "b1", "w2", "b2")]
+    params = [values[name].squeeze(0).requires_grad_() for name in potential.layout]
+    if problem.model is mnist_model:  # the Pyro model samples weights in layer order
+        order = [f"{kind}{i}" for i in range(len(MNIST_HIDDEN) + 1) for kind in ("w", "b")]
+        params = [values[name].squeeze(0).requires_grad_() for name in order]
     idx = subsamples["data"]
-    log_joint = hand_log_joint(num_particles)(params, x[idx], y[idx], x.shape[0] / BATCH)
+    log_joint = summed_log_joint(problem, num_particles)(params, x[idx], y[idx], x.shape[0] / problem.batch)
     hand_grads = torch.autograd.grad(log_joint, params)
-    hand_grad = torch.cat([g.reshape(num_particles, -1) for g in hand_grads], -1)
+    names = list(potential.layout) if problem.model is not mnist_model else order
+    by_name = dict(zip(names, hand_grads))
+    hand_grad = torch.cat([by_name[n].reshape(num_particles, -1) for n in potential.layout], -1)
     torch.testing.assert_close(ours.sum(), log_joint.detach(), rtol=1e-5, atol=1e-2)
     torch.testing.assert_close(grad, hand_grad, rtol=1e-4, atol=1e-2)
 
@@ -294,37 +436,36 @@ def import_posteriors():
     return posteriors
 
 
-def time_posteriors(sampler, data, budget):
+def time_posteriors(sampler, problem, budget):
     posteriors = import_posteriors()
-    x, y = data
-    scale = x.shape[0] / BATCH
+    scale = problem.data[0].shape[0] / problem.batch
 
     def log_posterior(params, batch):
-        return bnn_log_joint(params, *batch, scale), torch.tensor(())
+        return problem.log_joint(params, *batch, scale), torch.tensor(())
 
     if sampler == "SGLD":
         transform = posteriors.sgmcmc.sgld.build(log_posterior, lr=STEP_SIZE)
     else:  # v = lr * m turns posteriors' SGHMC into ours: lr^2 = step size, lr * alpha = friction
         lr = math.sqrt(STEP_SIZE)
         transform = posteriors.sgmcmc.sghmc.build(log_posterior, lr=lr, alpha=FRICTION / lr)
-    state = transform.init(tuple(init_params(x, 1, requires_grad=False)))
+    state = transform.init(tuple(init_params(problem, 1, requires_grad=False)))
     draws = []
 
     def step(t):
         nonlocal state
-        state, _ = transform.update(state, minibatch(x, y))
+        state, _ = transform.update(state, minibatch(problem))
         draws.append(state.params)
 
-    return time_loop(step, budget, x.device)
+    return time_loop(step, budget, problem.data[0].device)
 
 
-def blackjax_sgld_step(data):
+def blackjax_sgld_step(problem):
     """A jitted BlackJAX SGLD step ``(key, position, idx) -> (key, position)``, and its start."""
     import blackjax
     import jax
     import jax.numpy as jnp
 
-    x, y = (jnp.asarray(t.cpu().numpy()) for t in data)
+    x, y = (jnp.asarray(t.cpu().numpy()) for t in problem.data)
     norm = jax.scipy.stats.norm
 
     def log_prior(position):
@@ -342,21 +483,21 @@ def blackjax_sgld_step(data):
         key, noise_key = jax.random.split(key)
         return key, sgld.step(noise_key, position, (x[idx], y[idx]), STEP_SIZE)
 
-    start = [jnp.asarray(p.numpy()) for p in init_params(data[0].cpu(), 1, requires_grad=False)]
+    start = [jnp.asarray(p.detach().cpu().numpy()) for p in init_params(problem, 1, requires_grad=False)]
     return step, (jax.random.PRNGKey(0), sgld.init(start))
 
 
-def time_blackjax(data, budget):
+def time_blackjax(problem, budget):
     import jax
 
-    jax_step, carry = blackjax_sgld_step(data)
-    size = data[0].shape[0]
+    jax_step, carry = blackjax_sgld_step(problem)
+    size = problem.data[0].shape[0]
     rng = np.random.default_rng(0)
     draws = []
 
     def step(t):
         nonlocal carry
-        carry = jax_step(*carry, rng.permutation(size)[:BATCH])
+        carry = jax_step(*carry, rng.permutation(size)[: problem.batch])
         draws.append(carry[1])
         return carry
 
@@ -364,60 +505,83 @@ def time_blackjax(data, budget):
 
 
 # -- tables --------------------------------------------------------------------------------
-def fmt_us(seconds):
-    return f"{seconds * 1e6:,.0f}"
+def sampler_runs(sampler, problem, budget, num_particles, jits, compile_seconds):
+    runs = {}
+    for jit in jits:
+        def run(jit=jit):
+            steps, kernel = time_ours(sampler, problem, budget, jit=jit, num_particles=num_particles)
+            if jit == "compile":
+                compile_seconds.append(kernel.compile_seconds)
+            return steps
+        runs[jit] = run
+    runs["hand loop"] = lambda: time_hand(sampler, problem, budget, num_particles)
+    floor = {}
+
+    def run_floor():
+        steps, floor["step"], first_call = time_floor(sampler, problem, budget, num_particles, floor.get("step"))
+        floor.setdefault("seconds", first_call)  # the first repeat's first call compiles
+        return steps
+
+    runs["floor"] = run_floor
+    return runs, floor
 
 
-def verdict(ratio, target):
-    return f"<= {target}: {'yes' if ratio <= target else 'NO'}"
+def table_baselines(problem, budget, jits, samplers=("SGLD", "SGHMC", "AdamSGLD"), num_particles=1,
+                    compile_rows=None):
+    rows, spreads = [], []
+    for sampler in samplers:
+        compile_seconds = []
+        runs, floor = sampler_runs(sampler, problem, budget, num_particles, jits, compile_seconds)
+        timings = compare(runs, budget)
+        for jit in jits:
+            row = [sampler, num_particles, jit, spread(timings[jit].steps),
+                   f"{ratio(timings, jit, 'hand loop'):.2f}", f"{ratio(timings, jit, 'floor'):.2f}"]
+            if jit == "eager":
+                row.append(verdict(ratio(timings, jit, "hand loop"), 1.5) + " (vs loop)")
+            elif jit == "compile":
+                r_floor, r_loop = ratio(timings, jit, "floor"), ratio(timings, jit, "hand loop")
+                row.append(f"{verdict(r_floor, 1.2)} (vs floor); {verdict(r_loop, 0.5)} (vs loop)")
+            else:
+                row.append("-")
+            rows.append(row)
+        spreads.append([sampler, num_particles, spread(timings["hand loop"].steps), spread(timings["floor"].steps)])
+        if compile_rows is not None and "compile" in jits:
+            eager = statistics.fmean(timings["eager"].steps) if "eager" in timings else None
+            fast = statistics.fmean(timings["compile"].steps)
+            seconds = statistics.median(compile_seconds)
+            breakeven = "-" if eager is None or eager <= fast else f"{seconds / (eager - fast):,.0f}"
+            compile_rows.append([problem.name, sampler, num_particles, f"{seconds:.1f}",
+                                 f"{floor['seconds']:.1f}", fmt_us(eager) if eager else "-",
+                                 fmt_us(fast), breakeven])
+    header = ["sampler", "L", "ours", "ours µs/step: median / mean / p90 / max", "÷ hand loop",
+              "÷ floor", "target"]
+    base_header = ["sampler", "L", "hand loop µs/step: median / mean / p90 / max",
+                   "floor µs/step: median / mean / p90 / max"]
+    return markdown(header, rows) + "\n\nBaselines of the same repeats:\n\n" + markdown(base_header, spreads)
 
 
-def table_baselines(data, budget):
-    rows = []
-    for sampler, num_particles, jit_compile, target in [
-        ("SGLD", 1, False, 1.3),
-        ("SGLD", 1, True, 1.3),
-        ("SGHMC", 1, False, 1.3),
-        ("SGHMC", 1, True, 1.3),
-        ("AdamSGLD", 1, False, 1.3),
-        ("AdamSGLD", 1, True, 1.3),
-        ("SGLD", 10, False, None),
-    ]:
-        ours, hand, ratio = compare(
-            lambda: time_ours(
-                sampler, data, budget, num_particles=num_particles, jit_compile=jit_compile
-            ),
-            lambda: time_hand(sampler, data, budget, num_particles),
-            budget,
-        )
-        baseline = "loop" if num_particles == 1 else "vmap loop"
-        rows.append([sampler, num_particles, "yes" if jit_compile else "no", baseline,
-                     fmt_us(ours), fmt_us(hand), f"{ratio:.2f}",
-                     "-" if target is None else verdict(ratio, target)])
-    header = ["sampler", "L", "jit_compile", "baseline", "ours µs/step", "hand-written µs/step",
-              "ratio", "target"]
-    return "## 1. MCMC(kernel) vs hand-written PyTorch loop\n\n" + markdown(header, rows)
-
-
-def table_repulsion(data, budget):
+def table_repulsion(problem, budget, jit):
     rows = []
     for num_particles in REPULSION_PARTICLES:
-        rbf, independent, ratio = compare(
-            lambda: time_ours("SGLD", data, budget, num_particles=num_particles, repulsion="rbf"),
-            lambda: time_ours("SGLD", data, budget, num_particles=num_particles),
-            budget,
-        )
-        target = verdict(ratio, 2) if num_particles <= 50 else "-"
-        rows.append([num_particles, fmt_us(independent), fmt_us(rbf), f"{ratio:.2f}", target])
-    header = ["L", "independent µs/step", "rbf µs/step", "ratio rbf / independent", "target"]
-    return "## 2a. SGLD repulsion='rbf' vs None\n\n" + markdown(header, rows)
+        timings = compare({
+            "rbf": lambda: time_ours("SGLD", problem, budget, jit=jit, num_particles=num_particles, repulsion="rbf")[0],
+            "independent": lambda: time_ours("SGLD", problem, budget, jit=jit, num_particles=num_particles)[0],
+        }, budget)
+        r = ratio(timings, "rbf", "independent")
+        per_particle = statistics.fmean(timings["rbf"].steps) / num_particles
+        target = verdict(r, 1.3) if jit == "compile" else verdict(r, 2) if num_particles <= 50 else "-"
+        rows.append([num_particles, jit, spread(timings["independent"].steps), spread(timings["rbf"].steps),
+                     fmt_us(per_particle), f"{r:.2f}", target])
+    header = ["L", "ours", "independent µs/step: median / mean / p90 / max",
+              "rbf µs/step: median / mean / p90 / max", "rbf µs per particle-step", "rbf / independent", "target"]
+    return markdown(header, rows)
 
 
-def table_memory(data):
-    dim = ParticlePotential(bnn_model, data).dim
+def table_memory(problem):
+    dim = ParticlePotential(problem.model, problem.data).dim
     rows = []
     for num_particles in REPULSION_PARTICLES:
-        z = torch.randn(num_particles, dim, device=data[0].device)
+        z = torch.randn(num_particles, dim, device=problem.data[0].device)
         size = z.element_size()
         ours = peak_bytes(RBFKernel().coupling, z)
         pyro_kernel = peak_bytes(RBFSteinKernel().log_kernel_and_grad, z)
@@ -429,64 +593,99 @@ def table_memory(data):
               "RBFSteinKernel.log_kernel_and_grad bytes", "L²D·itemsize", "ratio"]
     note = ("Peak bytes allocated during the call, outputs included; itemsize = 4 (float32). "
             "A ratio that stays flat as L grows confirms the predicted order.")
-    return "## 2b. Repulsion memory, z of shape (L, D)\n\n" + note + "\n\n" + markdown(header, rows)
+    return note + "\n\n" + markdown(header, rows)
 
 
-def peer_rows(data, budget):
+def peer_rows(problem, budget):
     peers = [
-        ("posteriors", "SGLD", lambda: time_posteriors("SGLD", data, budget), import_posteriors),
-        ("posteriors", "SGHMC", lambda: time_posteriors("SGHMC", data, budget), import_posteriors),
-        ("blackjax", "SGLD", lambda: time_blackjax(data, budget), lambda: __import__("blackjax")),
+        ("posteriors", "SGLD", lambda: time_posteriors("SGLD", problem, budget), import_posteriors),
+        ("posteriors", "SGHMC", lambda: time_posteriors("SGHMC", problem, budget), import_posteriors),
+        ("blackjax", "SGLD", lambda: time_blackjax(problem, budget), lambda: __import__("blackjax")),
     ]
     for peer, sampler, theirs, load in peers:
         try:
             load()
         except ImportError:
-            yield [peer, "not installed", sampler, "-", "-", "-"]
+            yield [peer, "not installed", sampler, "-", "-", "-", "-", "-"]
             continue
-        if peer == "blackjax" and data[0].is_cuda:
-            yield [peer, version(peer), sampler, "-", "-", "skipped: timed on CPU only"]
+        if peer == "blackjax" and problem.data[0].is_cuda:
+            yield [peer, version(peer), sampler, "-", "-", "-", "-", "skipped: timed on CPU only"]
             continue
-        ours, other, ratio = compare(lambda: time_ours(sampler, data, budget), theirs, budget)
-        yield [peer, version(peer), sampler, fmt_us(ours), fmt_us(other), f"{ratio:.2f}"]
+        timings = compare({
+            "compile": lambda: time_ours(sampler, problem, budget, jit="compile")[0],
+            "eager": lambda: time_ours(sampler, problem, budget, jit="eager")[0],
+            "peer": theirs,
+        }, budget)
+        yield [peer, version(peer), sampler, spread(timings["compile"].steps), spread(timings["eager"].steps),
+               spread(timings["peer"].steps), f"{ratio(timings, 'compile', 'peer'):.2f}",
+               f"{ratio(timings, 'eager', 'peer'):.2f}"]
 
 
-def table_peers(data, budget):
-    header = ["peer", "version", "sampler", "ours µs/step", "theirs µs/step", "ratio ours / theirs"]
-    return "## 3. Peers, L = 1\n\n" + markdown(header, list(peer_rows(data, budget)))
+def table_peers(problem, budget):
+    header = ["peer", "version", "sampler", "ours compiled µs/step: median / mean / p90 / max",
+              "ours eager µs/step", "theirs µs/step", "compiled ÷ theirs", "eager ÷ theirs"]
+    return markdown(header, list(peer_rows(problem, budget)))
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--output", type=Path, default=RESULTS, help="where the tables are written")
-    parser.add_argument("--quick", action="store_true", help="few steps, 2 repeats")
+    parser.add_argument("--output", type=Path, default=None, help="where the tables are written")
+    parser.add_argument("--quick", action="store_true", help="few steps, 2 repeats, no MNIST or peers")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads on CPU")
     args = parser.parse_args()
     budget = QUICK if args.quick else FULL
     device = torch.device(args.device)
+    output = args.output or (RESULTS if device.type == "cpu" else RESULTS.with_name("sgmcmc_speed_cuda.md"))
     if device.type == "cpu":
         torch.set_num_threads(args.threads)
     pyro.set_rng_seed(0)
-    data = load_data(device)
-    for num_particles in (1, 10):
-        check_same_density(data, num_particles)
     started = time.perf_counter()
+    small = kin8nm(device)
+    for num_particles in (1, 10):
+        check_same_density(small, num_particles)
+    compile_rows = []
+    jits = ("eager", "compile") if args.quick else ("eager", "trace", "compile")
+    samplers = ("SGLD",) if args.quick else ("SGLD", "SGHMC", "AdamSGLD")
     sections = [
-        table_baselines(data, budget),
-        table_repulsion(data, budget),
-        table_memory(data),
-        table_peers(data, budget),
+        "## 1. One particle: ours vs the hand loop and the compiled floor\n\n"
+        + table_baselines(small, budget, jits, samplers, compile_rows=compile_rows),
+        "## 2. Ten particles (vmapped potential; the hand loop and the floor vmap too)\n\n"
+        + table_baselines(small, budget, ("eager", "compile"), ("SGLD",), num_particles=10,
+                          compile_rows=compile_rows),
+        "## 3. Repulsion: SGLD repulsion='rbf' vs independent particles\n\n"
+        + "\n\n".join(table_repulsion(small, budget, jit) for jit in ("compile",) + (() if args.quick else ("eager",))),
+        "## 4. Repulsion memory, z of shape (L, D)\n\n" + table_memory(small),
     ]
+    if not args.quick:
+        big = mnist(device)
+        check_same_density(big, 2)
+        big_budget = Budget(warmup=10, steps=50, repeats=3)
+        sections.append(
+            f"## 5. {big.name}, batch {MNIST_BATCH}, L = {MNIST_PARTICLES}: where arithmetic dominates\n\n"
+            + table_baselines(big, big_budget, ("eager", "compile"), ("SGLD",), num_particles=MNIST_PARTICLES,
+                              compile_rows=compile_rows)
+        )
+        sections.append("## 6. Peers, L = 1 (kin8nm BNN)\n\n" + table_peers(small, budget))
+    sections.append(
+        "## 7. Compile time and break-even\n\n"
+        "Seconds `jit_compile=True` spends tracing and compiling (once per run; median over "
+        "repeats, with warm on-disk caches of torch.compile after the first repeat), the floor's "
+        "first-call time, and the number of steps after which compiling beats the eager kernel "
+        "(compile seconds ÷ eager-minus-compiled seconds per step).\n\n"
+        + markdown(["model", "sampler", "L", "ours compile s", "floor first call s", "eager µs/step",
+                    "compiled µs/step", "break-even steps"], compile_rows)
+    )
     preamble = (
         f"# SG-MCMC per-step speed ({'quick' if args.quick else 'full'} run)\n\n"
-        f"BNN 8-{HIDDEN}-1 on kin8nm (N = {data[0].shape[0]}, batch {BATCH}), device {device}, "
+        f"{small.name} (N = {small.data[0].shape[0]}, batch {BATCH}), device {device}, "
         f"torch {torch.__version__} ({torch.get_num_threads()} threads), pyro {pyro.__version__}; "
-        f"{budget.repeats} repeats of {budget.steps} steps after {budget.warmup} warm-up steps; "
-        f"times are medians, ratios medians of per-repeat ratios. "
-        f"Total {time.perf_counter() - started:.0f} s."
+        f"{budget.repeats} repeats of {budget.steps} steps after {budget.warmup} warm-up steps. "
+        f"Per-step times in µs as median / mean / p90 / max over all timed steps; ratios are medians "
+        f"of per-repeat ratios of mean step times. Total {time.perf_counter() - started:.0f} s."
     )
-    write_report(preamble, sections, args.output)
+    write_report(preamble, sections, output)
+
 
 if __name__ == "__main__":
     main()

@@ -92,9 +92,10 @@ class SGMCMCKernel(MCMCKernel):
         update; see :mod:`~pyro_ext.infer.sgmcmc.compiled`) and compiles it with
         :func:`torch.compile`: the fastest per step, after a one-off compilation of
         several seconds (logged, and shown in the progress bar), so worthwhile for runs of
-        more than a few thousand steps. ``"trace"`` runs the traced step without compiling
-        it: no compilation wait, about twice as fast as eager for small models. Both give
-        the eager chain for the same seed, up to float32 round-off. The model needs static
+        more than a few thousand steps. ``"trace"`` runs the traced graph op by op, without
+        compiling it: no compiler needed and no wait, but not faster than eager (often
+        slower); it checks that a model traces, and tests the compiled path cheaply. Both
+        give the eager chain for the same seed, up to float32 round-off. The model needs static
         structure, and must not branch on latent values (a clear
         :class:`~pyro_ext.infer.sgmcmc.compiled.ModelNotTraceableError` says so); new data
         of the same shapes (:meth:`set_data`) reuses the compiled step, other shapes trace

@@ -235,6 +235,7 @@ class ParticlePotential:
         ]
         self.max_plate_nesting = max(plate_dims, default=0)
         self._trace = trace
+        self._sizes = [s.end - s.start for s in self.layout.values()]
         if previous is not None:
             before = {name: tuple(s.unconstrained_shape) for name, s in previous.items()}
             after = {name: tuple(s.unconstrained_shape) for name, s in self.layout.items()}
@@ -361,9 +362,10 @@ class ParticlePotential:
         """Site values and the summed log-Jacobian at particles ``z`` of shape ``(..., D)``."""
         batch = z.shape[:-1]
         values = {}
-        log_jacobian = z.new_zeros(batch)
-        for name, s in self.layout.items():
-            unconstrained = z[..., s.start : s.end].reshape(batch + s.unconstrained_shape)
+        log_jacobian = 0.0  # stays a number when every site is unconstrained already
+        columns = z.split(self._sizes, -1)
+        for (name, s), column in zip(self.layout.items(), columns):
+            unconstrained = column.reshape(batch + s.unconstrained_shape)
             if s.is_real:
                 values[name] = unconstrained
                 continue
@@ -371,6 +373,8 @@ class ParticlePotential:
             log_det = s.transform.log_abs_det_jacobian(unconstrained, value)
             log_jacobian = log_jacobian + log_det.reshape(batch + (-1,)).sum(-1)
             values[name] = value
+        if not isinstance(log_jacobian, torch.Tensor):
+            log_jacobian = z.new_zeros(batch)
         return values, log_jacobian
 
     def log_density(self, z: torch.Tensor, subsamples: Dict[str, torch.Tensor],
