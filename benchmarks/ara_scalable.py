@@ -192,7 +192,7 @@ def mlp():
     return net.apply(init_fan_in_)
 
 
-def train_defenses(x, y, epochs):
+def train_defenses(x, y, epochs, jit=False):
     pyro.set_rng_seed(0)
     defenses = {"none": AdversarialTrainer(mlp(), clean_fraction=1.0)}
     pyro.set_rng_seed(0)
@@ -200,7 +200,8 @@ def train_defenses(x, y, epochs):
     pyro.set_rng_seed(0)
     net = BayesianMLP(784, (MNIST_HIDDEN,) * 2, 10, likelihood="categorical", full_output=False)
     defenses["ARA"] = ARATrainer(
-        net, LANGEVIN, step_size=0.01 / x.shape[0], kernel="sghmc", friction=0.5, num_particles=5
+        net, LANGEVIN, step_size=0.01 / x.shape[0], kernel="sghmc", friction=0.5, num_particles=5,
+        jit_compile=jit,
     )
     for name, defense in defenses.items():
         defense.fit(x, y, epochs=epochs)
@@ -217,7 +218,7 @@ def mnist_section(cfg):
     x_test, y_test = load_mnist("test", flatten=True)
     x, y = x[: cfg["train_size"]], y[: cfg["train_size"]]
     x_test, y_test = x_test[: cfg["test_size"]], y_test[: cfg["test_size"]]
-    defenses = train_defenses(x, y, cfg["epochs"])
+    defenses = train_defenses(x, y, cfg["epochs"], cfg["jit"])
     source = defenses["none"].predict_logits
     attacks = {
         "FGSM": lambda f, x, y, eps: fgsm(f, x, y, eps),
@@ -279,6 +280,10 @@ def main():
     parser.add_argument("--epochs", type=int, help="MNIST epochs (default 5, quick 1)")
     parser.add_argument("--pgd-steps", type=int, help="PGD steps (default 50, quick 10)")
     parser.add_argument("--output", type=Path, default=RESULTS)
+    parser.add_argument(
+        "--jit", action=argparse.BooleanOptionalAction, default=False,
+        help="compile ARA's SG-MCMC step (ARATrainer(jit_compile=True))",
+    )
     args = parser.parse_args()
     torch.set_num_threads(1)
     if args.quick:
@@ -288,6 +293,7 @@ def main():
     for key in ("reps", "train_size", "test_size", "epochs", "pgd_steps"):
         if getattr(args, key) is not None:
             cfg[key] = getattr(args, key)
+    cfg["jit"] = args.jit
     start = time.perf_counter()
     sections = [spam_section(cfg), mnist_section(cfg)]
     preamble = (

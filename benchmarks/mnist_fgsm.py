@@ -121,6 +121,7 @@ def train(key, x, y, base_step, cfg, seed):
         num_particles=cfg["particles"],
         repulsion=repulsion,
         init_strategy=_init,
+        jit_compile=cfg["jit"],
         **extra,
     )
     stamps = []
@@ -215,6 +216,11 @@ def main():
     parser.add_argument("--device", default="cpu", help="torch device of the sampler and attack")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
+        "--jit", action=argparse.BooleanOptionalAction, default=False,
+        help="compile the sampler step (jit_compile=True); off by default: with 1000-unit "
+        "layers a step is bound by arithmetic, and 400 steps do not repay the compilation",
+    )
+    parser.add_argument(
         "--samplers",
         nargs="+",
         choices=list(SAMPLERS),
@@ -232,6 +238,7 @@ def main():
         steps=args.steps or (200 if quick else 400),
         warmup=args.warmup or (100 if quick else 200),
         thinning=args.thinning or (10 if quick else 20),
+        jit=args.jit,
     )
     test_size = args.test_size or (300 if quick else 2000)
     num_train = 5000 if quick else 60000 - NUM_VALIDATION
@@ -247,7 +254,7 @@ def main():
         f"L = {cfg['particles']} particles, batch {BATCH}, {cfg['steps']} steps "
         f"({cfg['steps'] * BATCH / 60000:.2f} epochs) on {num_train} training images, burn-in "
         f"{cfg['warmup']}, a draw every {cfg['thinning']} steps ({num_draws} draws per sampler); "
-        f"Adam+NR with eps = {ADAM_EPS}. torch {torch.__version__} ({args.device}, 1 thread), "
+        f"Adam+NR with eps = {ADAM_EPS}; jit_compile={args.jit}. torch {torch.__version__} ({args.device}, 1 thread), "
         f"pyro {pyro.__version__}; seed {args.seed}"
     )
     if args.tune:

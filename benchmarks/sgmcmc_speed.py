@@ -17,7 +17,9 @@ step through ``torch.compile``). Baselines:
 - **hand loop**: a hand-written PyTorch loop with autograd and in-place updates (it keeps
   a copy of every state, as MCMC does); ``torch.func.vmap`` over particles when L > 1;
 - **floor**: the same step written as one pure function with ``torch.func.grad`` and
-  ``torch.compile``d, the noise drawn inside it;
+  ``torch.compile``d; its noise and minibatch indices are drawn with ``torch.randn`` /
+  ``randperm`` and passed in, as ours are (inductor's in-kernel CPU random numbers are
+  slower: 224 against 85 ms per step on the MNIST network below);
 - **peers**: ``posteriors`` SGLD / SGHMC and BlackJAX SGLD (jitted step; its minibatch
   indices come from NumPy's ``permutation``, as ``jax.random.permutation`` of the 7373 rows
   alone costs milliseconds on CPU). A peer that is not importable gets a "not installed" row.
@@ -128,14 +130,16 @@ def bnn_log_joint(params, x_batch, y_batch, scale):
 def mnist_model(x, y):
     prior = dist.Normal(x.new_zeros(()), 1.0)
     sizes = (x.shape[-1],) + MNIST_HIDDEN + (10,)
-    h = None
+    weights = [
+        (pyro.sample(f"w{i}", prior.expand([fan_in, fan_out]).to_event(2)),
+         pyro.sample(f"b{i}", prior.expand([fan_out]).to_event(1)))
+        for i, (fan_in, fan_out) in enumerate(zip(sizes[:-1], sizes[1:]))
+    ]
     with pyro.plate("data", x.shape[0], subsample_size=MNIST_BATCH) as idx:
         h = x[idx]
-        for i, (fan_in, fan_out) in enumerate(zip(sizes[:-1], sizes[1:])):
-            w = pyro.sample(f"w{i}", prior.expand([fan_in, fan_out]).to_event(2))
-            b = pyro.sample(f"b{i}", prior.expand([fan_out]).to_event(1))
+        for i, (w, b) in enumerate(weights):
             h = h @ w + b
-            if i < len(sizes) - 2:
+            if i < len(weights) - 1:
                 h = torch.relu(h)
         pyro.sample("obs", dist.Categorical(logits=h), obs=y[idx])
 
@@ -245,23 +249,23 @@ def floor_step(sampler, problem, num_particles):
     grad = torch.func.grad(summed_log_joint(problem, num_particles))
     beta1, beta2 = BETAS
 
-    def step(params, state, idx, adapt):
+    def step(params, state, idx, noise, adapt):
         grads = grad(params, x[idx], y[idx], scale)
         if sampler == "SGLD":
-            noise = math.sqrt(2 * STEP_SIZE)
-            return [p + STEP_SIZE * g + noise * torch.randn_like(p) for p, g in zip(params, grads)], state
+            scale_ = math.sqrt(2 * STEP_SIZE)
+            return [p + STEP_SIZE * g + scale_ * n for p, g, n in zip(params, grads, noise)], state
         if sampler == "SGHMC":
-            noise = math.sqrt(2 * FRICTION * STEP_SIZE)
-            velocity = [(1 - FRICTION) * v + STEP_SIZE * g + noise * torch.randn_like(v)
-                        for v, g in zip(state["velocity"], grads)]
+            scale_ = math.sqrt(2 * FRICTION * STEP_SIZE)
+            velocity = [(1 - FRICTION) * v + STEP_SIZE * g + scale_ * n
+                        for v, g, n in zip(state["velocity"], grads, noise)]
             return [p + v for p, v in zip(params, velocity)], dict(state, velocity=velocity)
         count = state["count"] + adapt.long()
         second = [torch.where(adapt, beta2 * s + (1 - beta2) * g * g, s)
                   for s, g in zip(state["second_moment"], grads)]
         mass = [(s / (1 - beta2**count)).sqrt() + ADAM_EPS for s in second]
-        noise = math.sqrt(2 * (1 - beta1) * STEP_SIZE)
-        velocity = [beta1 * u + STEP_SIZE * g + noise * m.sqrt() * torch.randn_like(u)
-                    for u, g, m in zip(state["velocity"], grads, mass)]
+        scale_ = math.sqrt(2 * (1 - beta1) * STEP_SIZE)
+        velocity = [beta1 * u + STEP_SIZE * g + scale_ * m.sqrt() * n
+                    for u, g, m, n in zip(state["velocity"], grads, mass, noise)]
         params = [p + u / m for p, u, m in zip(params, velocity, mass)]
         return params, dict(state, velocity=velocity, second_moment=second, count=count)
 
@@ -337,7 +341,8 @@ def time_floor(sampler, problem, budget, num_particles=1, compiled=None):
         nonlocal params, state
         started = clock(x.device) if t == 0 else None
         idx = torch.randperm(x.shape[0], device=x.device)[: problem.batch]
-        params, state = step(params, state, idx, flags[0] if t < budget.warmup else flags[1])
+        noise = [torch.randn_like(p) for p in params]
+        params, state = step(params, state, idx, noise, flags[0] if t < budget.warmup else flags[1])
         draws.append([p.clone() for p in params])
         if started is not None:
             first_call.append(clock(x.device) - started)

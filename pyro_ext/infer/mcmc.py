@@ -200,15 +200,35 @@ class MCMC(pyro.infer.MCMC):
         progress = ProgressBar(
             self.warmup_steps, self.num_samples * self.thinning, disable=self._disable_progbar
         )
-        progress.progress_bars[0].update(start)
+        bar = progress.progress_bars[0]
+        bar.update(start)
+        # Draws of steps the kernel has not verified yet (a compiled step on an accelerator
+        # reads its finiteness flags every few steps): (step, flat particles).
+        unverified = []
+        step = start
         try:
             with pyro.validation_enabled(not self.disable_validation):
-                for step in range(start, self._total_steps):
+                while True:
+                    if kernel.rewound_to is not None:
+                        # A non-finite compiled step: the kernel went back to its last
+                        # verified state and replays from there.
+                        step, kernel.rewound_to = kernel.rewound_to, None
+                        unverified = [(s, z) for s, z in unverified if s < step]
+                        params = kernel.initial_params
+                        bar.n = step
+                        bar.refresh()
+                        continue
+                    if step == self._total_steps:
+                        if kernel.verify():
+                            break
+                        continue
                     params = kernel.sample(params)
+                    if kernel.rewound_to is not None:
+                        continue
                     stage = "Warmup" if step < self.warmup_steps else "Sample"
                     kept = step - self.warmup_steps + 1
                     if kept > 0 and kept % self.thinning == 0:
-                        self._keep(draws)
+                        unverified.append((step, self._take()))
                     if self._hook_fn is not None:
                         # As in pyro.infer.MCMC, the index restarts at 0 for the sampling stage.
                         index = step if step < self.warmup_steps else step - self.warmup_steps
@@ -218,10 +238,17 @@ class MCMC(pyro.infer.MCMC):
                         progress.set_description(stage, refresh=False)
                         if step % 10 == 0:
                             progress.set_postfix(kernel.logging(), refresh=False)
-                    progress.progress_bars[0].update()
-                    if self.checkpoint_path is not None and (step + 1) % every == 0:
-                        self._save_checkpoint(step + 1, draws)
-        except SamplerDivergenceError:
+                    bar.update()
+                    step += 1
+                    if self.checkpoint_path is not None and step % every == 0:
+                        if not kernel.verify():
+                            continue  # the rewind is taken at the top of the loop
+                        unverified = self._commit(unverified, draws, step)
+                        self._save_checkpoint(step, draws)
+                    unverified = self._commit(unverified, draws, kernel.verified_steps)
+            unverified = self._commit(unverified, draws, self._total_steps)
+        except SamplerDivergenceError as error:
+            self._commit(unverified, draws, error.step)
             self._collect(draws)
             raise
         finally:
@@ -229,12 +256,25 @@ class MCMC(pyro.infer.MCMC):
             kernel.cleanup()
         self._collect(draws)
 
-    def _keep(self, draws):
+    def _take(self):
         z = self.kernel.particles.detach()
-        z = z.to(self.draws_device or z.device, copy=True)
-        if self._statistics is None:
-            draws.append(z)
-            return
+        return z.to(self.draws_device or z.device, copy=True)
+
+    def _commit(self, unverified, draws, verified_steps):
+        """Keep the draws of the first ``verified_steps`` steps; return the others."""
+        if not unverified or unverified[0][0] >= verified_steps:
+            return unverified
+        rest = []
+        for step, z in unverified:
+            if step >= verified_steps:
+                rest.append((step, z))
+            elif self._statistics is None:
+                draws.append(z)
+            else:
+                self._update_statistics(z)
+        return rest
+
+    def _update_statistics(self, z):
         values = self.kernel.potential.constrain(z)
         self._statistics.update(
             {

@@ -285,3 +285,83 @@ def test_a_kernel_with_a_python_level_update_refuses_to_compile():
 
     with pytest.raises(ValueError, match="jit_compile=False"):
         Custom(logistic_model, 1e-3, jit_compile=True).setup(0, *logistic_data("cpu"))
+
+
+# -- deferred finiteness checks (the accelerator default, forced here on the CPU) -----------
+def poison_compiled_calls(monkeypatch, calls_to_poison):
+    """Make the given compiled calls return NaN particles flagged as not finite, once each."""
+    original = compiled_module.CompiledStep.__call__
+    count = [0]
+
+    def poisoned(self, *args, **kwargs):
+        output = original(self, *args, **kwargs)
+        count[0] += 1
+        if count[0] in calls_to_poison:
+            state = type(output.state)(*(t * float("nan") if t.is_floating_point() else t for t in output.state))
+            return output._replace(state=state, ok=torch.tensor(False))
+        return output
+
+    monkeypatch.setattr(compiled_module.CompiledStep, "__call__", poisoned)
+    return count
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+def test_deferred_checks_rewind_and_replay_to_the_eager_chain(monkeypatch, streaming):
+    x, y = logistic_data("cpu")
+    options = dict(thinning=2, statistics=StatsOfDict(default=CountMeanVarianceStats) if streaming else None)
+    make = lambda **kw: SGHMC(logistic_model, 1e-3, num_particles=3, repulsion="rbf", **kw)  # noqa: E731
+    eager = draws(make(), x, y, **options)
+    count = poison_compiled_calls(monkeypatch, {4, 20, 21, 57})
+    kernel = make(jit_compile="trace", divergence_check_every=8)
+    deferred = draws(kernel, x, y, **options)
+    assert count[0] > 100 - 10  # most steps ran compiled, the replays eagerly
+    if streaming:
+        for key, stats in eager.get_statistics().items():
+            got = deferred.get_statistics()[key]
+            assert got["count"] == stats["count"] == 70
+            torch.testing.assert_close(got["mean"], stats["mean"], atol=1e-5, rtol=1e-4)
+    else:
+        assert_same_chain(eager, deferred)
+
+
+def test_deferred_checks_report_the_divergence_at_its_step():
+    errors, kept = [], []
+    for options in ({}, {"jit_compile": "trace", "divergence_check_every": 16}):
+        pyro.set_rng_seed(1)
+        mcmc = MCMC(SGLD(stiff_model, 0.05, num_particles=3, **options), num_samples=200, warmup_steps=0,
+                    disable_progbar=True)
+        with pytest.raises(SamplerDivergenceError, match="'stiff'") as error:
+            mcmc.run()
+        errors.append(error.value)
+        kept.append(mcmc.get_samples(group_by_chain=True)["stiff"])
+    assert errors[0].step == errors[1].step and errors[0].sites == errors[1].sites
+    assert kept[1].shape[1] == errors[1].step and torch.isfinite(kept[1]).all()
+    torch.testing.assert_close(kept[1], kept[0], atol=1e-5, rtol=1e-4)
+
+
+def test_deferred_checks_with_checkpoints_resume_to_the_same_draws(tmp_path, monkeypatch):
+    x, y = logistic_data("cpu")
+    make = lambda: SGLD(logistic_model, 2e-3, num_particles=2, jit_compile="trace", divergence_check_every=6)  # noqa: E731
+    reference = draws(make(), x, y)
+    path = str(tmp_path / "run.ckpt")
+
+    class Interrupt(Exception):
+        pass
+
+    def crash(kernel, params, stage, index):
+        if stage == "Sample" and index == 45:
+            raise Interrupt
+
+    poison_compiled_calls(monkeypatch, {9, 33})
+    with pytest.raises(Interrupt):
+        draws(make(), x, y, checkpoint_path=path, checkpoint_every=10, hook_fn=crash)
+    resumed = MCMC(make(), num_samples=70, warmup_steps=30, disable_progbar=True, checkpoint_path=path)
+    resumed.resume(x, y)
+    assert_same_chain(reference, resumed)
+
+
+def test_divergence_check_every_is_checked():
+    with pytest.raises(ValueError, match="divergence_check_every"):
+        SGLD(logistic_model, 1e-3, divergence_check_every=0)
+    with pytest.raises(TypeError, match="divergence_check_every"):
+        SGLD(logistic_model, 1e-3, divergence_check_every=2.0)

@@ -105,6 +105,17 @@ class SGMCMCKernel(MCMCKernel):
         whole step as one CUDA graph, and torch's default elsewhere.
     :param str vectorize: how the particles are evaluated together: ``"vmap"``,
         ``"plate"`` or ``"auto"`` (see :class:`~.potential.ParticlePotential`).
+    :param int divergence_check_every: with a compiled step, how many steps pass between
+        reads of its finiteness flags (each read synchronises with the device). ``None``
+        (default): every step on the CPU, where a read is free, and every 32 steps on an
+        accelerator. When a read finds a non-finite step, the chain is rewound to the last
+        verified state and replayed eagerly from there with the random number generators
+        restored, so the replay draws the same minibatches and noise: it either raises
+        :class:`~pyro_ext.infer.SamplerDivergenceError` at the step where it happened,
+        with the eager diagnosis, or goes on (a repulsive factorisation that needed a
+        larger jitter). :class:`pyro_ext.infer.MCMC` keeps only verified draws, so a
+        rewind never leaves a non-finite draw behind; a ``hook_fn`` sees the replayed
+        steps again.
     """
 
     #: the name of the sampler in :data:`~.updates.SAMPLERS`
@@ -121,6 +132,7 @@ class SGMCMCKernel(MCMCKernel):
         jit_compile=False,
         compile_mode=None,
         vectorize="auto",
+        divergence_check_every=None,
     ):
         if not callable(model):
             raise TypeError("model must be a callable Pyro model")
@@ -141,6 +153,16 @@ class SGMCMCKernel(MCMCKernel):
         if vectorize not in VECTORIZE:
             raise ValueError(f"vectorize must be one of {VECTORIZE}, got {vectorize!r}")
         self.jit_compile = check_jit_compile(jit_compile, compile_mode)
+        if divergence_check_every is not None and (
+            isinstance(divergence_check_every, bool) or not isinstance(divergence_check_every, int)
+        ):
+            raise TypeError(
+                "divergence_check_every must be None or an int, got "
+                f"{type(divergence_check_every).__name__}"
+            )
+        if divergence_check_every is not None and divergence_check_every < 1:
+            raise ValueError(f"divergence_check_every must be >= 1, got {divergence_check_every}")
+        self.divergence_check_every = divergence_check_every
         self.compile_mode = compile_mode
         self.vectorize = vectorize
         self.sampler = SAMPLERS[self.sampler_name]
@@ -156,6 +178,11 @@ class SGMCMCKernel(MCMCKernel):
         self._current_step_size = None
         self._step_size_tensor = None
         self._flags = None
+        self._pending_ok = []
+        self._snapshot = None
+        self._eager_until = 0
+        #: set by a check that rewound the chain: the step count it went back to
+        self.rewound_to = None
 
     # -- framework wiring ------------------------------------------------------------
     def setup(self, warmup_steps, *args, **kwargs):
@@ -170,6 +197,7 @@ class SGMCMCKernel(MCMCKernel):
         self._state = self._init_state(z.clone())
         self._last_params = None
         self._compiled = None
+        self._pending_ok, self._snapshot, self._eager_until, self.rewound_to = [], None, 0, None
         if self.jit_compile:
             if type(self)._update is not SGMCMCKernel._update:
                 raise ValueError(
@@ -242,6 +270,46 @@ class SGMCMCKernel(MCMCKernel):
         """Whether a preconditioner adapts at this step (AdamSGLD; ignored by the others)."""
         return False
 
+    @property
+    def _check_every(self):
+        if self.divergence_check_every is not None:
+            return self.divergence_check_every
+        return 1 if self._state.z.device.type == "cpu" else 32
+
+    @property
+    def verified_steps(self):
+        """Steps whose results are known to be finite (all of them but unread compiled ones)."""
+        return self._step - len(self._pending_ok)
+
+    def _take_snapshot(self):
+        cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
+        self._snapshot = (self._step, self._state, torch.get_rng_state(), cuda)
+
+    def verify(self):
+        """
+        Read the finiteness flags of the compiled steps not yet checked (one device
+        synchronisation). Returns ``True`` when they were all finite. Otherwise the chain
+        is rewound to the last verified state (see ``divergence_check_every``),
+        :attr:`rewound_to` is set to its step count, and ``False`` is returned.
+        """
+        if self._pending_ok:
+            flags = torch.stack(self._pending_ok)
+            self._pending_ok = []
+            if not bool(flags.all()):
+                step, state, cpu_rng, cuda_rng = self._snapshot
+                first_bad = step + int((~flags).nonzero()[0])
+                self._step, self._state = step, state
+                torch.set_rng_state(cpu_rng)
+                if cuda_rng is not None:
+                    torch.cuda.set_rng_state_all(cuda_rng)
+                self._eager_until = first_bad + 1
+                self._last_params = None
+                self.rewound_to = step
+                return False
+        if self._compiled is not None and self._check_every > 1:
+            self._take_snapshot()
+        return True
+
     def _tensor_inputs(self, step_size, adapt, like):
         # Cached on the particles' device: a constant step size costs no transfer per step.
         if self._step_size_tensor is None or self._step_size_tensor[0] != step_size:
@@ -251,9 +319,17 @@ class SGMCMCKernel(MCMCKernel):
         return self._step_size_tensor[1], self._flags[int(adapt)]
 
     def sample(self, params):
+        deferred_checks = self._compiled is not None and self._check_every > 1
         if params is not self._last_params:
-            # A caller (e.g. a hook) replaced the particles: continue from its values.
+            # A caller (e.g. a hook) replaced the particles: continue from its values, once
+            # the steps before are verified (a rewind discards the replacement).
+            if deferred_checks and not self.verify():
+                return self._to_params(self._state.z)
             self._state = self._state._replace(z=self.potential.flatten(params, self.num_particles))
+            if deferred_checks:
+                self._take_snapshot()
+        if deferred_checks and self._snapshot is None:
+            self._take_snapshot()  # before this step draws its randomness
         step_size = float(self.step_size(self._step))
         if not (math.isfinite(step_size) and step_size > 0):
             raise ValueError(f"step size schedule gave {step_size} at step {self._step}; expected > 0")
@@ -263,13 +339,17 @@ class SGMCMCKernel(MCMCKernel):
         noise = torch.randn_like(z)
         adapt = self._adapting()
         state = None
-        if self._compiled is not None:
+        deferred = False
+        if self._compiled is not None and self._step >= self._eager_until:
             step_size_t, adapt_t = self._tensor_inputs(step_size, adapt, z)
             output = self._compiled(
                 self._state, noise, step_size_t, adapt_t, subsamples,
                 self.potential.model_args, self.potential.model_kwargs,
             )
-            if bool(output.ok):
+            if deferred_checks:
+                state, log_density, deferred = output.state, output.log_density, True
+                self._pending_ok.append(output.ok)
+            elif bool(output.ok):
                 state, log_density = output.state, output.log_density
         if state is None:
             # Eager, or a compiled step that was not finite: the eager step from the same
@@ -282,6 +362,8 @@ class SGMCMCKernel(MCMCKernel):
         self._last_log_density = log_density
         self._current_step_size = step_size
         self._step += 1
+        if deferred_checks and (not deferred or len(self._pending_ok) >= self._check_every):
+            self.verify()
         return self._to_params(self._state.z)
 
     def _check_finite(self, log_density, grad, new_z, subsamples):
@@ -321,7 +403,9 @@ class SGMCMCKernel(MCMCKernel):
 
     # -- checkpointing ---------------------------------------------------------------
     def state_dict(self):
-        """The sampler's full state, for checkpointing long runs."""
+        """The sampler's full state, for checkpointing long runs (call :meth:`verify` first)."""
+        if self._pending_ok:
+            raise RuntimeError("state_dict() of unverified steps: call verify() first")
         return {"step": self._step, "state": self._state._asdict()}
 
     def load_state_dict(self, state_dict):
@@ -333,6 +417,7 @@ class SGMCMCKernel(MCMCKernel):
             state["count"] = self._state.z.new_tensor(state["count"], dtype=torch.long)
         self._state = type(self._state)(**state)
         self._last_params = None
+        self._pending_ok, self._snapshot, self._eager_until, self.rewound_to = [], None, 0, None
 
 
 class SGLD(SGMCMCKernel):
