@@ -91,7 +91,8 @@ def test_a_thousand_steps_compile_once():
     kernel = AdamSGLD(logistic_model, PolynomialDecay(1e-3, 10.0, 0.55), num_particles=2, jit_compile=True)
     torch._dynamo.utils.counters.clear()
     mcmc = draws(kernel, x, y, num_samples=900, warmup_steps=100)
-    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1
+    # One compilation in all (inductor compiles through AOT autograd, which counts them).
+    assert torch._dynamo.utils.counters["aot_autograd"]["total"] == 1
     assert kernel._compiled.num_traces == 1
     assert torch.isfinite(mcmc.get_samples()["w"]).all()
 

@@ -7,8 +7,14 @@ that contains everything a step does: the potential's gradient for all ``L`` par
 (vectorised as the potential says), the repulsion coupling, the preconditioner and momentum
 state, the noise and the update, and a finiteness flag. Pyro's handlers and every other
 Python-level cost run only while tracing; what remains is a graph of tensor operations,
-which ``jit_compile="trace"`` runs as it is and ``jit_compile=True`` hands to
-:func:`torch.compile` (``mode="reduce-overhead"`` on CUDA replays it as one CUDA graph).
+which ``jit_compile="trace"`` runs as it is and ``jit_compile=True`` compiles with
+TorchInductor, the compiler behind :func:`torch.compile`. On the CPU the graph goes to
+inductor directly (:func:`torch._inductor.compile`, which exists for graphs captured
+without dynamo): this class keys compiled graphs by shapes itself, so dynamo's frame guards
+would only add per-call overhead. On CUDA it goes through :func:`torch.compile` with
+``compile_mode`` (``"reduce-overhead"`` replays the whole step as one CUDA graph). The
+compiled graphs land in inductor's on-disk cache, so a later run of the same model and
+shapes compiles in about a second.
 
 Randomness stays outside: the kernel draws the minibatch indices and the standard normal
 noise with the global generator, in the order its eager step does, and passes them in. So
@@ -19,9 +25,12 @@ recompilation. The model's tensors keep their shapes from step to step; when the
 new set of shapes, with a warning.
 
 A step whose potential, gradient or new particles are not finite (or whose repulsive
-noise could not be factorised at the first jitter) is not accepted: the kernel redoes that
-step eagerly from the same inputs, which either succeeds (retrying the factorisation) or
-raises :class:`~.potential.SamplerDivergenceError` with the eager diagnosis.
+noise could not be factorised at the first jitter) returns a false flag, computed inside
+the graph. The kernel reads it every step on the CPU and redoes such a step eagerly from
+the same inputs, which either succeeds (retrying the factorisation) or raises
+:class:`~.potential.SamplerDivergenceError` with the eager diagnosis; on an accelerator it
+reads the flags every few steps and replays from the last verified state (see
+``divergence_check_every`` of :class:`~.kernels.SGMCMCKernel`).
 """
 
 import logging
@@ -31,7 +40,9 @@ from typing import Dict, NamedTuple
 
 import pyro
 import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
+from torch.fx.experimental.symbolic_shapes import ShapeEnv
 from torch.utils import _pytree as pytree
 
 from .repulsion import stein_coupling
@@ -127,6 +138,7 @@ class CompiledStep:
         self.temperature, self.repulsion = temperature, repulsion
         self.kind, self.compile_mode = kind, compile_mode
         self._fns: Dict[tuple, object] = {}
+        self._last = None  # (args, kwargs, key, fn, data tensors, subsample names) of last step
         self.trace_seconds = 0.0
         self.compile_seconds = 0.0
         self.num_traces = 0
@@ -188,10 +200,30 @@ class CompiledStep:
         mode = self.compile_mode
         if mode is None and state.z.is_cuda:
             mode = "reduce-overhead"
-        self._cudagraphs = state.z.is_cuda and mode in ("reduce-overhead", "max-autotune")
+        if not state.z.is_cuda:
+            # The graph is already a traced aten graph, and this class keys it by shapes:
+            # inductor alone compiles it, without dynamo's frame guards (half the per-call
+            # overhead of torch.compile on a small model).
+            started = time.perf_counter()
+            options = {} if mode in (None, "default") else torch._inductor.list_mode_options(mode)
+            # Fake example inputs with a shape environment (shapes kept static) let inductor
+            # use its on-disk graph cache: a later run of the same model compiles in a second.
+            fake_mode = FakeTensorMode(shape_env=ShapeEnv())
+            examples = [fake_mode.from_tensor(t, static_shapes=True) for t in inputs]
+            compiled = torch._inductor.compile(graph, examples, options=options)
+            self.compile_seconds += time.perf_counter() - started
+            self._log_compile_time()
+            return compiled
+        self._cudagraphs = mode in ("reduce-overhead", "max-autotune")
         self._pending_first_call.add(key)
         return torch.compile(graph, mode=None if mode == "default" else mode, dynamic=False,
                              fullgraph=True)
+
+    def _log_compile_time(self):
+        logger.info(
+            "pyro_ext: SG-MCMC step traced in %.1f s and compiled in %.1f s",
+            self.trace_seconds, self.compile_seconds,
+        )
 
     def _trace(self, key, state, inputs, data_spec, subsample_names, leaves):
         try:
@@ -211,6 +243,19 @@ class CompiledStep:
 
     # -- calling ---------------------------------------------------------------------------
     def __call__(self, state, noise, step_size, adapt, subsamples, args, kwargs) -> StepOutput:
+        last = self._last
+        if last is not None and last[0] is args and last[1] is kwargs:
+            # The same arguments as last step (no set_data since): same shapes, same graph.
+            _, _, key, fn, data_tensors, subsample_names = last
+            inputs = (*state, noise, step_size, adapt,
+                      *(subsamples[n] for n in subsample_names), *data_tensors)
+        else:
+            key, fn, inputs, subsample_names = self._lookup(state, noise, step_size, adapt, subsamples, args, kwargs)
+            data_tensors = inputs[len(state) + 3 + len(subsample_names):]
+            self._last = (args, kwargs, key, fn, data_tensors, subsample_names)
+        return self._run(key, fn, state, inputs)
+
+    def _lookup(self, state, noise, step_size, adapt, subsamples, args, kwargs):
         subsample_names = tuple(sorted(subsamples))
         leaves, data_spec, data_key = _data_spec(args, kwargs)
         shapes = tuple((tuple(t.shape), t.dtype) for t in state) + tuple(
@@ -232,6 +277,9 @@ class CompiledStep:
                     RuntimeWarning,
                 )
             fn = self._fns[key] = self._trace(key, state, inputs, data_spec, subsample_names, leaves)
+        return key, fn, inputs, subsample_names
+
+    def _run(self, key, fn, state, inputs):
         if self._cudagraphs:
             torch.compiler.cudagraph_mark_step_begin()
         first = key in self._pending_first_call
@@ -241,10 +289,7 @@ class CompiledStep:
         if first:
             self._pending_first_call.discard(key)
             self.compile_seconds += time.perf_counter() - started
-            logger.info(
-                "pyro_ext: SG-MCMC step traced in %.1f s and compiled in %.1f s",
-                self.trace_seconds, self.compile_seconds,
-            )
+            self._log_compile_time()
         num_state = len(state)
         if self._cudagraphs:
             # A CUDA graph's outputs live in its static memory and are overwritten by the

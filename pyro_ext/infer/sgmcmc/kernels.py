@@ -90,9 +90,9 @@ class SGMCMCKernel(MCMCKernel):
     :param jit_compile: ``False`` (default) runs each step eagerly. ``True`` traces the
         whole step once (gradient of all particles, coupling, preconditioner, noise and
         update; see :mod:`~pyro_ext.infer.sgmcmc.compiled`) and compiles it with
-        :func:`torch.compile`: the fastest per step, after a one-off compilation of
-        several seconds (logged, and shown in the progress bar), so worthwhile for runs of
-        more than a few thousand steps. ``"trace"`` runs the traced graph op by op, without
+        TorchInductor: the fastest per step, after a one-off compilation of a few seconds
+        (about one when inductor's on-disk cache already holds the graph; logged, and shown
+        in the progress bar), so worthwhile for runs of more than a few thousand steps. ``"trace"`` runs the traced graph op by op, without
         compiling it: no compiler needed and no wait, but not faster than eager (often
         slower); it checks that a model traces, and tests the compiled path cheaply. Both
         give the eager chain for the same seed, up to float32 round-off. The model needs static
