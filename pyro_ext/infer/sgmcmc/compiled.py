@@ -33,6 +33,7 @@ reads the flags every few steps and replays from the last verified state (see
 ``divergence_check_every`` of :class:`~.kernels.SGMCMCKernel`).
 """
 
+import contextlib
 import logging
 import time
 import warnings
@@ -70,6 +71,24 @@ def check_jit_compile(jit_compile, compile_mode):
     if compile_mode is not None and jit_compile in (False, "trace"):
         raise ValueError(f"compile_mode={compile_mode!r} needs jit_compile=True")
     return "compile" if jit_compile is True else jit_compile
+
+
+@contextlib.contextmanager
+def _without_sample_checks():
+    """
+    Skip distributions' checks that a scored value lies in their support while tracing.
+
+    :func:`pyro.validation_enabled` turns them off only for distributions built inside it;
+    one built earlier with checks on (a ``PyroModule``'s cached priors, say) still checks
+    each value, and that check branches on tensor values, which a trace cannot follow.
+    The values scored here are images of unconstrained particles: always in the support.
+    """
+    original = torch.distributions.Distribution._validate_sample
+    torch.distributions.Distribution._validate_sample = lambda self, value: None
+    try:
+        yield
+    finally:
+        torch.distributions.Distribution._validate_sample = original
 
 
 class ModelNotTraceableError(RuntimeError):
@@ -188,7 +207,7 @@ class CompiledStep:
                 self.potential.log_density_all(state.z, dict(zip(subsample_names, inputs[len(state) + 3:])))
         step = self._pure_step(state_type, data_spec, subsample_names, leaves)
         started = time.perf_counter()
-        with pyro.validation_enabled(False), warnings.catch_warnings():
+        with pyro.validation_enabled(False), _without_sample_checks(), warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)  # tracer notes on scalars
             graph = make_fx(step)(*inputs)
         graph.graph.eliminate_dead_code()
