@@ -25,6 +25,8 @@ from pyro.infer.autoguide.initialization import init_to_median
 from pyro.nn import PyroModule, PyroSample
 from pyro.poutine.util import site_is_subsample
 
+from ..ops.validation import values_checked
+
 __all__ = [
     "BayesianMLP",
     "expected_calibration_error",
@@ -297,15 +299,17 @@ class BayesianMLP(PyroModule):
                     f"y must be floating point for a Gaussian likelihood, got dtype {y.dtype}"
                 )
             return y
+        # Value checks follow the validation switch (see pyro_ext.ops.validation).
+        check_values = values_checked()
         if self.likelihood == "bernoulli":
-            if not bool(((y == 0) | (y == 1)).all()):
+            if check_values and not bool(((y == 0) | (y == 1)).all()):
                 raise ValueError("y must hold 0/1 labels for a Bernoulli likelihood")
             return y.to(x.dtype)
         if y.is_floating_point() or y.is_complex() or y.dtype == torch.bool:
             raise ValueError(
                 f"y must hold integer class labels for a categorical likelihood, got dtype {y.dtype}"
             )
-        if num and not (0 <= int(y.min()) and int(y.max()) < self.out_features):
+        if check_values and num and not (0 <= int(y.min()) and int(y.max()) < self.out_features):
             raise ValueError(
                 f"class labels must lie in [0, {self.out_features}), got range [{int(y.min())}, {int(y.max())}]"
             )

@@ -37,7 +37,8 @@ import math
 from typing import NamedTuple
 
 import torch
-from torch.distributions import Distribution
+
+from ..ops.validation import values_checked
 
 __all__ = [
     "KalmanFilterResult",
@@ -131,18 +132,6 @@ def _split(x, name, core, num_batch, num_steps, time_ok=True):
     return x, False
 
 
-def _check_values():
-    """Whether to check tensor *values* (NaN, negative variances, failed factorisations).
-
-    These checks follow torch.distributions' global validation switch
-    (``pyro.enable_validation``): samplers turn validation off while they evaluate
-    potentials, so that a particle that strays into an invalid region gets a NaN log density
-    (reported as a divergence) instead of an exception, and so that ``torch.func.vmap``, which
-    cannot branch on values, can batch the filter.
-    """
-    return Distribution._validate_args
-
-
 def _nan_where_failed(x, info):
     """``x`` with the matrices whose factorisation failed (``info != 0``) set to NaN."""
     return torch.where((info != 0)[..., None, None], torch.full_like(x, math.nan), x)
@@ -150,7 +139,7 @@ def _nan_where_failed(x, info):
 
 def _lu_factor(x, name):
     lu, piv, info = torch.linalg.lu_factor_ex(x)
-    if _check_values():
+    if values_checked():
         if bool((info != 0).any()):
             raise ValueError(f"{name} is singular; check the covariances for degenerate values")
         return lu, piv
@@ -214,7 +203,7 @@ def _validate(y, G, F, W, V, m0, P0):
     args = [x.to(device=y.device, dtype=dtype) for x in args]
     y, G, F, W, V, m0, P0 = args
     nb = y.dim() - 2
-    check_values = _check_values()
+    check_values = values_checked()
     if check_values and bool(torch.isinf(y).any()):
         raise ValueError("y contains infinite values (use NaN for missing observations)")
     G, tG = _split(G, "transition_matrix", (S, S), nb, T)
@@ -284,7 +273,7 @@ def _prepare(y, G, F, W, V, m0, P0):
 
 def _cholesky(x, name):
     L, info = torch.linalg.cholesky_ex(x)
-    if not _check_values():
+    if not values_checked():
         return _nan_where_failed(L, info)
     if bool((info != 0).any()):
         raise ValueError(

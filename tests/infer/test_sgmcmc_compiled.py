@@ -366,3 +366,18 @@ def test_divergence_check_every_is_checked():
         SGLD(logistic_model, 1e-3, divergence_check_every=0)
     with pytest.raises(TypeError, match="divergence_check_every"):
         SGLD(logistic_model, 1e-3, divergence_check_every=2.0)
+
+
+def test_a_minibatch_selected_by_value_cannot_be_traced():
+    """Boolean-mask reads give sizes that change with the minibatch: refused, with the way out."""
+    x, y = logistic_data("cpu")
+
+    def selects(x, y):
+        w = pyro.sample("w", dist.Normal(torch.zeros(3), 1.0).to_event(1))
+        with pyro.plate("data", x.shape[0], subsample_size=50) as idx:
+            positives = x[idx][y[idx] > 0]  # as many rows as the minibatch has positives
+        pyro.factor("positives", -(positives @ w).pow(2).sum())
+
+    with pytest.raises(ModelNotTraceableError, match="0/1 mask"):
+        draws(SGLD(selects, 1e-3, jit_compile="trace"), x, y, num_samples=2, warmup_steps=0)
+    draws(SGLD(selects, 1e-3), x, y, num_samples=2, warmup_steps=0)  # eagerly it runs

@@ -95,6 +95,42 @@ class ModelNotTraceableError(RuntimeError):
     """The model cannot be traced into a compiled step; the message says why and what to do."""
 
 
+_aten = torch.ops.aten
+#: operations whose output's size depends on tensor values
+_VALUE_SIZED = {
+    _aten.nonzero.default, _aten.masked_select.default, _aten.argwhere.default,
+    _aten._unique2.default, _aten.unique_dim.default, _aten.unique_consecutive.default,
+}
+
+
+def _check_static_shapes(graph):
+    """
+    Refuse a traced step that selects elements by value (boolean-mask reads, ``nonzero``,
+    ``masked_select``, ``unique``): the trace records the sizes of the minibatch it saw, so
+    the next minibatch would break it. Assignment through a mask keeps the shape and passes.
+    """
+    for node in graph.graph.nodes:
+        if node.op != "call_function":
+            continue
+        value_sized = node.target in _VALUE_SIZED
+        if node.target is _aten.index.Tensor:
+            indices = node.args[1] if len(node.args) > 1 else ()
+            value_sized = any(
+                getattr(index, "meta", {}).get("val") is not None
+                and index.meta["val"].dtype in (torch.bool, torch.uint8)
+                for index in indices
+            )
+        if value_sized:
+            raise ModelNotTraceableError(
+                "jit_compile: the model selects elements by value (boolean-mask indexing such "
+                "as x[y > 0], nonzero, masked_select or unique), so its tensor sizes change from "
+                "one minibatch to the next, and a traced step keeps the sizes it saw. Keep the "
+                "shapes fixed: weight by a 0/1 mask (log_prob * mask, or pyro.poutine.mask) "
+                f"instead of selecting; or run the kernel eagerly with jit_compile=False. "
+                f"(Traced operation: {node.target}.)"
+            )
+
+
 class _Constant:
     """A non-tensor model argument, compared by value when it is a plain value, else by identity."""
 
@@ -212,6 +248,7 @@ class CompiledStep:
             graph = make_fx(step)(*inputs)
         graph.graph.eliminate_dead_code()
         graph.recompile()
+        _check_static_shapes(graph)
         self.trace_seconds += time.perf_counter() - started
         self.num_traces += 1
         if self.kind == "trace":
