@@ -11,7 +11,7 @@ from .compiled import CompiledStep, check_jit_compile
 from .potential import VECTORIZE, ParticlePotential, SamplerDivergenceError
 from .repulsion import RBFKernel, stein_coupling
 from .schedules import as_schedule
-from .updates import SAMPLERS
+from .updates import SAMPLERS, lookup
 
 
 def _check_repulsion(repulsion, num_particles):
@@ -530,9 +530,4 @@ KERNELS = {kernel.sampler_name: kernel for kernel in (SGLD, SGHMC, AdamSGLD)}
 
 def get_kernel(name: str):
     """The kernel class registered as ``name`` (``"sgld"``, ``"sghmc"`` or ``"adam"``)."""
-    if not isinstance(name, str):
-        raise TypeError(f"kernel must be a string, one of {sorted(KERNELS)}; got {type(name).__name__}")
-    try:
-        return KERNELS[name]
-    except KeyError:
-        raise ValueError(f"kernel must be one of {sorted(KERNELS)}, got {name!r}") from None
+    return lookup(KERNELS, name, "kernel")

@@ -211,11 +211,16 @@ SAMPLERS = {
 }
 
 
-def get_sampler(name: str) -> Sampler:
-    """The registered :class:`Sampler` called ``name``, or a ValueError listing them."""
+def lookup(registry: dict, name, what: str):
+    """``registry[name]``; a TypeError or ValueError naming ``what`` and the choices otherwise."""
     if not isinstance(name, str):
-        raise TypeError(f"sampler must be a string, one of {sorted(SAMPLERS)}; got {type(name).__name__}")
+        raise TypeError(f"{what} must be a string, one of {sorted(registry)}; got {type(name).__name__}")
     try:
-        return SAMPLERS[name]
+        return registry[name]
     except KeyError:
-        raise ValueError(f"sampler must be one of {sorted(SAMPLERS)}, got {name!r}") from None
+        raise ValueError(f"{what} must be one of {sorted(registry)}, got {name!r}") from None
+
+
+def get_sampler(name: str) -> Sampler:
+    """The registered :class:`Sampler` called ``name``, or an error listing them."""
+    return lookup(SAMPLERS, name, "sampler")
