@@ -549,9 +549,10 @@ class RetailBSTS:
             )
         out = {"delta": pyro.sample("delta", base)}
         pi_q, pi_b = self._pi_q, self._pi_b
-        out["q"] = pyro.sample("q", self._coef_prior(pi_q, self.q_scale).to_event(1))
+        out["q"] = pyro.sample("q", self._coef_prior(pi_q, self.q_scale, self._q_forced).to_event(1))
         if self.uses_covariates:
-            out["beta"] = pyro.sample("beta", self._coef_prior(pi_b, self.slab_scale).to_event(1))
+            prior = self._coef_prior(pi_b, self.slab_scale, self._beta_forced)
+            out["beta"] = pyro.sample("beta", prior.to_event(1))
         ps = self.prior_scales
         scales = pyro.sample("noise_scales", self._noise_scales_prior())
         out["noise_scales"] = scales
@@ -563,8 +564,9 @@ class RetailBSTS:
             out["sigma_season"] = pyro.sample("sigma_season", _hn(ps["sigma_season"], f64))
         return out
 
-    def _coef_prior(self, pi, slab):
-        if bool((pi >= 1).all()):
+    def _coef_prior(self, pi, slab, forced):
+        # forced: every pi is 1 (read once at fit, not from the tensor at every call).
+        if forced:
             return dist.Normal(torch.zeros_like(pi), torch.full_like(pi, slab))
         return SpikeSlabNormal(pi, torch.full_like(pi, self.spike_scale), torch.full_like(pi, slab))
 
@@ -731,6 +733,7 @@ class RetailBSTS:
             self._holiday_idx.append(int(h))
         self._p = p
         self._pi_q, self._pi_b = self._priors_pi(k, p)
+        self._q_forced, self._beta_forced = (bool((pi >= 1).all()) for pi in (self._pi_q, self._pi_b))
         self._data = (y, u, X)
         pyro.set_rng_seed(seed)
         pyro.clear_param_store()
