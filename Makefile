@@ -7,7 +7,7 @@ PIP := $(PY) -m pip install --disable-pip-version-check -q -c constraints.txt
 SHARED_DATA := $(abspath ../shared/data)
 export PYRO_EXT_DATA ?= $(if $(wildcard $(SHARED_DATA)),$(SHARED_DATA),)
 
-.PHONY: demo test test-slow bench clean
+.PHONY: demo test test-slow bench lint format clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -19,6 +19,20 @@ $(VENV)/.installed: $(PY) pyproject.toml constraints.txt
 $(VENV)/.installed-test: $(VENV)/.installed
 	$(PIP) -e ".[test]"
 	@touch $@
+
+$(VENV)/.installed-lint: $(PY) constraints.txt
+	$(PIP) ruff
+	@touch $@
+
+# ruff's rules and format settings live in pyproject.toml; CI runs this target.
+lint: $(VENV)/.installed-lint
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+# Apply the house format and the safe lint fixes.
+format: $(VENV)/.installed-lint
+	$(VENV)/bin/ruff check --fix .
+	$(VENV)/bin/ruff format .
 
 demo: $(VENV)/.installed
 	$(PY) -m pyro_ext.demo

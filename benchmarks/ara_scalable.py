@@ -69,7 +69,7 @@ from pyro_ext.ara.evaluation import (  # noqa: E402
     check_security_curve,
     security_evaluation_curve,
 )
-from pyro_ext.ara.training import ARATrainer, AdversarialTrainer  # noqa: E402
+from pyro_ext.ara.training import AdversarialTrainer, ARATrainer  # noqa: E402
 from pyro_ext.ara.words import good_word_insertion  # noqa: E402
 from pyro_ext.datasets import load_mnist, load_spambase  # noqa: E402
 from pyro_ext.models import BayesianMLP  # noqa: E402
@@ -200,7 +200,12 @@ def train_defenses(x, y, epochs, jit=False):
     pyro.set_rng_seed(0)
     net = BayesianMLP(784, (MNIST_HIDDEN,) * 2, 10, likelihood="categorical", full_output=False)
     defenses["ARA"] = ARATrainer(
-        net, LANGEVIN, step_size=0.01 / x.shape[0], kernel="sghmc", friction=0.5, num_particles=5,
+        net,
+        LANGEVIN,
+        step_size=0.01 / x.shape[0],
+        kernel="sghmc",
+        friction=0.5,
+        num_particles=5,
         jit_compile=jit,
     )
     for name, defense in defenses.items():
@@ -281,7 +286,9 @@ def main():
     parser.add_argument("--pgd-steps", type=int, help="PGD steps (default 50, quick 10)")
     parser.add_argument("--output", type=Path, default=RESULTS)
     parser.add_argument(
-        "--jit", action=argparse.BooleanOptionalAction, default=False,
+        "--jit",
+        action=argparse.BooleanOptionalAction,
+        default=False,
         help="compile ARA's SG-MCMC step (ARATrainer(jit_compile=True))",
     )
     args = parser.parse_args()

@@ -46,9 +46,9 @@ import warnings
 from pathlib import Path
 
 import numpy as np
+import sklearn
 import torch
 from _report import command_line_args, markdown, mean_sd, write_report
-import sklearn
 from sklearn.ensemble import RandomForestClassifier
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.linear_model import LogisticRegression

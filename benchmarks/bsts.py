@@ -67,17 +67,16 @@ REPO = Path(__file__).resolve().parents[1]
 os.environ.setdefault("PYRO_EXT_DATA", str(REPO.parent / "shared" / "data"))
 
 import torch  # noqa: E402
+from _report import markdown, write_report  # noqa: E402
 
 from pyro_ext.datasets import load_marketing_mix  # noqa: E402
+from pyro_ext.infer import SamplerDivergenceError  # noqa: E402
 from pyro_ext.models.bsts import (  # noqa: E402
     RetailBSTS,
     allocate_budget,
     pareto_frontier,
     simulate_retail,
 )
-from pyro_ext.infer import SamplerDivergenceError  # noqa: E402
-
-from _report import markdown, write_report  # noqa: E402
 
 RESULTS = REPO / "benchmarks" / "results" / "bsts.md"
 VARIANTS = ("B", "RA", "RF")
@@ -246,16 +245,27 @@ def speed(num_weeks, nuts_warmup, nuts_samples, quick):
     name = "sgld, Student-t noise (nu = 5; 208 precision latents, per-step Kalman scan)"
     if fails_t:
         name += ", 1 diverged run retried"
-    rows.append((name, student.fit_seconds, max_rhat(student),
-                 student.samples["delta"].shape[0]))
+    rows.append((name, student.fit_seconds, max_rhat(student), student.samples["delta"].shape[0]))
     print(f"speed sgld student-t {student.fit_seconds:.1f}s", flush=True)
     fails = fails + fails_t
     nuts = RetailBSTS(**spec)
-    robust_fit(nuts, sales, spend, cov, method="nuts", warmup_steps=nuts_warmup,
-               num_samples=nuts_samples, **opts)
+    robust_fit(
+        nuts,
+        sales,
+        spend,
+        cov,
+        method="nuts",
+        warmup_steps=nuts_warmup,
+        num_samples=nuts_samples,
+        **opts,
+    )
     rows.append(
-        (f"NUTS ({nuts_warmup} warmup / {nuts_samples} draws, 1 chain, tree depth <= 8)",
-         nuts.fit_seconds, max_rhat(nuts), nuts_samples)
+        (
+            f"NUTS ({nuts_warmup} warmup / {nuts_samples} draws, 1 chain, tree depth <= 8)",
+            nuts.fit_seconds,
+            max_rhat(nuts),
+            nuts_samples,
+        )
     )
     print(f"speed nuts {nuts.fit_seconds:.1f}s", flush=True)
     sm_seconds, sm_ll = statsmodels_fit(sales, spend, cov)
@@ -274,7 +284,10 @@ def statsmodels_fit(sales, spend, cov):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         uc = UnobservedComponents(
-            y, level="llevel", autoregressive=1, exog=ex,
+            y,
+            level="llevel",
+            autoregressive=1,
+            exog=ex,
             freq_seasonal=[{"period": 365.25 / 7, "harmonics": 2}],
         )
         res = uc.fit(disp=False, maxiter=500)
@@ -293,8 +306,12 @@ def allocation(model, data, num_train, num_points):
     efficiency = float(q_true @ res.spend) / (float(q_true[best]) * budget)
     q_post = model.coefficients()["q"]
     rows = [
-        [name, f"{float(q_true[i]):.3f}", f"{float(q_post['mean'][i]):.3f} ± "
-         f"{float(q_post['sd'][i]):.3f}", f"{float(share[i]):.2f}"]
+        [
+            name,
+            f"{float(q_true[i]):.3f}",
+            f"{float(q_post['mean'][i]):.3f} ± {float(q_post['sd'][i]):.3f}",
+            f"{float(share[i]):.2f}",
+        ]
         for i, name in enumerate(model.channel_names)
     ]
     summary = (
@@ -310,8 +327,12 @@ def allocation(model, data, num_train, num_points):
     for j in range(front.mean.shape[0]):
         true_gain = float(q_true @ front.spend[j])
         frows.append(
-            [f"{float(front.max_sd[j]):.4f}", f"{float(front.sd[j]):.4f}",
-             f"{float(front.mean[j]):.3f}", f"{true_gain:.2f}"]
+            [
+                f"{float(front.max_sd[j]):.4f}",
+                f"{float(front.sd[j]):.4f}",
+                f"{float(front.mean[j]):.3f}",
+                f"{true_gain:.2f}",
+            ]
             + [f"{float(front.spend[j, i]):.1f}" for i in range(front.spend.shape[1])]
         )
     fheader = ["sd cap", "sd", "mean sales", "true q'u"] + list(model.channel_names)
@@ -325,9 +346,17 @@ def allocation(model, data, num_train, num_points):
 # ----------------------------------------------------------------------------- report
 def sim_table(results):
     header = [
-        "variant", "paper MAPE", "ours MAPE (1-step)", "ours MAPE (k-step)",
-        "paper CPS err Y1 / Y2", "ours CPS err Y1", "ours CPS err Y2", "max R̂", "fit s",
-        "90 % coverage: δ, q · β", "failed fits",
+        "variant",
+        "paper MAPE",
+        "ours MAPE (1-step)",
+        "ours MAPE (k-step)",
+        "paper CPS err Y1 / Y2",
+        "ours CPS err Y1",
+        "ours CPS err Y2",
+        "max R̂",
+        "fit s",
+        "90 % coverage: δ, q · β",
+        "failed fits",
     ]
     rows = []
     for v in VARIANTS:
@@ -335,31 +364,54 @@ def sim_table(results):
         perr = [100 * (p[1] / PAPER_TRUE_CPS[0] - 1), 100 * (p[2] / PAPER_TRUE_CPS[1] - 1)]
         r = results[v]
         cps = [[s["cps"][i] for s in r if len(s["cps"]) > i] for i in range(2)]
-        rows.append([
-            v, f"{p[0]:.2f} %", _ms([s["mape1"] for s in r]) + " %",
-            _ms([s["mapek"] for s in r]) + " %",
-            f"{perr[0]:+.2f} % / {perr[1]:+.2f} %",
-            (_ms(cps[0], "{:+.2f}") + " %") if cps[0] else "n/a",
-            (_ms(cps[1], "{:+.2f}") + " %") if cps[1] else "n/a",
-            _ms([s["rhat"] for s in r]), _ms([s["time"] for s in r], "{:.0f}"),
-            " · ".join(
-                "{} / {}".format(*map(sum, zip(*[s["coverage"][key] for s in r])))
-                for key in ("delta, q", "beta") if key in r[0]["coverage"]
-            ),
-            str(sum(len(s["failures"]) for s in r)),
-        ])
+        rows.append(
+            [
+                v,
+                f"{p[0]:.2f} %",
+                _ms([s["mape1"] for s in r]) + " %",
+                _ms([s["mapek"] for s in r]) + " %",
+                f"{perr[0]:+.2f} % / {perr[1]:+.2f} %",
+                (_ms(cps[0], "{:+.2f}") + " %") if cps[0] else "n/a",
+                (_ms(cps[1], "{:+.2f}") + " %") if cps[1] else "n/a",
+                _ms([s["rhat"] for s in r]),
+                _ms([s["time"] for s in r], "{:.0f}"),
+                " · ".join(
+                    "{} / {}".format(*map(sum, zip(*[s["coverage"][key] for s in r])))
+                    for key in ("delta, q", "beta")
+                    if key in r[0]["coverage"]
+                ),
+                str(sum(len(s["failures"]) for s in r)),
+            ]
+        )
     return markdown(header, rows)
 
 
 def robyn_table(results):
-    header = ["variant", "MAPE (1-step)", "MAPE (k-step)", "CPS err Y1", "CPS err Y2",
-              "max R̂", "fit s", "failed fits"]
+    header = [
+        "variant",
+        "MAPE (1-step)",
+        "MAPE (k-step)",
+        "CPS err Y1",
+        "CPS err Y2",
+        "max R̂",
+        "fit s",
+        "failed fits",
+    ]
     rows = []
     for v in VARIANTS:
         s = results[v]
         cps = [f"{c:+.2f} %" for c in s["cps"]] + ["n/a"] * (2 - len(s["cps"]))
-        rows.append([v, f"{s['mape1']:.2f} %", f"{s['mapek']:.2f} %", *cps[:2],
-                     f"{s['rhat']:.2f}", f"{s['time']:.0f}", str(len(s["failures"]))])
+        rows.append(
+            [
+                v,
+                f"{s['mape1']:.2f} %",
+                f"{s['mapek']:.2f} %",
+                *cps[:2],
+                f"{s['rhat']:.2f}",
+                f"{s['time']:.0f}",
+                str(len(s["failures"])),
+            ]
+        )
     return markdown(header, rows)
 
 
@@ -369,9 +421,16 @@ def speed_table(rows):
     header = ["method", "fit s", "÷ statsmodels", "÷ sgld", "draws", "max R̂ (static)"]
     out = []
     for name, sec, rh, n in rows:
-        out.append([name, f"{sec:.1f}", f"{sec / sm:.1f}×", f"{sec / sg:.2f}×",
-                    str(n) if n else "point estimate",
-                    "n/a" if math.isnan(rh) else f"{rh:.3f}"])
+        out.append(
+            [
+                name,
+                f"{sec:.1f}",
+                f"{sec / sm:.1f}×",
+                f"{sec / sg:.2f}×",
+                str(n) if n else "point estimate",
+                "n/a" if math.isnan(rh) else f"{rh:.3f}",
+            ]
+        )
     return markdown(header, out)
 
 
@@ -398,8 +457,12 @@ def main(argv=None):
     sim, fitted = table_1_1_simulator(seeds, sim_weeks, sim_train, year, quick)
     robyn, dates = table_1_1_robyn(robyn_weeks, robyn_train, year, quick)
     speed_rows, speed_fails = speed(speed_weeks, nuts_warmup, nuts_samples, quick)
-    failure_log = [f"simulator seed {seeds[i]}, {v}: {f}" for v in VARIANTS
-                   for i, sc in enumerate(sim[v]) for f in sc["failures"]]
+    failure_log = [
+        f"simulator seed {seeds[i]}, {v}: {f}"
+        for v in VARIANTS
+        for i, sc in enumerate(sim[v])
+        for f in sc["failures"]
+    ]
     failure_log += [f"Robyn {v}: {f}" for v in VARIANTS for f in robyn[v]["failures"]]
     failure_log += [f"speed (Robyn RF, sgld): {f}" for f in speed_fails]
     model, data = fitted["RF"]
@@ -412,8 +475,8 @@ def main(argv=None):
         "table 1.7, budget allocation)\n\n"
         f"Mode: {mode}. torch {torch.__version__}, 1 thread, float64; total "
         f"{total / 60:.1f} min. Generated by `python benchmarks/bsts.py"
-        f"{' --quick' if quick else ''}`. `RetailBSTS(noise=\"gaussian\")`, "
-        "`fit(method=\"sgld\")` with the package defaults"
+        f'{" --quick" if quick else ""}`. `RetailBSTS(noise="gaussian")`, '
+        '`fit(method="sgld")` with the package defaults'
         f"{' (quick: 20 draws, 30 warmup, 4 particles, 30 MAP steps)' if quick else ''}. "
         "MAPE (1-step): mean one-step-ahead prediction E[y_t | y_1:t-1] over the holdout with "
         "the static parameters fitted on the training part, as in the thesis; MAPE (k-step): "
@@ -434,7 +497,9 @@ def main(argv=None):
         "harmonics) + spends and covariates as regressors, MLE (L-BFGS).\n\n"
         + speed_table(speed_rows),
         "## Budget allocation (sec. 1.2.4): RF model, simulator seed 0\n\n"
-        + summary + "\n\n" + alloc
+        + summary
+        + "\n\n"
+        + alloc
         + "\n\nPareto frontier (`pareto_frontier`, horizon 1): max expected total sales "
         "under an sd cap; spend per channel per week; true q'u is the true one-week "
         "goodwill inflow of the allocation.\n\n" + front,

@@ -216,7 +216,9 @@ def main():
     parser.add_argument("--device", default="cpu", help="torch device of the sampler and attack")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
-        "--jit", action=argparse.BooleanOptionalAction, default=False,
+        "--jit",
+        action=argparse.BooleanOptionalAction,
+        default=False,
         help="compile the sampler step (jit_compile=True): about 1.6x faster per step on a "
         "784-400-400-10 BNN (sgmcmc_speed.md); off by default so that the committed tables, "
         "made eagerly, regenerate as they are (repulsive chains amplify round-off)",

@@ -64,14 +64,13 @@ import numpy as np  # noqa: E402
 import pyro  # noqa: E402
 import pyro.distributions as dist  # noqa: E402
 import torch  # noqa: E402
+from _report import markdown, write_report  # noqa: E402
 from pyro.infer.svgd import RBFSteinKernel  # noqa: E402
 
 from pyro_ext.datasets import load_mnist, load_uci, standardize_split  # noqa: E402
 from pyro_ext.infer import MCMC, SGHMC, SGLD, AdamSGLD  # noqa: E402
 from pyro_ext.infer.sgmcmc import ParticlePotential  # noqa: E402
 from pyro_ext.infer.sgmcmc.repulsion import RBFKernel  # noqa: E402
-
-from _report import markdown, write_report  # noqa: E402
 
 RESULTS = REPO / "benchmarks" / "results" / "sgmcmc_speed.md"
 HIDDEN = 50
@@ -135,8 +134,10 @@ def mnist_model(x, y):
     prior = dist.Normal(x.new_zeros(()), 1.0)
     sizes = (x.shape[-1],) + MNIST_HIDDEN + (10,)
     weights = [
-        (pyro.sample(f"w{i}", prior.expand([fan_in, fan_out]).to_event(2)),
-         pyro.sample(f"b{i}", prior.expand([fan_out]).to_event(1)))
+        (
+            pyro.sample(f"w{i}", prior.expand([fan_in, fan_out]).to_event(2)),
+            pyro.sample(f"b{i}", prior.expand([fan_out]).to_event(1)),
+        )
         for i, (fan_in, fan_out) in enumerate(zip(sizes[:-1], sizes[1:]))
     ]
     with pyro.plate("data", x.shape[0], subsample_size=MNIST_BATCH) as idx:
@@ -163,7 +164,9 @@ def kin8nm(device):
     split, _, _ = standardize_split(load_uci("kin8nm", 0, device=device))
     x = split.x_train
     shapes = [(x.shape[-1], HIDDEN), (HIDDEN,), (HIDDEN,), ()]
-    return Problem("BNN 8-50-1, kin8nm", bnn_model, (x, split.y_train), bnn_log_joint, shapes, BATCH)
+    return Problem(
+        "BNN 8-50-1, kin8nm", bnn_model, (x, split.y_train), bnn_log_joint, shapes, BATCH
+    )
 
 
 def mnist(device):
@@ -172,7 +175,9 @@ def mnist(device):
     shapes = []
     for fan_in, fan_out in zip(sizes[:-1], sizes[1:]):
         shapes += [(fan_in, fan_out), (fan_out,)]
-    return Problem("BNN 784-400-400-10, MNIST", mnist_model, (x, y), mnist_log_joint, shapes, MNIST_BATCH)
+    return Problem(
+        "BNN 784-400-400-10, MNIST", mnist_model, (x, y), mnist_log_joint, shapes, MNIST_BATCH
+    )
 
 
 def load_data(device):
@@ -193,7 +198,9 @@ def init_params(problem, num_particles, requires_grad=True, scale=2.0):
     x = problem.data[0]
     lead = () if num_particles == 1 else (num_particles,)
     return [
-        torch.empty(lead + shape, device=x.device).uniform_(-scale, scale).requires_grad_(requires_grad)
+        torch.empty(lead + shape, device=x.device)
+        .uniform_(-scale, scale)
+        .requires_grad_(requires_grad)
         for shape in problem.shapes
     ]
 
@@ -260,16 +267,22 @@ def floor_step(sampler, problem, num_particles):
             return [p + STEP_SIZE * g + scale_ * n for p, g, n in zip(params, grads, noise)], state
         if sampler == "SGHMC":
             scale_ = math.sqrt(2 * FRICTION * STEP_SIZE)
-            velocity = [(1 - FRICTION) * v + STEP_SIZE * g + scale_ * n
-                        for v, g, n in zip(state["velocity"], grads, noise)]
+            velocity = [
+                (1 - FRICTION) * v + STEP_SIZE * g + scale_ * n
+                for v, g, n in zip(state["velocity"], grads, noise)
+            ]
             return [p + v for p, v in zip(params, velocity)], dict(state, velocity=velocity)
         count = state["count"] + adapt.long()
-        second = [torch.where(adapt, beta2 * s + (1 - beta2) * g * g, s)
-                  for s, g in zip(state["second_moment"], grads)]
+        second = [
+            torch.where(adapt, beta2 * s + (1 - beta2) * g * g, s)
+            for s, g in zip(state["second_moment"], grads)
+        ]
         mass = [(s / (1 - beta2**count)).sqrt() + ADAM_EPS for s in second]
         scale_ = math.sqrt(2 * (1 - beta1) * STEP_SIZE)
-        velocity = [beta1 * u + STEP_SIZE * g + scale_ * m.sqrt() * n
-                    for u, g, m, n in zip(state["velocity"], grads, mass, noise)]
+        velocity = [
+            beta1 * u + STEP_SIZE * g + scale_ * m.sqrt() * n
+            for u, g, m, n in zip(state["velocity"], grads, mass, noise)
+        ]
         params = [p + u / m for p, u, m in zip(params, velocity, mass)]
         return params, dict(state, velocity=velocity, second_moment=second, count=count)
 
@@ -308,7 +321,9 @@ def time_ours(sampler, problem, budget, jit="eager", **kernel_kwargs):
             stamps.append(clock(device))
 
     kernel = KERNELS[sampler](problem.model, jit_compile=JIT[jit], **kernel_kwargs)
-    mcmc = MCMC(kernel, budget.steps + 1, warmup_steps=budget.warmup, disable_progbar=True, hook_fn=hook)
+    mcmc = MCMC(
+        kernel, budget.steps + 1, warmup_steps=budget.warmup, disable_progbar=True, hook_fn=hook
+    )
     mcmc.run(*problem.data)
     return [b - a for a, b in zip(stamps[:-1], stamps[1:])], kernel
 
@@ -335,8 +350,11 @@ def time_floor(sampler, problem, budget, num_particles=1, compiled=None):
     step = compiled or floor_step(sampler, problem, num_particles)
     params = init_params(problem, num_particles, requires_grad=False)
     zeros = [torch.zeros_like(p) for p in params]
-    state = {"velocity": zeros, "second_moment": [z.clone() for z in zeros],
-             "count": torch.zeros((), dtype=torch.long, device=x.device)}
+    state = {
+        "velocity": zeros,
+        "second_moment": [z.clone() for z in zeros],
+        "count": torch.zeros((), dtype=torch.long, device=x.device),
+    }
     flags = torch.tensor(True, device=x.device), torch.tensor(False, device=x.device)
     draws = []
     first_call = []
@@ -385,9 +403,7 @@ def spread(steps):
     """median / mean / p90 / max of per-step times, in microseconds."""
     ordered = sorted(steps)
     p90 = ordered[min(len(ordered) - 1, int(math.ceil(0.9 * len(ordered))) - 1)]
-    return "{} / {} / {} / {}".format(
-        fmt_us(statistics.median(ordered)), fmt_us(statistics.fmean(ordered)), fmt_us(p90), fmt_us(ordered[-1])
-    )
+    return f"{fmt_us(statistics.median(ordered))} / {fmt_us(statistics.fmean(ordered))} / {fmt_us(p90)} / {fmt_us(ordered[-1])}"
 
 
 def verdict(value, target):
@@ -407,7 +423,9 @@ def check_same_density(problem, num_particles):
         order = [f"{kind}{i}" for i in range(len(MNIST_HIDDEN) + 1) for kind in ("w", "b")]
         params = [values[name].squeeze(0).requires_grad_() for name in order]
     idx = subsamples["data"]
-    log_joint = summed_log_joint(problem, num_particles)(params, x[idx], y[idx], x.shape[0] / problem.batch)
+    log_joint = summed_log_joint(problem, num_particles)(
+        params, x[idx], y[idx], x.shape[0] / problem.batch
+    )
     hand_grads = torch.autograd.grad(log_joint, params)
     names = list(potential.layout) if problem.model is not mnist_model else order
     by_name = dict(zip(names, hand_grads))
@@ -492,7 +510,9 @@ def blackjax_sgld_step(problem):
         key, noise_key = jax.random.split(key)
         return key, sgld.step(noise_key, position, (x[idx], y[idx]), STEP_SIZE)
 
-    start = [jnp.asarray(p.detach().cpu().numpy()) for p in init_params(problem, 1, requires_grad=False)]
+    start = [
+        jnp.asarray(p.detach().cpu().numpy()) for p in init_params(problem, 1, requires_grad=False)
+    ]
     return step, (jax.random.PRNGKey(0), sgld.init(start))
 
 
@@ -517,17 +537,23 @@ def time_blackjax(problem, budget):
 def sampler_runs(sampler, problem, budget, num_particles, jits, compile_seconds):
     runs = {}
     for jit in jits:
+
         def run(jit=jit):
-            steps, kernel = time_ours(sampler, problem, budget, jit=jit, num_particles=num_particles)
+            steps, kernel = time_ours(
+                sampler, problem, budget, jit=jit, num_particles=num_particles
+            )
             if jit == "compile":
                 compile_seconds.append(kernel.compile_seconds)
             return steps
+
         runs[jit] = run
     runs["hand loop"] = lambda: time_hand(sampler, problem, budget, num_particles)
     floor = {}
 
     def run_floor():
-        steps, floor["step"], first_call = time_floor(sampler, problem, budget, num_particles, floor.get("step"))
+        steps, floor["step"], first_call = time_floor(
+            sampler, problem, budget, num_particles, floor.get("step")
+        )
         floor.setdefault("seconds", first_call)  # the first repeat's first call compiles
         return steps
 
@@ -535,16 +561,28 @@ def sampler_runs(sampler, problem, budget, num_particles, jits, compile_seconds)
     return runs, floor
 
 
-def table_baselines(problem, budget, jits, samplers=("SGLD", "SGHMC", "AdamSGLD"), num_particles=1,
-                    compile_rows=None):
+def table_baselines(
+    problem,
+    budget,
+    jits,
+    samplers=("SGLD", "SGHMC", "AdamSGLD"),
+    num_particles=1,
+    compile_rows=None,
+):
     rows, spreads = [], []
     for sampler in samplers:
         compile_seconds = []
         runs, floor = sampler_runs(sampler, problem, budget, num_particles, jits, compile_seconds)
         timings = compare(runs, budget)
         for jit in jits:
-            row = [sampler, num_particles, jit, spread(timings[jit].steps),
-                   f"{ratio(timings, jit, 'hand loop'):.2f}", f"{ratio(timings, jit, 'floor'):.2f}"]
+            row = [
+                sampler,
+                num_particles,
+                jit,
+                spread(timings[jit].steps),
+                f"{ratio(timings, jit, 'hand loop'):.2f}",
+                f"{ratio(timings, jit, 'floor'):.2f}",
+            ]
             if jit == "eager":
                 row.append(verdict(ratio(timings, jit, "hand loop"), 1.5) + " (vs loop)")
             elif jit == "compile":
@@ -553,39 +591,100 @@ def table_baselines(problem, budget, jits, samplers=("SGLD", "SGHMC", "AdamSGLD"
             else:
                 row.append("-")
             rows.append(row)
-        spreads.append([sampler, num_particles, spread(timings["hand loop"].steps), spread(timings["floor"].steps)])
+        spreads.append(
+            [
+                sampler,
+                num_particles,
+                spread(timings["hand loop"].steps),
+                spread(timings["floor"].steps),
+            ]
+        )
         if compile_rows is not None and "compile" in jits:
             eager = statistics.fmean(timings["eager"].steps) if "eager" in timings else None
             fast = statistics.fmean(timings["compile"].steps)
-            first, warm = compile_seconds[0], statistics.median(compile_seconds[1:] or compile_seconds)
+            first, warm = (
+                compile_seconds[0],
+                statistics.median(compile_seconds[1:] or compile_seconds),
+            )
 
             def breakeven(seconds):
                 return "-" if eager is None or eager <= fast else f"{seconds / (eager - fast):,.0f}"
 
-            compile_rows.append([problem.name, sampler, num_particles, f"{first:.1f}", f"{warm:.1f}",
-                                 f"{floor['seconds']:.1f}", fmt_us(eager) if eager else "-",
-                                 fmt_us(fast), breakeven(first), breakeven(warm)])
-    header = ["sampler", "L", "ours", "ours µs/step: median / mean / p90 / max", "÷ hand loop",
-              "÷ floor", "target"]
-    base_header = ["sampler", "L", "hand loop µs/step: median / mean / p90 / max",
-                   "floor µs/step: median / mean / p90 / max"]
-    return markdown(header, rows) + "\n\nBaselines of the same repeats:\n\n" + markdown(base_header, spreads)
+            compile_rows.append(
+                [
+                    problem.name,
+                    sampler,
+                    num_particles,
+                    f"{first:.1f}",
+                    f"{warm:.1f}",
+                    f"{floor['seconds']:.1f}",
+                    fmt_us(eager) if eager else "-",
+                    fmt_us(fast),
+                    breakeven(first),
+                    breakeven(warm),
+                ]
+            )
+    header = [
+        "sampler",
+        "L",
+        "ours",
+        "ours µs/step: median / mean / p90 / max",
+        "÷ hand loop",
+        "÷ floor",
+        "target",
+    ]
+    base_header = [
+        "sampler",
+        "L",
+        "hand loop µs/step: median / mean / p90 / max",
+        "floor µs/step: median / mean / p90 / max",
+    ]
+    return (
+        markdown(header, rows)
+        + "\n\nBaselines of the same repeats:\n\n"
+        + markdown(base_header, spreads)
+    )
 
 
 def table_repulsion(problem, budget, jit):
     rows = []
     for num_particles in REPULSION_PARTICLES:
-        timings = compare({
-            "rbf": lambda: time_ours("SGLD", problem, budget, jit=jit, num_particles=num_particles, repulsion="rbf")[0],
-            "independent": lambda: time_ours("SGLD", problem, budget, jit=jit, num_particles=num_particles)[0],
-        }, budget)
+        timings = compare(
+            {
+                "rbf": lambda: time_ours(
+                    "SGLD", problem, budget, jit=jit, num_particles=num_particles, repulsion="rbf"
+                )[0],
+                "independent": lambda: time_ours(
+                    "SGLD", problem, budget, jit=jit, num_particles=num_particles
+                )[0],
+            },
+            budget,
+        )
         r = ratio(timings, "rbf", "independent")
         per_particle = statistics.fmean(timings["rbf"].steps) / num_particles
-        target = verdict(r, 1.3) if jit == "compile" else verdict(r, 2) if num_particles <= 50 else "-"
-        rows.append([num_particles, jit, spread(timings["independent"].steps), spread(timings["rbf"].steps),
-                     fmt_us(per_particle), f"{r:.2f}", target])
-    header = ["L", "ours", "independent µs/step: median / mean / p90 / max",
-              "rbf µs/step: median / mean / p90 / max", "rbf µs per particle-step", "rbf / independent", "target"]
+        target = (
+            verdict(r, 1.3) if jit == "compile" else verdict(r, 2) if num_particles <= 50 else "-"
+        )
+        rows.append(
+            [
+                num_particles,
+                jit,
+                spread(timings["independent"].steps),
+                spread(timings["rbf"].steps),
+                fmt_us(per_particle),
+                f"{r:.2f}",
+                target,
+            ]
+        )
+    header = [
+        "L",
+        "ours",
+        "independent µs/step: median / mean / p90 / max",
+        "rbf µs/step: median / mean / p90 / max",
+        "rbf µs per particle-step",
+        "rbf / independent",
+        "target",
+    ]
     return markdown(header, rows)
 
 
@@ -599,20 +698,50 @@ def table_memory(problem):
         pyro_kernel = peak_bytes(RBFSteinKernel().log_kernel_and_grad, z)
         small = size * (num_particles**2 + num_particles * dim)
         large = size * num_particles**2 * dim
-        rows.append([num_particles, dim, f"{ours:,}", f"{small:,}", f"{ours / small:.2f}",
-                     f"{pyro_kernel:,}", f"{large:,}", f"{pyro_kernel / large:.2f}"])
-    header = ["L", "D", "RBFKernel.coupling bytes", "(L²+LD)·itemsize", "ratio",
-              "RBFSteinKernel.log_kernel_and_grad bytes", "L²D·itemsize", "ratio"]
-    note = ("Peak bytes allocated during the call, outputs included; itemsize = 4 (float32). "
-            "A ratio that stays flat as L grows confirms the predicted order.")
+        rows.append(
+            [
+                num_particles,
+                dim,
+                f"{ours:,}",
+                f"{small:,}",
+                f"{ours / small:.2f}",
+                f"{pyro_kernel:,}",
+                f"{large:,}",
+                f"{pyro_kernel / large:.2f}",
+            ]
+        )
+    header = [
+        "L",
+        "D",
+        "RBFKernel.coupling bytes",
+        "(L²+LD)·itemsize",
+        "ratio",
+        "RBFSteinKernel.log_kernel_and_grad bytes",
+        "L²D·itemsize",
+        "ratio",
+    ]
+    note = (
+        "Peak bytes allocated during the call, outputs included; itemsize = 4 (float32). "
+        "A ratio that stays flat as L grows confirms the predicted order."
+    )
     return note + "\n\n" + markdown(header, rows)
 
 
 def peer_rows(problem, budget):
     peers = [
         ("posteriors", "SGLD", lambda: time_posteriors("SGLD", problem, budget), import_posteriors),
-        ("posteriors", "SGHMC", lambda: time_posteriors("SGHMC", problem, budget), import_posteriors),
-        ("blackjax", "SGLD", lambda: time_blackjax(problem, budget), lambda: __import__("blackjax")),
+        (
+            "posteriors",
+            "SGHMC",
+            lambda: time_posteriors("SGHMC", problem, budget),
+            import_posteriors,
+        ),
+        (
+            "blackjax",
+            "SGLD",
+            lambda: time_blackjax(problem, budget),
+            lambda: __import__("blackjax"),
+        ),
     ]
     for peer, sampler, theirs, load in peers:
         try:
@@ -623,32 +752,54 @@ def peer_rows(problem, budget):
         if peer == "blackjax" and problem.data[0].is_cuda:
             yield [peer, version(peer), sampler, "-", "-", "-", "-", "skipped: timed on CPU only"]
             continue
-        timings = compare({
-            "compile": lambda: time_ours(sampler, problem, budget, jit="compile")[0],
-            "eager": lambda: time_ours(sampler, problem, budget, jit="eager")[0],
-            "peer": theirs,
-        }, budget)
-        yield [peer, version(peer), sampler, spread(timings["compile"].steps), spread(timings["eager"].steps),
-               spread(timings["peer"].steps), f"{ratio(timings, 'compile', 'peer'):.2f}",
-               f"{ratio(timings, 'eager', 'peer'):.2f}"]
+        timings = compare(
+            {
+                "compile": lambda: time_ours(sampler, problem, budget, jit="compile")[0],
+                "eager": lambda: time_ours(sampler, problem, budget, jit="eager")[0],
+                "peer": theirs,
+            },
+            budget,
+        )
+        yield [
+            peer,
+            version(peer),
+            sampler,
+            spread(timings["compile"].steps),
+            spread(timings["eager"].steps),
+            spread(timings["peer"].steps),
+            f"{ratio(timings, 'compile', 'peer'):.2f}",
+            f"{ratio(timings, 'eager', 'peer'):.2f}",
+        ]
 
 
 def table_peers(problem, budget):
-    header = ["peer", "version", "sampler", "ours compiled µs/step: median / mean / p90 / max",
-              "ours eager µs/step", "theirs µs/step", "compiled ÷ theirs", "eager ÷ theirs"]
+    header = [
+        "peer",
+        "version",
+        "sampler",
+        "ours compiled µs/step: median / mean / p90 / max",
+        "ours eager µs/step",
+        "theirs µs/step",
+        "compiled ÷ theirs",
+        "eager ÷ theirs",
+    ]
     return markdown(header, list(peer_rows(problem, budget)))
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--output", type=Path, default=None, help="where the tables are written")
-    parser.add_argument("--quick", action="store_true", help="few steps, 2 repeats, no MNIST or peers")
+    parser.add_argument(
+        "--quick", action="store_true", help="few steps, 2 repeats, no MNIST or peers"
+    )
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads on CPU")
     args = parser.parse_args()
     budget = QUICK if args.quick else FULL
     device = torch.device(args.device)
-    output = args.output or (RESULTS if device.type == "cpu" else RESULTS.with_name("sgmcmc_speed_cuda.md"))
+    output = args.output or (
+        RESULTS if device.type == "cpu" else RESULTS.with_name("sgmcmc_speed_cuda.md")
+    )
     if device.type == "cpu":
         torch.set_num_threads(args.threads)
     pyro.set_rng_seed(0)
@@ -663,10 +814,19 @@ def main():
         "## 1. One particle: ours vs the hand loop and the compiled floor\n\n"
         + table_baselines(small, budget, jits, samplers, compile_rows=compile_rows),
         "## 2. Ten particles (vmapped potential; the hand loop and the floor vmap too)\n\n"
-        + table_baselines(small, budget, ("eager", "compile"), ("SGLD",), num_particles=10,
-                          compile_rows=compile_rows),
+        + table_baselines(
+            small,
+            budget,
+            ("eager", "compile"),
+            ("SGLD",),
+            num_particles=10,
+            compile_rows=compile_rows,
+        ),
         "## 3. Repulsion: SGLD repulsion='rbf' vs independent particles\n\n"
-        + "\n\n".join(table_repulsion(small, budget, jit) for jit in ("compile",) + (() if args.quick else ("eager",))),
+        + "\n\n".join(
+            table_repulsion(small, budget, jit)
+            for jit in ("compile",) + (() if args.quick else ("eager",))
+        ),
         "## 4. Repulsion memory, z of shape (L, D)\n\n" + table_memory(small),
     ]
     if not args.quick:
@@ -675,8 +835,14 @@ def main():
         big_budget = Budget(warmup=10, steps=50, repeats=3)
         sections.append(
             f"## 5. {big.name}, batch {MNIST_BATCH}, L = {MNIST_PARTICLES}: where arithmetic dominates\n\n"
-            + table_baselines(big, big_budget, ("eager", "compile"), ("SGLD",), num_particles=MNIST_PARTICLES,
-                              compile_rows=compile_rows)
+            + table_baselines(
+                big,
+                big_budget,
+                ("eager", "compile"),
+                ("SGLD",),
+                num_particles=MNIST_PARTICLES,
+                compile_rows=compile_rows,
+            )
         )
         sections.append("## 6. Peers, L = 1 (kin8nm BNN)\n\n" + table_peers(small, budget))
     sections.append(
@@ -687,9 +853,21 @@ def main():
         "shapes). The floor's first call (its torch.compile) for comparison, and the number of "
         "steps after which compiling beats the eager kernel (compile seconds ÷ eager-minus-compiled "
         "seconds per step).\n\n"
-        + markdown(["model", "sampler", "L", "compile s, cold", "compile s, cached", "floor first call s",
-                    "eager µs/step", "compiled µs/step", "break-even steps, cold", "break-even, cached"],
-                   compile_rows)
+        + markdown(
+            [
+                "model",
+                "sampler",
+                "L",
+                "compile s, cold",
+                "compile s, cached",
+                "floor first call s",
+                "eager µs/step",
+                "compiled µs/step",
+                "break-even steps, cold",
+                "break-even, cached",
+            ],
+            compile_rows,
+        )
     )
     preamble = (
         f"# SG-MCMC per-step speed ({'quick' if args.quick else 'full'} run)\n\n"

@@ -59,20 +59,20 @@ The tables are printed and written to ``benchmarks/results/sgmcmc_synthetic.md``
 import argparse
 import math
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable, Dict, NamedTuple, Tuple
+from typing import NamedTuple
 
 import numpy as np
 import pyro
 import pyro.distributions as dist
 import torch
+from _report import markdown, write_report
 from pyro.ops.stats import effective_sample_size
 
 from pyro_ext.infer import MCMC, SGLD
 from pyro_ext.infer.sgmcmc import ParticlePotential
 from pyro_ext.ops import kernel_stein_discrepancy
-
-from _report import markdown, write_report
 
 RESULTS = Path(__file__).resolve().parent / "results" / "sgmcmc_synthetic.md"
 WARMUP, KEPT_STEPS, THINNING = 500, 500, 10
@@ -97,7 +97,9 @@ MOG_CENTRES = torch.tensor([[a, b] for a in (-2.0, 0.0, 2.0) for b in (-2.0, 0.0
 
 
 def moe_model():
-    pyro.sample("x", dist.MixtureSameFamily(dist.Categorical(MOE_WEIGHTS), dist.Exponential(MOE_RATES)))
+    pyro.sample(
+        "x", dist.MixtureSameFamily(dist.Categorical(MOE_WEIGHTS), dist.Exponential(MOE_RATES))
+    )
 
 
 def mog_model():
@@ -119,8 +121,8 @@ class Target(NamedTuple):
     init_strategy: Callable
     num_particles: int
     mean: torch.Tensor
-    step_sizes: Dict[str, float]
-    thesis: Dict[str, Tuple[float, float]]
+    step_sizes: dict[str, float]
+    thesis: dict[str, tuple[float, float]]
 
 
 TARGETS = (
@@ -319,8 +321,7 @@ def example_section(seeds):
         f"of size {EXAMPLE_STEP:g}; estimates pool all particles of the last {EXAMPLE_POOLED} "
         "steps, mean ± sd over seeds. The thesis' values come from one run on N(0, I/2) "
         "(σ = 0.71) that pools all iterates, the transient included (see the script's "
-        "docstring).\n\n"
-        + markdown(header, rows)
+        "docstring).\n\n" + markdown(header, rows)
     )
 
 
@@ -368,6 +369,7 @@ def main():
         f"Total {time.perf_counter() - started:.0f} s."
     )
     write_report(preamble, sections, args.output)
+
 
 if __name__ == "__main__":
     main()

@@ -50,6 +50,7 @@ import time
 from pathlib import Path
 
 import torch
+from _report import markdown, write_report
 
 from pyro_ext.rl import (
     ApproximateLevel2QLearner,
@@ -74,8 +75,6 @@ from pyro_ext.rl import (
     play_many,
     play_regulated,
 )
-
-from _report import markdown, write_report
 
 RESULTS = Path(__file__).resolve().parent / "results" / "tmdp.md"
 BETA = 0.75  # adversary's smoothing weight on the old estimate (assumed, see docstring)

@@ -43,12 +43,11 @@ from pathlib import Path
 
 import pyro
 import torch
+from _report import command_line_args, markdown, mean_sd, write_report
+from vis_vae import BATCH, make_guide, train
 
 from pyro_ext.datasets import load_mnist
 from pyro_ext.models.vae import CVAE, refined_mean_proposal
-
-from _report import command_line_args, markdown, mean_sd, write_report
-from vis_vae import BATCH, make_guide, train
 
 RESULTS = Path(__file__).resolve().parent / "results" / "vis_cvae.md"
 LR, STEP_SIZE, T_TRAIN, T_INF = 0.01, 5e-5, 5, 10
@@ -201,7 +200,7 @@ def main():
         f"mean ± sd over seeds; total {total:.0f} s on one CPU thread of a shared 2-core "
         "machine, so timings are noisy).\n\n"
         f"Training: Adam lr {LR}, batch {BATCH}, T_ref = 0 for {epochs} epochs and T_ref = "
-        f'{T_TRAIN} (VIS-MC as the auxiliary-variable bound with the reverse Langevin kernel: '
+        f"{T_TRAIN} (VIS-MC as the auxiliary-variable bound with the reverse Langevin kernel: "
         f'SGLD, `entropy="mc"`, `gradient="full"`, η0 = {STEP_SIZE}, '
         f"learned) for {epochs_refined}. Classification: argmax_y p(x | y) by importance "
         f"sampling with M = {args.mc_samples} draws; T_inf > 0 uses the refined-mean proposal "

@@ -46,13 +46,12 @@ from pathlib import Path
 import pyro
 import pyro.distributions as dist
 import torch
+from _report import markdown, mean_sd, write_report
 from pyro.infer import SVI, Trace_ELBO
 from pyro.infer.autoguide import AutoNormal
 from pyro.infer.autoguide.initialization import init_to_value
 
 from pyro_ext.infer.vis import VIS
-
-from _report import markdown, mean_sd, write_report
 
 RESULTS = Path(__file__).resolve().parent / "results" / "vis_funnel.md"
 ITERATIONS, REPORTED = 50, (30, 50)

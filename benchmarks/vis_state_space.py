@@ -47,6 +47,7 @@ os.environ.setdefault("PYRO_EXT_DATA", str(REPO.parent / "shared" / "data"))
 import pyro  # noqa: E402
 import pyro.distributions as dist  # noqa: E402
 import torch  # noqa: E402
+from _report import markdown, mean_sd, write_report  # noqa: E402
 from pyro.infer import SVI, Trace_ELBO  # noqa: E402
 from pyro.infer.autoguide import AutoDelta  # noqa: E402
 
@@ -61,8 +62,6 @@ from pyro_ext.timeseries.dlm import (  # noqa: E402
 )  # noqa: E402
 from pyro_ext.timeseries.kalman import forecast_interval  # noqa: E402
 from pyro_ext.timeseries.models import HiddenMarkovModel  # noqa: E402
-
-from _report import markdown, mean_sd, write_report  # noqa: E402
 
 RESULTS = REPO / "benchmarks" / "results" / "vis_state_space.md"
 REFINEMENT_STEPS = (0, 1, 2)
@@ -354,11 +353,9 @@ def main(argv=None):
         + curve_table(hmm_curves, checkpoints),
         "## Figure 2.8, DLM: log p(x | θ_T)\n\n" + curve_table(dlm_curves, checkpoints),
         "## Table 2.5: HMM prediction on the alternating series "
-        "(T=0: 50 epochs, T=1: 20 epochs)\n\n"
-        + metric_table(hmm_metrics, PAPER_HMM_TABLE),
+        "(T=0: 50 epochs, T=1: 20 epochs)\n\n" + metric_table(hmm_metrics, PAPER_HMM_TABLE),
         "## Table 2.6: CO2 forecast, local linear trend + seasonal(12) "
-        "(T=0: 10 epochs, T=1: 4 epochs)\n\n"
-        + metric_table(dlm_metrics, PAPER_DLM_TABLE),
+        "(T=0: 10 epochs, T=1: 4 epochs)\n\n" + metric_table(dlm_metrics, PAPER_DLM_TABLE),
     ]
     write_report(preamble, sections, args.output)
 

@@ -54,13 +54,12 @@ from pathlib import Path
 
 import pyro
 import torch
+from _report import command_line_args, markdown, write_report
 from pyro.infer import SVI, Trace_ELBO
 
 from pyro_ext.datasets import DatasetNotFoundError, load_fashion_mnist, load_mnist
 from pyro_ext.infer.vis import VIS
 from pyro_ext.models.vae import VAE, refined_mean_proposal
-
-from _report import command_line_args, markdown, write_report
 
 REPO = Path(__file__).resolve().parents[1]
 os.environ.setdefault("PYRO_EXT_DATA", str(REPO.parent / "shared" / "data"))
@@ -132,8 +131,9 @@ def test_log_likelihood(vae, x, num_steps, step_size, num_samples, chunk=250):
     for i in range(0, x.shape[0], chunk):
         xb = x[i : i + chunk]
         loc, scale = vae.encode(xb)
-        draw = refined_mean_proposal(lambda z: vae.log_joint(xb, z), loc, scale, step_size,
-                                     num_steps)
+        draw = refined_mean_proposal(
+            lambda z: vae.log_joint(xb, z), loc, scale, step_size, num_steps
+        )
         ll = vae.log_likelihood(xb, num_samples, chunk_size=100, proposal=lambda _x, n: draw(n))
         total += ll.sum().item()
     return total / x.shape[0]

@@ -132,7 +132,9 @@ def _compiled_step(quick):
     """The same SGLD+R chain run eagerly and as one compiled step (jit_compile=True)."""
     generator = torch.Generator().manual_seed(2)
     x = torch.randn(5000, 10, generator=generator)
-    y = torch.bernoulli(torch.sigmoid(x @ torch.randn(10, generator=generator)), generator=generator)
+    y = torch.bernoulli(
+        torch.sigmoid(x @ torch.randn(10, generator=generator)), generator=generator
+    )
 
     def model(x, y):
         w = pyro.sample("w", dist.Normal(torch.zeros(x.shape[1]), 1.0).to_event(1))

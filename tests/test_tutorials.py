@@ -52,4 +52,6 @@ def test_tutorials_are_saved_without_outputs():
         for index, cell in enumerate(notebook.cells):
             if cell.cell_type == "code":
                 assert not cell.get("outputs"), f"{path.name}: cell {index} has saved outputs"
-                assert cell.get("execution_count") is None, f"{path.name}: cell {index} has an execution count"
+                assert cell.get("execution_count") is None, (
+                    f"{path.name}: cell {index} has an execution count"
+                )

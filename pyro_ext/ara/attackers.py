@@ -23,7 +23,6 @@ intractable, so ``log_prob`` is not available, but ``pyro.sample("x_attacked",
 LangevinAttacker(...))`` runs inside any Pyro program.
 """
 
-
 import torch
 from pyro.distributions import TorchDistribution
 from torch.distributions import constraints

@@ -8,12 +8,8 @@ with md5 sums, so they are listed in ``MD5``.
 """
 
 SHA256 = {
-    "spam/spambase.data": (
-        "1855d678d9019f325b7bcd6f6a4c9baedac6f291aa9cad59e5f79a25f1988372"
-    ),
-    "spam/uciData.csv": (
-        "c499be8adb991a04afa76f560b9b3bedbe864a40e0f83ab791a2d4a6153d2790"
-    ),
+    "spam/spambase.data": ("1855d678d9019f325b7bcd6f6a4c9baedac6f291aa9cad59e5f79a25f1988372"),
+    "spam/uciData.csv": ("c499be8adb991a04afa76f560b9b3bedbe864a40e0f83ab791a2d4a6153d2790"),
     "mnist/train-images-idx3-ubyte.gz": (
         "440fcabf73cc546fa21475e81ea370265605f56be210a4024d2ca8f203523609"
     ),
@@ -32,33 +28,23 @@ SHA256 = {
     "fashion-mnist/t10k-labels-idx1-ubyte.gz": (
         "67da17c76eaffca5446c3361aaab5c3cd6d1c2608764d35dfb1850b086bf8dd5"
     ),
-    "co2/co2_vis.csv": (
-        "9efe6922a29c4b5978abb23cfc4e5acf3686b1d959c2f8371a800c44467a0792"
-    ),
+    "co2/co2_vis.csv": ("9efe6922a29c4b5978abb23cfc4e5acf3686b1d959c2f8371a800c44467a0792"),
     "timeseries/co2_mm_mlo.csv": (
         "c0d4f8d8b4dcf6efdf205365e84444c76fae65700e04b80b41174192069a76a1"
     ),
     "timeseries/earthquakes.csv": (
         "4c4b1d822fd6e568f2a40c3f0dd81e889e0179b2bded049b52960609d792a4df"
     ),
-    "timeseries/nile.csv": (
-        "88e97bea7249e5832a85e41aec6ce4b8f7b1b14aae930c8363da7f193286b598"
-    ),
+    "timeseries/nile.csv": ("88e97bea7249e5832a85e41aec6ce4b8f7b1b14aae930c8363da7f193286b598"),
     "mmm/dt_simulated_weekly.csv": (
         "d541cfa92ca68fbda03ce6c987733e996b3abf44a95f2a32ce6836b9f8258cf1"
     ),
     "mmm/dt_prophet_holidays.csv": (
         "2c7e29d29888ae6a5fcb9385ce1cecb9b90c984f24809248bb0e5e5bee1927c9"
     ),
-    "mmm/mmm_example.csv": (
-        "320d299569b989c37facac5bda6a4ee2d661cb12e158ac5d80689c8cc3d37955"
-    ),
-    "mmm/mmm_roas_data.csv": (
-        "53a6c7c8ce777712c6648b52d2741d0c3f8a02d8a11162c818ef9d3b2b15ea29"
-    ),
-    "mmm/iclaims_example.csv": (
-        "83c7dc0310dc0155093a3fe2021e1b556d17080a47c14db15fa2fde1498df888"
-    ),
+    "mmm/mmm_example.csv": ("320d299569b989c37facac5bda6a4ee2d661cb12e158ac5d80689c8cc3d37955"),
+    "mmm/mmm_roas_data.csv": ("53a6c7c8ce777712c6648b52d2741d0c3f8a02d8a11162c818ef9d3b2b15ea29"),
+    "mmm/iclaims_example.csv": ("83c7dc0310dc0155093a3fe2021e1b556d17080a47c14db15fa2fde1498df888"),
 }
 
 MD5 = {

@@ -8,9 +8,9 @@ from .sgmcmc import (
     AdamSGLD,
     ConstantStepSize,
     CyclicalStepSize,
+    ModelNotTraceableError,
     PolynomialDecay,
     RBFKernel,
-    ModelNotTraceableError,
     SamplerDivergenceError,
     SGMCMCKernel,
 )

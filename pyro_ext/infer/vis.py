@@ -105,8 +105,18 @@ def _log_forward_over_reverse(step_size, grad, previous_grad, noise):
     return 0.25 * step_size * total.pow(2) + torch.sqrt(0.5 * step_size) * noise * total
 
 
-def refine(z0, grad_fn, step_size, num_steps, sampler="sgd", kernel=None,
-           fokker_planck=False, friction=0.1, track_density=False, fast=False):
+def refine(
+    z0,
+    grad_fn,
+    step_size,
+    num_steps,
+    sampler="sgd",
+    kernel=None,
+    fokker_planck=False,
+    friction=0.1,
+    track_density=False,
+    fast=False,
+):
     r"""
     Run ``num_steps`` sampler steps from particles ``z0`` ``(L, D)`` (unconstrained).
 
@@ -186,13 +196,14 @@ def _is_identity(transform):
     """Whether ``transform`` is torch's identity bijection (``log|J| = 0``)."""
     while isinstance(transform, torch.distributions.transforms.IndependentTransform):
         transform = transform.base_transform
-    return (isinstance(transform, torch.distributions.transforms.ComposeTransform)
-            and not transform.parts)
+    return (
+        isinstance(transform, torch.distributions.transforms.ComposeTransform)
+        and not transform.parts
+    )
 
 
 def _is_one(scale):
     return isinstance(scale, (int, float)) and scale == 1.0
-
 
 
 class _Site:
@@ -293,9 +304,21 @@ class VIS:
     :param str name: prefix of the guide's parameters.
     """
 
-    def __init__(self, model, base_guide, sampler="sgd", num_steps=1, step_size=1e-3,
-                 learn_step_size=True, entropy="particle", gradient="full", repulsion=None,
-                 friction=0.1, gaussian_scale=0.1, name="vis"):
+    def __init__(
+        self,
+        model,
+        base_guide,
+        sampler="sgd",
+        num_steps=1,
+        step_size=1e-3,
+        learn_step_size=True,
+        entropy="particle",
+        gradient="full",
+        repulsion=None,
+        friction=0.1,
+        gaussian_scale=0.1,
+        name="vis",
+    ):
         for arg, value, choices in (
             ("sampler", sampler, SAMPLERS),
             ("entropy", entropy, ENTROPIES),
@@ -361,7 +384,8 @@ class VIS:
                 continue
             latents[name] = site
         self._enumerated = {
-            name for name, site in latents.items()
+            name
+            for name, site in latents.items()
             if site["fn"].support.is_discrete and site["infer"].get("enumerate") == "parallel"
         }
         self._prototype = latents
@@ -395,8 +419,9 @@ class VIS:
         with poutine.block():
             trace = poutine.trace(model).get_trace(*args, **kwargs)
         evaluator = TraceEinsumEvaluator(trace, True, self.max_plate_nesting)
-        scales = {name: site["scale"] for name, site in trace.nodes.items()
-                  if site["type"] == "sample"}
+        scales = {
+            name: site["scale"] for name, site in trace.nodes.items() if site["type"] == "sample"
+        }
         return evaluator.log_prob(trace), scales
 
     def _grad_fn(self, sites, subsamples, args, kwargs, enumerate_):
@@ -410,7 +435,7 @@ class VIS:
             values, log_jacobian, start = {}, 0.0, 0
             us = {}
             for site in sites:
-                u = site.unrows(z[:, start:start + site.numel])
+                u = site.unrows(z[:, start : start + site.numel])
                 start += site.numel
                 values[site.name] = site.transform(u)
                 us[site.name] = u
@@ -426,16 +451,14 @@ class VIS:
                     continue  # log|J| = 0 does not depend on z
                 ld = site.log_jacobian(us[site.name], values[site.name])
                 log_jacobian = log_jacobian + scale * ld.sum()
-            (grad,) = torch.autograd.grad(
-                log_joint + log_jacobian, z, create_graph=create_graph
-            )
+            (grad,) = torch.autograd.grad(log_joint + log_jacobian, z, create_graph=create_graph)
             # Per-site gradients without the site's own (plate) scale: a local latent then
             # follows its datapoint's posterior, not N / B times it.
             if len(sites) == 1:
                 return grad if _is_one(scales[0]) else grad / scales[0]
             start, columns = 0, []
             for site, scale in zip(sites, scales):
-                column = grad[:, start:start + site.numel]
+                column = grad[:, start : start + site.numel]
                 columns.append(column if _is_one(scale) else column / scale)
                 start += site.numel
             return torch.cat(columns, -1)
@@ -465,7 +488,9 @@ class VIS:
 
         # Plates enclosing the guide that the model does not declare hold the particles.
         particle_frames = {
-            f.name: f for n in refined for f in base[n]["cond_indep_stack"]
+            f.name: f
+            for n in refined
+            for f in base[n]["cond_indep_stack"]
             if f.name not in self._model_plates
         }
         interacting = self.kernel is not None
@@ -490,8 +515,9 @@ class VIS:
             frame, num_particles = None, 1  # independent chains: all coordinates in one row
 
         sites = [
-            _Site(n, base[n], self._prototype[n], None if frame is None else frame.dim,
-                  num_particles)
+            _Site(
+                n, base[n], self._prototype[n], None if frame is None else frame.dim, num_particles
+            )
             for n in refined
         ]
         z_T = log_density = None
@@ -500,9 +526,16 @@ class VIS:
             step_size = self._step_size(z0)
             grad_fn = self._grad_fn(sites, subsamples, args, kwargs, bool(self._enumerated))
             z_T, log_density = refine(
-                z0, grad_fn, step_size, num_steps, self.sampler, kernel=self.kernel,
-                fokker_planck=self.entropy == "fokker_planck", friction=self.friction,
-                track_density=self.entropy == "mc", fast=self.gradient == "fast",
+                z0,
+                grad_fn,
+                step_size,
+                num_steps,
+                self.sampler,
+                kernel=self.kernel,
+                fokker_planck=self.entropy == "fokker_planck",
+                friction=self.friction,
+                track_density=self.entropy == "mc",
+                fast=self.gradient == "fast",
             )
         return self._emit(base, sites, subsamples, num_steps, z_T, log_density)
 
@@ -529,7 +562,9 @@ class VIS:
                         continue
                     if f.name not in plates:
                         plates[f.name] = pyro.plate(
-                            f.name, f.full_size or f.size, subsample=subsamples.get(f.name),
+                            f.name,
+                            f.full_size or f.size,
+                            subsample=subsamples.get(f.name),
                             dim=f.dim,
                         )
                     stack.enter_context(plates[f.name])
@@ -549,13 +584,15 @@ class VIS:
                         name, dist.Delta(site["value"], log_density=lp, event_dim=s.event_dim)
                     )
                     continue
-                u_T = s.unrows(z_T[:, start:start + s.numel])
+                u_T = s.unrows(z_T[:, start : start + s.numel])
                 if self.entropy == "gaussian":
                     scale = pyro.param(
                         f"{self.name}_{name}_scale",
-                        lambda: torch.full(
-                            u_T.shape[u_T.dim() - s.u_event_dim:], self.gaussian_scale,
-                            dtype=u_T.dtype, device=u_T.device,
+                        lambda u_T=u_T, s=s: torch.full(
+                            u_T.shape[u_T.dim() - s.u_event_dim :],
+                            self.gaussian_scale,
+                            dtype=u_T.dtype,
+                            device=u_T.device,
                         ),
                         constraint=constraints.positive,
                     )
@@ -571,7 +608,7 @@ class VIS:
                     lp = fn.log_prob(site["value"], *site["args"], **site["kwargs"])
                     lp = lp + s.log_jacobian(s.u0, site["value"]) - s.log_jacobian(u_T, x_T)
                     if log_density is not None:
-                        terms = s.unrows(log_density[:, start:start + s.numel])
+                        terms = s.unrows(log_density[:, start : start + s.numel])
                         lp = lp + sum_rightmost(terms, s.u_event_dim)
                     result[name] = pyro.sample(
                         name, dist.Delta(x_T, log_density=lp, event_dim=s.event_dim)
@@ -593,8 +630,9 @@ class VIS:
             raise ValueError(f"num_steps must be an integer >= 0, got {num_steps!r}")
         if self._prototype is None:
             self._setup(args, kwargs)
-        with poutine.trace() as tracer, pyro.plate(
-            "_vis_samples", num_samples, dim=-self.max_plate_nesting - 1
+        with (
+            poutine.trace() as tracer,
+            pyro.plate("_vis_samples", num_samples, dim=-self.max_plate_nesting - 1),
         ):
             self._guide(num_steps, args, kwargs)
         draws = {}
@@ -604,5 +642,5 @@ class VIS:
             value = site["value"].detach()
             # Drop the padding dims between the samples plate and the site's own shape.
             ndim = self._prototype[name]["value"].dim()
-            draws[name] = value.reshape((num_samples,) + value.shape[value.dim() - ndim:])
+            draws[name] = value.reshape((num_samples,) + value.shape[value.dim() - ndim :])
         return draws

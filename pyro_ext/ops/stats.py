@@ -106,13 +106,11 @@ def kernel_stein_discrepancy(samples, score, c=1.0, beta=-0.5, chunk_size=1024):
     score = _as_float_tensor(score, "score")
     if score.shape != samples.shape:
         raise ValueError(
-            f"score must have the shape of samples {tuple(samples.shape)}, "
-            f"got {tuple(score.shape)}"
+            f"score must have the shape of samples {tuple(samples.shape)}, got {tuple(score.shape)}"
         )
     if score.device != samples.device:
         raise ValueError(
-            f"samples and score must be on the same device, got {samples.device} "
-            f"and {score.device}"
+            f"samples and score must be on the same device, got {samples.device} and {score.device}"
         )
     _check_finite(samples, "samples")
     _check_finite(score, "score")

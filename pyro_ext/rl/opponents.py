@@ -49,8 +49,17 @@ class ExponentialSmootherAdversary(Agent):
     def action_probs(self, state):
         return greedy_probs(-self.p)
 
-    def update(self, state, action, opponent_action, reward, next_state,
-               opponent_reward=None, done=None, mask=None):
+    def update(
+        self,
+        state,
+        action,
+        opponent_action,
+        reward,
+        next_state,
+        opponent_reward=None,
+        done=None,
+        mask=None,
+    ):
         if self.encode is None:
             self.check_transition(action, opponent_action)
             x = torch.nn.functional.one_hot(opponent_action, self.num_actions).to(self.p.dtype)
@@ -70,8 +79,10 @@ class FixedPolicyOpponent(Agent):
 
     def __init__(self, probs):
         probs = torch.as_tensor(probs, dtype=torch.get_default_dtype())
-        if probs.dim() not in (1, 2) or bool((probs < 0).any()) or not bool(
-            torch.allclose(probs.sum(-1), torch.ones(()))
+        if (
+            probs.dim() not in (1, 2)
+            or bool((probs < 0).any())
+            or not bool(torch.allclose(probs.sum(-1), torch.ones(())))
         ):
             raise ValueError("probs must be a (num_states?, n) tensor of probability vectors")
         super().__init__(probs.shape[-1])
@@ -88,8 +99,17 @@ class FixedPolicyOpponent(Agent):
         probs = self.probs.to(state.device)
         return probs[state] if probs.dim() == 2 else probs.expand(state.shape[0], -1)
 
-    def update(self, state, action, opponent_action, reward, next_state,
-               opponent_reward=None, done=None, mask=None):
+    def update(
+        self,
+        state,
+        action,
+        opponent_action,
+        reward,
+        next_state,
+        opponent_reward=None,
+        done=None,
+        mask=None,
+    ):
         self.check_transition(action, opponent_action)
 
 
@@ -111,6 +131,15 @@ class TitForTat(Agent):
         defect = defect * (1.0 - self.forgive)
         return torch.stack([1.0 - defect, defect], dim=-1)
 
-    def update(self, state, action, opponent_action, reward, next_state,
-               opponent_reward=None, done=None, mask=None):
+    def update(
+        self,
+        state,
+        action,
+        opponent_action,
+        reward,
+        next_state,
+        opponent_reward=None,
+        done=None,
+        mask=None,
+    ):
         self.check_transition(action, opponent_action)

@@ -48,12 +48,28 @@ def _run(env, agent, opponents, num_episodes, num_runs, generator):
             opp_actions = [o.act(state) for o in opponents]
             opponent_action = torch.stack(opp_actions, dim=-1) if multi else opp_actions[0]
             next_state, reward, opponent_reward, done = env.step(action, opponent_action)
-            agent.update(state, action, opponent_action, reward, next_state,
-                         opponent_reward=opponent_reward, done=done, mask=active)
+            agent.update(
+                state,
+                action,
+                opponent_action,
+                reward,
+                next_state,
+                opponent_reward=opponent_reward,
+                done=done,
+                mask=active,
+            )
             for i, opponent in enumerate(opponents):
                 own = opponent_reward[:, i] if multi else opponent_reward
-                opponent.update(state, opp_actions[i], action, own, next_state,
-                                opponent_reward=reward, done=done, mask=active)
+                opponent.update(
+                    state,
+                    opp_actions[i],
+                    action,
+                    own,
+                    next_state,
+                    opponent_reward=reward,
+                    done=done,
+                    mask=active,
+                )
             curves[:, episode] += torch.where(active, reward, torch.zeros_like(reward))
             active = active & ~done
             state = next_state

@@ -289,8 +289,13 @@ class LinearGaussian(Component):
     name = "linear_gaussian"
 
     def __init__(self, G, F, W, init_mean, init_cov, time_varying=False, state_names=None):
-        for x, n in [(G, "G"), (F, "F"), (W, "W"), (init_mean, "init_mean"),
-                     (init_cov, "init_cov")]:
+        for x, n in [
+            (G, "G"),
+            (F, "F"),
+            (W, "W"),
+            (init_mean, "init_mean"),
+            (init_cov, "init_cov"),
+        ]:
             _check_tensor(x, n)
         S = init_mean.shape[-1]
         if G.shape[-2:] != (S, S) or W.shape[-2:] != (S, S) or F.shape[-2:] != (1, S):
@@ -340,8 +345,11 @@ def _stack(blocks, inits, num_steps):
     tv = any(b.time_varying for b in blocks)
 
     def timed(x, is_tv):
-        return x.unsqueeze(-3).expand(*x.shape[:-2], num_steps, *x.shape[-2:]) if (
-            tv and not is_tv) else x
+        return (
+            x.unsqueeze(-3).expand(*x.shape[:-2], num_steps, *x.shape[-2:])
+            if (tv and not is_tv)
+            else x
+        )
 
     Gs = [timed(b.G, b.time_varying) for b in blocks]
     Fs = [timed(b.F, b.time_varying) for b in blocks]
@@ -406,8 +414,10 @@ class DLM:
         if future is None:
             blocks = [c.block(num_steps) for c in self.components]
         else:
-            blocks = [c.future_block(num_steps, future.get(n))
-                      for n, c in zip(self.names, self.components)]
+            blocks = [
+                c.future_block(num_steps, future.get(n))
+                for n, c in zip(self.names, self.components)
+            ]
         inits = [c.init(self.observation_scale) for c in self.components]
         G, F, W, m0, P0, tv = _stack(blocks, inits, num_steps)
         V = self.observation_scale.pow(2)[..., None, None].to(G.dtype)
@@ -415,12 +425,15 @@ class DLM:
             # V_t = V / lambda_t puts a time axis on every matrix.
             V = V.unsqueeze(-3) / observation_precision[..., None, None]
             if not tv:
-                G, F, W = [x.unsqueeze(-3).expand(*x.shape[:-2], num_steps, *x.shape[-2:])
-                           for x in (G, F, W)]
+                G, F, W = [
+                    x.unsqueeze(-3).expand(*x.shape[:-2], num_steps, *x.shape[-2:])
+                    for x in (G, F, W)
+                ]
             tv = True
         k = 3 if tv else 2
-        batch = torch.broadcast_shapes(*[x.shape[:-k] for x in (G, F, W, V)],
-                                       m0.shape[:-1], P0.shape[:-2])
+        batch = torch.broadcast_shapes(
+            *[x.shape[:-k] for x in (G, F, W, V)], m0.shape[:-1], P0.shape[:-2]
+        )
         return StateSpaceMatrices(G, F, W, V, m0, P0), tv, batch
 
     def matrices(self, num_steps, observation_precision=None):
@@ -533,8 +546,12 @@ class DLMDistribution(dist.TorchDistribution):
 
     def sample(self, sample_shape=torch.Size()):
         n = int(torch.Size(sample_shape).numel())
-        y = torch.full((*self.batch_shape, self.num_steps), math.nan, dtype=self._dtype,
-                       device=self.dlm.observation_scale.device)
+        y = torch.full(
+            (*self.batch_shape, self.num_steps),
+            math.nan,
+            dtype=self._dtype,
+            device=self.dlm.observation_scale.device,
+        )
         with torch.no_grad():
             ssm = _prepare(*self.dlm._args(y, self.observation_precision))
             _, yy = _simulate_prior(ssm, n)
@@ -556,7 +573,5 @@ def dlm_observe(name, dlm, y):
     precision = None
     if dlm.observation_df is not None:
         half = torch.as_tensor(dlm.observation_df / 2, dtype=y.dtype)
-        precision = pyro.sample(
-            f"{name}_precision", dist.Gamma(half, half).expand([T]).to_event(1)
-        )
+        precision = pyro.sample(f"{name}_precision", dist.Gamma(half, half).expand([T]).to_event(1))
     return pyro.sample(name, DLMDistribution(dlm, T, precision), obs=y)

@@ -581,9 +581,9 @@ class HiddenMarkovDistribution(TorchDistribution):
         batch_shape = torch.Size(batch_shape)
         num_states = self.init_logits.shape[-1]
         init = self.init_logits.expand(batch_shape + (num_states,))
-        trans_tail = self.trans_logits.shape[-3 if self._trans_time_varying else -2:]
+        trans_tail = self.trans_logits.shape[-3 if self._trans_time_varying else -2 :]
         trans = self.trans_logits.expand(batch_shape + trans_tail)
-        obs_tail = self.observation_dist.batch_shape[-2 if self._obs_time_varying else -1:]
+        obs_tail = self.observation_dist.batch_shape[-2 if self._obs_time_varying else -1 :]
         obs = self.observation_dist.expand(batch_shape + obs_tail)
         return type(self)(init, trans, obs, validate_args=False, duration=self._duration)
 

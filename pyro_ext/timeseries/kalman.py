@@ -181,8 +181,15 @@ class _Validated(NamedTuple):
 
 
 def _validate(y, G, F, W, V, m0, P0):
-    names = ["y", "transition_matrix", "observation_matrix", "transition_cov",
-             "observation_cov", "init_mean", "init_cov"]
+    names = [
+        "y",
+        "transition_matrix",
+        "observation_matrix",
+        "transition_cov",
+        "observation_cov",
+        "init_mean",
+        "init_cov",
+    ]
     args = [y, G, F, W, V, m0, P0]
     for x, name in zip(args, names):
         _check_tensor(x, name)
@@ -220,9 +227,12 @@ def _validate(y, G, F, W, V, m0, P0):
     try:
         batch = torch.broadcast_shapes(
             y.shape[:-2],
-            *[x.shape[: x.dim() - (3 if t else 2)]
-              for x, t in [(G, tG), (F, tF), (W, tW), (V, tV)]],
-            m0.shape[:-1], P0.shape[:-2],
+            *[
+                x.shape[: x.dim() - (3 if t else 2)]
+                for x, t in [(G, tG), (F, tF), (W, tW), (V, tV)]
+            ],
+            m0.shape[:-1],
+            P0.shape[:-2],
         )
     except RuntimeError as e:
         raise ValueError(f"batch shapes of the arguments do not broadcast: {e}") from None
@@ -547,8 +557,13 @@ def _blocked_log_likelihood(args, B):
 
     zS, zSS = m0.new_zeros(()).expand(*batch, S), m0.new_zeros(()).expand(*batch, S, S)
     prior = (zSS, m0.expand(*batch, S), P0.expand(*batch, S, S), zS, zSS)
-    blocks = (elems(A, (S, S)), elems(b, (S,)), elems(C, (S, S)), elems(eta, (S,)),
-              elems(J, (S, S)))
+    blocks = (
+        elems(A, (S, S)),
+        elems(b, (S,)),
+        elems(C, (S, S)),
+        elems(eta, (S,)),
+        elems(J, (S, S)),
+    )
     scan_in = tuple(torch.cat([u.unsqueeze(0), v]) for u, v in zip(prior, blocks))
     _, m, P, _, _ = _associative_scan(_filter_combine, scan_in)  # moments of s_0..s_K'
 
@@ -562,8 +577,9 @@ def _blocked_log_likelihood(args, B):
         ll = ll + _gaussian_blocks(zy - _mv(Zh, m[:K]), Zh, log_det_syy, P[:K])
     if R > 0:
         k = R * p
-        Hr, Syyr, _ = _mask_block(mask[..., K * B :, :].reshape(*ybatch, k),
-                                  H[..., :k, :], Syy[..., :k, :k])
+        Hr, Syyr, _ = _mask_block(
+            mask[..., K * B :, :].reshape(*ybatch, k), H[..., :k, :], Syy[..., :k, :k]
+        )
         Lr = _cholesky(Syyr, "block noise covariance")
         Yr = y[..., K * B :, :].reshape(*ybatch, k, 1)
         Zh = torch.linalg.solve_triangular(Lr, Hr, upper=False)
@@ -597,8 +613,13 @@ def kalman_filter(
     :returns: :class:`KalmanFilterResult`; means ``(..., T, S)``, covs ``(..., T, S, S)``.
     """
     ssm = _prepare(
-        y, transition_matrix, observation_matrix, transition_cov, observation_cov,
-        init_mean, init_cov,
+        y,
+        transition_matrix,
+        observation_matrix,
+        transition_cov,
+        observation_cov,
+        init_mean,
+        init_cov,
     )
     ll, m, P, mp, Pp = _run_filter(ssm)
     return KalmanFilterResult(
@@ -607,8 +628,14 @@ def kalman_filter(
 
 
 def kalman_log_likelihood(
-    y, transition_matrix, observation_matrix, transition_cov, observation_cov, init_mean,
-    init_cov, block_size=None,
+    y,
+    transition_matrix,
+    observation_matrix,
+    transition_cov,
+    observation_cov,
+    init_mean,
+    init_cov,
+    block_size=None,
 ):
     r"""Exact log-likelihood :math:`\log p(y_{1:T})` only; arguments as :func:`kalman_filter`.
 
@@ -629,8 +656,13 @@ def kalman_log_likelihood(
     :returns: ``(...)`` log-likelihood, the batch shape of the arguments.
     """
     args = _validate(
-        y, transition_matrix, observation_matrix, transition_cov, observation_cov,
-        init_mean, init_cov,
+        y,
+        transition_matrix,
+        observation_matrix,
+        transition_cov,
+        observation_cov,
+        init_mean,
+        init_cov,
     )
     T, p = args.y.shape[-2:]
     if block_size is None:
@@ -655,8 +687,13 @@ def kalman_smoother(
     Arguments as :func:`kalman_filter`; needs invertible predicted covariances.
     """
     ssm = _prepare(
-        y, transition_matrix, observation_matrix, transition_cov, observation_cov,
-        init_mean, init_cov,
+        y,
+        transition_matrix,
+        observation_matrix,
+        transition_cov,
+        observation_cov,
+        init_mean,
+        init_cov,
     )
     ll, m, P, mp, Pp = _run_filter(ssm)
     ms, Ps = _run_smoother(ssm, m, P, mp, Pp)
@@ -689,8 +726,14 @@ def _simulate_prior(ssm, num_samples):
 
 
 def kalman_sample(
-    y, transition_matrix, observation_matrix, transition_cov, observation_cov, init_mean,
-    init_cov, num_samples=1,
+    y,
+    transition_matrix,
+    observation_matrix,
+    transition_cov,
+    observation_cov,
+    init_mean,
+    init_cov,
+    num_samples=1,
 ):
     r"""Exact joint draws of ``x_{1:T} | y_{1:T}`` (Durbin & Koopman 2002 simulation smoother).
 
@@ -701,14 +744,24 @@ def kalman_sample(
     :returns: ``(num_samples, ..., T, S)``.
     """
     ssm = _prepare(
-        y, transition_matrix, observation_matrix, transition_cov, observation_cov,
-        init_mean, init_cov,
+        y,
+        transition_matrix,
+        observation_matrix,
+        transition_cov,
+        observation_cov,
+        init_mean,
+        init_cov,
     )
     x_plus, y_plus = _simulate_prior(ssm, num_samples)
     y_diff = torch.where(ssm.mask.unsqueeze(1), ssm.y.unsqueeze(1) - y_plus, 0.0)
     add_sample_dim = dict(
-        G=ssm.G.unsqueeze(1), F=ssm.F.unsqueeze(1), Q=ssm.Q.unsqueeze(1), V=ssm.V.unsqueeze(1),
-        mu=torch.zeros_like(ssm.mu).unsqueeze(1), y=y_diff, mask=ssm.mask.unsqueeze(1),
+        G=ssm.G.unsqueeze(1),
+        F=ssm.F.unsqueeze(1),
+        Q=ssm.Q.unsqueeze(1),
+        V=ssm.V.unsqueeze(1),
+        mu=torch.zeros_like(ssm.mu).unsqueeze(1),
+        y=y_diff,
+        mask=ssm.mask.unsqueeze(1),
     )
     ssm0 = ssm._replace(**add_sample_dim)
     ll, m, P, mp, Pp = _run_filter(ssm0)
@@ -718,13 +771,19 @@ def kalman_sample(
 
 def _future(x, name, core, num_batch, num_steps):
     x, has_time = _split(x, name, core, num_batch, num_steps)
-    return x if has_time else x.unsqueeze(-len(core) - 1).expand(
-        *x.shape[: x.dim() - len(core)], num_steps, *core
+    return (
+        x
+        if has_time
+        else x.unsqueeze(-len(core) - 1).expand(*x.shape[: x.dim() - len(core)], num_steps, *core)
     )
 
 
 def kalman_forecast(
-    filter_result, num_steps, transition_matrix, observation_matrix, transition_cov,
+    filter_result,
+    num_steps,
+    transition_matrix,
+    observation_matrix,
+    transition_cov,
     observation_cov,
 ):
     r"""Predictive moments ``num_steps`` ahead, propagating the last filtered moments.

@@ -6,7 +6,7 @@ import torch
 
 from pyro_ext.ara.attackers import LangevinAttacker
 from pyro_ext.ara.attacks import fgsm
-from pyro_ext.ara.training import ARATrainer, AdversarialTrainer
+from pyro_ext.ara.training import AdversarialTrainer, ARATrainer
 from pyro_ext.infer import SamplerDivergenceError
 from pyro_ext.models import BayesianMLP
 

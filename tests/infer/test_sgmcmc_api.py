@@ -43,7 +43,9 @@ def logistic_data(device, n=500, d=3):
 
 
 def run(kernel, *args, num_samples=20, warmup_steps=10, **kwargs):
-    mcmc = MCMC(kernel, num_samples=num_samples, warmup_steps=warmup_steps, disable_progbar=True, **kwargs)
+    mcmc = MCMC(
+        kernel, num_samples=num_samples, warmup_steps=warmup_steps, disable_progbar=True, **kwargs
+    )
     mcmc.run(*args)
     return mcmc
 
@@ -95,7 +97,9 @@ def test_plain_pyro_mcmc_returns_constrained_values():
         with pyro.plate("data", 3):
             pyro.sample("obs", dist.Normal(0.0, scale), obs=data)
 
-    mcmc = pyro.infer.MCMC(SGLD(model, step_size=1e-2), num_samples=50, warmup_steps=10, disable_progbar=True)
+    mcmc = pyro.infer.MCMC(
+        SGLD(model, step_size=1e-2), num_samples=50, warmup_steps=10, disable_progbar=True
+    )
     mcmc.run(data)
     assert (mcmc.get_samples()["scale"] > 0).all()
 
@@ -143,7 +147,13 @@ def test_noise_free_sgld_r_is_one_svgd_step(repulsion):
     svgd.step()
     expected = pyro.param("svgd_particles").detach().reshape(num_particles, 3)
 
-    kernel = SGLD(model, step_size=step_size, num_particles=num_particles, repulsion=stein_kernel, temperature=0.0)
+    kernel = SGLD(
+        model,
+        step_size=step_size,
+        num_particles=num_particles,
+        repulsion=stein_kernel,
+        temperature=0.0,
+    )
     kernel.initial_params = {"w": particles}
     kernel.setup(0)
     params = kernel.sample(kernel.initial_params)
@@ -157,7 +167,9 @@ def test_rbf_repulsion_matches_autograd():
     coupling = kernel.coupling(z)
     zj = z.clone().requires_grad_(True)
     k = torch.exp(-((zj.unsqueeze(1) - z.unsqueeze(0)) ** 2).sum(-1) / 1.7)  # k[j, i] = k(z_j, z_i)
-    expected = torch.stack([torch.autograd.grad(k[:, i].sum(), zj, retain_graph=True)[0].sum(0) for i in range(6)])
+    expected = torch.stack(
+        [torch.autograd.grad(k[:, i].sum(), zj, retain_graph=True)[0].sum(0) for i in range(6)]
+    )
     assert torch.allclose(coupling.repulsion, expected)
     assert torch.allclose(coupling.matrix, k.detach())
 
@@ -172,7 +184,9 @@ def test_coupled_noise_covariance():
 
 def test_sgld_update_without_noise_is_gradient_ascent():
     z, grad = torch.randn(3, 2), torch.randn(3, 2)
-    assert torch.allclose(sgld_update(z, grad, 0.1, torch.randn(3, 2), temperature=0.0), z + 0.1 * grad)
+    assert torch.allclose(
+        sgld_update(z, grad, 0.1, torch.randn(3, 2), temperature=0.0), z + 0.1 * grad
+    )
 
 
 def test_same_seed_same_draws():
@@ -191,7 +205,9 @@ def test_checkpoint_resume_gives_identical_draws(tmp_path, kernel_class):
     kwargs = dict(num_samples=30, warmup_steps=20, thinning=2)
 
     pyro.set_rng_seed(5)
-    reference = run(kernel_class(logistic_model, 1e-3, num_particles=3, repulsion="rbf"), x, y, **kwargs)
+    reference = run(
+        kernel_class(logistic_model, 1e-3, num_particles=3, repulsion="rbf"), x, y, **kwargs
+    )
 
     class Interrupt(Exception):
         """A simulated crash in the middle of the sampling stage."""
@@ -247,9 +263,17 @@ def test_initial_params_are_used():
         pyro.sample("a", dist.Normal(0.0, 1.0))
 
     kernel = SGLD(model, step_size=1e-8, num_particles=3, temperature=0.0)
-    mcmc = MCMC(kernel, num_samples=2, warmup_steps=0, initial_params={"a": torch.tensor([5.0, 6.0, 7.0])}, disable_progbar=True)
+    mcmc = MCMC(
+        kernel,
+        num_samples=2,
+        warmup_steps=0,
+        initial_params={"a": torch.tensor([5.0, 6.0, 7.0])},
+        disable_progbar=True,
+    )
     mcmc.run()
-    assert torch.allclose(mcmc.get_samples(group_by_chain=True)["a"][:, 0], torch.tensor([5.0, 6.0, 7.0]), atol=1e-4)
+    assert torch.allclose(
+        mcmc.get_samples(group_by_chain=True)["a"][:, 0], torch.tensor([5.0, 6.0, 7.0]), atol=1e-4
+    )
 
 
 def test_step_size_schedules():
@@ -281,20 +305,35 @@ def local_latent_model(x):
     "make, match",
     [
         (lambda: SGLD(discrete_model, 1e-3).setup(0), "latent site 'k' is discrete"),
-        (lambda: SGLD(local_latent_model, 1e-3).setup(0, torch.zeros(5)), "'z' lies inside the subsampled plate 'data'"),
+        (
+            lambda: SGLD(local_latent_model, 1e-3).setup(0, torch.zeros(5)),
+            "'z' lies inside the subsampled plate 'data'",
+        ),
         (lambda: SGLD(logistic_model, step_size=0.0), "step_size must be a positive"),
         (lambda: SGLD(logistic_model, step_size=-1e-3), "step_size must be a positive"),
         (lambda: SGLD(logistic_model, step_size=float("nan")), "step_size must be a positive"),
-        (lambda: SGLD(logistic_model, 1e-3, num_particles=0), "num_particles must be a positive integer"),
-        (lambda: SGLD(logistic_model, 1e-3, num_particles=4, repulsion="gaussian"), "repulsion must be None, 'rbf'"),
+        (
+            lambda: SGLD(logistic_model, 1e-3, num_particles=0),
+            "num_particles must be a positive integer",
+        ),
+        (
+            lambda: SGLD(logistic_model, 1e-3, num_particles=4, repulsion="gaussian"),
+            "repulsion must be None, 'rbf'",
+        ),
         (lambda: SGLD(logistic_model, 1e-3, repulsion="rbf"), "needs num_particles >= 2"),
         (lambda: SGLD(logistic_model, 1e-3, temperature=-1.0), "temperature must be"),
         (lambda: SGHMC(logistic_model, 1e-3, friction=0.0), "friction must lie in"),
         (lambda: AdamSGLD(logistic_model, 1e-3, betas=(1.0, 0.9)), "betas must lie in"),
         (lambda: PolynomialDecay(a=0.1, gamma=1.5), "gamma must lie in"),
         (lambda: RBFKernel(bandwidth=-1.0), "bandwidth must be a positive"),
-        (lambda: MCMC(SGLD(logistic_model, 1e-3), num_samples=10, num_chains=2), "set num_particles"),
-        (lambda: MCMC(SGLD(logistic_model, 1e-3), num_samples=10, thinning=0), "thinning must be a positive"),
+        (
+            lambda: MCMC(SGLD(logistic_model, 1e-3), num_samples=10, num_chains=2),
+            "set num_particles",
+        ),
+        (
+            lambda: MCMC(SGLD(logistic_model, 1e-3), num_samples=10, thinning=0),
+            "thinning must be a positive",
+        ),
     ],
 )
 def test_bad_input_gives_clear_errors(make, match):
@@ -327,7 +366,9 @@ def test_minibatch_gradient_is_unbiased():
     potential = kernel.potential
     # Four disjoint minibatches that cover the data average to the full-data gradient.
     partition = torch.randperm(400).reshape(4, 100)
-    full_grad = torch.stack([potential.log_density_and_grad(z, {"data": b})[1] for b in partition]).mean(0)
+    full_grad = torch.stack(
+        [potential.log_density_and_grad(z, {"data": b})[1] for b in partition]
+    ).mean(0)
     grads = torch.stack([potential.log_density_and_grad(z)[1] for _ in range(3000)])
     se = grads.std(0) / math.sqrt(grads.shape[0])
     assert ((grads.mean(0) - full_grad).abs() < 4 * se).all()
@@ -372,7 +413,9 @@ def test_arviz_from_pyro():
 
 def test_mixture_latent_site_is_sampled_in_unconstrained_space():
     def model():
-        mixture = dist.MixtureSameFamily(dist.Categorical(torch.ones(2)), dist.Exponential(torch.tensor([1.5, 0.5])))
+        mixture = dist.MixtureSameFamily(
+            dist.Categorical(torch.ones(2)), dist.Exponential(torch.tensor([1.5, 0.5]))
+        )
         pyro.sample("x", mixture)
 
     samples = run(SGLD(model, 0.05, num_particles=4), num_samples=50).get_samples()["x"]
@@ -383,7 +426,12 @@ def test_repulsive_divergence_is_reported_not_a_linear_algebra_error():
     def model():
         pyro.sample("stiff", dist.Normal(torch.zeros(2), 1e-3).to_event(1))
 
-    mcmc = MCMC(SGLD(model, 0.1, num_particles=5, repulsion="rbf"), num_samples=200, warmup_steps=0, disable_progbar=True)
+    mcmc = MCMC(
+        SGLD(model, 0.1, num_particles=5, repulsion="rbf"),
+        num_samples=200,
+        warmup_steps=0,
+        disable_progbar=True,
+    )
     with pytest.raises(SamplerDivergenceError, match="'stiff'"):
         mcmc.run()
     assert torch.isfinite(mcmc.get_samples()["stiff"]).all()

@@ -47,7 +47,13 @@ def logistic_data(device, n=300):
 
 def draws(kernel, *args, seed=0, num_samples=70, warmup_steps=30, **mcmc_kwargs):
     pyro.set_rng_seed(seed)
-    mcmc = MCMC(kernel, num_samples=num_samples, warmup_steps=warmup_steps, disable_progbar=True, **mcmc_kwargs)
+    mcmc = MCMC(
+        kernel,
+        num_samples=num_samples,
+        warmup_steps=warmup_steps,
+        disable_progbar=True,
+        **mcmc_kwargs,
+    )
     mcmc.run(*args)
     return mcmc
 
@@ -66,7 +72,9 @@ def test_traced_step_gives_the_eager_chain(sampler, num_particles, repulsion):
     x, y = logistic_data("cpu")
     make = KERNELS[sampler]
     eager = draws(make(logistic_model, num_particles=num_particles, repulsion=repulsion), x, y)
-    kernel = make(logistic_model, num_particles=num_particles, repulsion=repulsion, jit_compile="trace")
+    kernel = make(
+        logistic_model, num_particles=num_particles, repulsion=repulsion, jit_compile="trace"
+    )
     traced = draws(kernel, x, y)
     assert kernel._compiled.num_traces == 1
     assert_same_chain(eager, traced)
@@ -88,7 +96,9 @@ def test_compiled_step_gives_the_eager_chain_on_every_device(device, sampler):
 def test_a_thousand_steps_compile_once():
     """A decaying step size and Adam's switch from adapting to frozen enter as tensors."""
     x, y = logistic_data("cpu")
-    kernel = AdamSGLD(logistic_model, PolynomialDecay(1e-3, 10.0, 0.55), num_particles=2, jit_compile=True)
+    kernel = AdamSGLD(
+        logistic_model, PolynomialDecay(1e-3, 10.0, 0.55), num_particles=2, jit_compile=True
+    )
     torch._dynamo.utils.counters.clear()
     mcmc = draws(kernel, x, y, num_samples=900, warmup_steps=100)
     # One compilation in all (inductor compiles through AOT autograd, which counts them).
@@ -151,7 +161,9 @@ def test_checkpoint_resume_and_storage_options_under_jit(tmp_path):
     x, y = logistic_data("cpu")
     stats = lambda: StatsOfDict(default=CountMeanVarianceStats)  # noqa: E731
     options = dict(thinning=2, draws_device="cpu")
-    reference = draws(SGHMC(logistic_model, 1e-3, num_particles=3, jit_compile="trace"), x, y, **options)
+    reference = draws(
+        SGHMC(logistic_model, 1e-3, num_particles=3, jit_compile="trace"), x, y, **options
+    )
 
     class Interrupt(Exception):
         pass
@@ -162,17 +174,35 @@ def test_checkpoint_resume_and_storage_options_under_jit(tmp_path):
 
     path = str(tmp_path / "run.ckpt")
     with pytest.raises(Interrupt):
-        draws(SGHMC(logistic_model, 1e-3, num_particles=3, jit_compile="trace"), x, y,
-              checkpoint_path=path, checkpoint_every=10, hook_fn=crash, **options)
-    resumed = MCMC(SGHMC(logistic_model, 1e-3, num_particles=3, jit_compile="trace"), num_samples=70,
-                   warmup_steps=30, disable_progbar=True, checkpoint_path=path, **options)
+        draws(
+            SGHMC(logistic_model, 1e-3, num_particles=3, jit_compile="trace"),
+            x,
+            y,
+            checkpoint_path=path,
+            checkpoint_every=10,
+            hook_fn=crash,
+            **options,
+        )
+    resumed = MCMC(
+        SGHMC(logistic_model, 1e-3, num_particles=3, jit_compile="trace"),
+        num_samples=70,
+        warmup_steps=30,
+        disable_progbar=True,
+        checkpoint_path=path,
+        **options,
+    )
     resumed.resume(x, y)
     for name, value in reference.get_samples(group_by_chain=True).items():
         assert value.shape[1] == 70
         assert torch.equal(resumed.get_samples(group_by_chain=True)[name], value)
 
-    streamed = draws(SGHMC(logistic_model, 1e-3, num_particles=3, jit_compile="trace"), x, y,
-                     statistics=stats(), **options)
+    streamed = draws(
+        SGHMC(logistic_model, 1e-3, num_particles=3, jit_compile="trace"),
+        x,
+        y,
+        statistics=stats(),
+        **options,
+    )
     mean = streamed.get_statistics(group_by_chain=False)["w"]["mean"]
     torch.testing.assert_close(mean, reference.get_samples()["w"].mean(0), atol=1e-5, rtol=1e-4)
 
@@ -298,7 +328,9 @@ def poison_compiled_calls(monkeypatch, calls_to_poison):
         output = original(self, *args, **kwargs)
         count[0] += 1
         if count[0] in calls_to_poison:
-            state = type(output.state)(*(t * float("nan") if t.is_floating_point() else t for t in output.state))
+            state = type(output.state)(
+                *(t * float("nan") if t.is_floating_point() else t for t in output.state)
+            )
             return output._replace(state=state, ok=torch.tensor(False))
         return output
 
@@ -309,7 +341,9 @@ def poison_compiled_calls(monkeypatch, calls_to_poison):
 @pytest.mark.parametrize("streaming", [False, True])
 def test_deferred_checks_rewind_and_replay_to_the_eager_chain(monkeypatch, streaming):
     x, y = logistic_data("cpu")
-    options = dict(thinning=2, statistics=StatsOfDict(default=CountMeanVarianceStats) if streaming else None)
+    options = dict(
+        thinning=2, statistics=StatsOfDict(default=CountMeanVarianceStats) if streaming else None
+    )
     make = lambda **kw: SGHMC(logistic_model, 1e-3, num_particles=3, repulsion="rbf", **kw)  # noqa: E731
     eager = draws(make(), x, y, **options)
     count = poison_compiled_calls(monkeypatch, {4, 20, 21, 57})
@@ -329,8 +363,12 @@ def test_deferred_checks_report_the_divergence_at_its_step():
     errors, kept = [], []
     for options in ({}, {"jit_compile": "trace", "divergence_check_every": 16}):
         pyro.set_rng_seed(1)
-        mcmc = MCMC(SGLD(stiff_model, 0.05, num_particles=3, **options), num_samples=200, warmup_steps=0,
-                    disable_progbar=True)
+        mcmc = MCMC(
+            SGLD(stiff_model, 0.05, num_particles=3, **options),
+            num_samples=200,
+            warmup_steps=0,
+            disable_progbar=True,
+        )
         with pytest.raises(SamplerDivergenceError, match="'stiff'") as error:
             mcmc.run()
         errors.append(error.value)
@@ -342,7 +380,12 @@ def test_deferred_checks_report_the_divergence_at_its_step():
 
 def test_deferred_checks_with_checkpoints_resume_to_the_same_draws(tmp_path, monkeypatch):
     x, y = logistic_data("cpu")
-    make = lambda: SGLD(logistic_model, 2e-3, num_particles=2, jit_compile="trace", divergence_check_every=6)  # noqa: E731
+
+    def make():
+        return SGLD(
+            logistic_model, 2e-3, num_particles=2, jit_compile="trace", divergence_check_every=6
+        )
+
     reference = draws(make(), x, y)
     path = str(tmp_path / "run.ckpt")
 
@@ -356,7 +399,9 @@ def test_deferred_checks_with_checkpoints_resume_to_the_same_draws(tmp_path, mon
     poison_compiled_calls(monkeypatch, {9, 33})
     with pytest.raises(Interrupt):
         draws(make(), x, y, checkpoint_path=path, checkpoint_every=10, hook_fn=crash)
-    resumed = MCMC(make(), num_samples=70, warmup_steps=30, disable_progbar=True, checkpoint_path=path)
+    resumed = MCMC(
+        make(), num_samples=70, warmup_steps=30, disable_progbar=True, checkpoint_path=path
+    )
     resumed.resume(x, y)
     assert_same_chain(reference, resumed)
 

@@ -142,7 +142,9 @@ def test_adam_sgld_stationary_moments_with_frozen_mass(device):
     for d in range(DIM):
         for m in mass[:, d].tolist():
             a = step_size * precision / m
-            A = torch.tensor([[1 - a, beta1 / m], [-step_size * precision, beta1]], dtype=torch.float64)
+            A = torch.tensor(
+                [[1 - a, beta1 / m], [-step_size * precision, beta1]], dtype=torch.float64
+            )
             B = math.sqrt(2 * (1 - beta1) * step_size * m) * torch.tensor(
                 [[1 / m], [1.0]], dtype=torch.float64
             )
@@ -204,7 +206,9 @@ def test_sgld_r_recovers_the_spread_that_svgd_underestimates():
         return 3.0 + 0.5 * torch.randn(2, dtype=torch.float64)
 
     step_size = 0.3  # with K ~ I the per-particle step of eq. (2.7) is step_size / L = 0.05
-    svgd = SGLD(model, step_size, num_particles=6, repulsion="rbf", temperature=0.0, init_strategy=start)
+    svgd = SGLD(
+        model, step_size, num_particles=6, repulsion="rbf", temperature=0.0, init_strategy=start
+    )
     final = run(svgd, None, 1, 1000).get_samples()["z"]
     assert final.std(0).max() < 0.85  # the SVGD fixed point is too narrow
 

@@ -9,8 +9,8 @@ from pyro.infer import SVI, Predictive, Trace_ELBO, TraceEnum_ELBO
 from pyro.infer.autoguide import AutoNormal
 from pyro.poutine.util import site_is_subsample
 
-from pyro_ext.infer.vis import VIS, fokker_planck_score
 from pyro_ext.infer.sgmcmc.repulsion import RBFKernel
+from pyro_ext.infer.vis import VIS, fokker_planck_score
 
 N = 8
 
@@ -48,8 +48,9 @@ def test_zero_steps_is_the_base_guide(device):
     base(x)
     guide = VIS(gauss_model, base, num_steps=0)
     for num_particles in (1, 7):
-        kwargs = dict(num_particles=num_particles, vectorize_particles=num_particles > 1,
-                      max_plate_nesting=1)
+        kwargs = dict(
+            num_particles=num_particles, vectorize_particles=num_particles > 1, max_plate_nesting=1
+        )
         pyro.set_rng_seed(3)
         expected = Trace_ELBO(**kwargs).loss(gauss_model, base, x)
         pyro.set_rng_seed(3)
@@ -81,8 +82,15 @@ def test_refined_elbo_tightens_and_converges(device):
     gaps = []
     for num_steps in (0, 2, 30):
         pyro.clear_param_store()
-        vis_g = VIS(gauss_model, base, num_steps=num_steps, step_size=step,
-                    learn_step_size=False, entropy="gaussian", gaussian_scale=sd)
+        vis_g = VIS(
+            gauss_model,
+            base,
+            num_steps=num_steps,
+            step_size=step,
+            learn_step_size=False,
+            entropy="gaussian",
+            gaussian_scale=sd,
+        )
         gaps.append(float(log_evidence - elbo(vis_g, x)))
     assert gaps[0] > gaps[1] > gaps[2] > -0.05
     assert gaps[2] < 0.05
@@ -108,8 +116,9 @@ def test_elbo_matches_hand_computation():
     loss = Trace_ELBO().loss(model, guide, x)
     s0 = base_trace.nodes["s"]["value"].detach()
     base_trace.compute_log_prob()
-    log_q0 = sum(site["log_prob_sum"] for site in base_trace.nodes.values()
-                 if site["type"] == "sample")
+    log_q0 = sum(
+        site["log_prob_sum"] for site in base_trace.nodes.values() if site["type"] == "sample"
+    )
     u0 = s0.log()
     u1 = u0 + eta * (-u0 - 3 + x.pow(2).sum() * torch.exp(-2 * u0))
     s1 = u1.exp()
@@ -137,8 +146,15 @@ def test_mc_elbo_matches_hand_computation():
 
         base = AutoNormal(model, init_scale=0.5)
         eta, num_steps = 0.05, 2
-        guide = VIS(model, base, sampler="sgld", num_steps=num_steps, step_size=eta,
-                    learn_step_size=False, entropy="mc")
+        guide = VIS(
+            model,
+            base,
+            sampler="sgld",
+            num_steps=num_steps,
+            step_size=eta,
+            learn_step_size=False,
+            entropy="mc",
+        )
         base(x)  # initialise, so that both runs below draw the same noise
         pyro.set_rng_seed(1)
         base_trace = poutine.trace(base).get_trace(x)
@@ -146,8 +162,9 @@ def test_mc_elbo_matches_hand_computation():
         pyro.set_rng_seed(1)
         loss = Trace_ELBO().loss(model, guide, x)
         base_trace.compute_log_prob()
-        log_q = sum(site["log_prob_sum"] for site in base_trace.nodes.values()
-                    if site["type"] == "sample").detach()
+        log_q = sum(
+            site["log_prob_sum"] for site in base_trace.nodes.values() if site["type"] == "sample"
+        ).detach()
         u = base_trace.nodes["s"]["value"].detach().log()
         log_q = log_q + u
         sd = math.sqrt(2 * eta)
@@ -171,8 +188,15 @@ def test_mc_elbo_is_a_lower_bound(scaled_step, device):
     x = gauss_data(device)
     mean, sd, log_evidence = gauss_posterior(x)
     base = AutoNormal(gauss_model, init_loc_fn=lambda site: mean, init_scale=sd)
-    guide = VIS(gauss_model, base, sampler="sgld", num_steps=5, step_size=scaled_step / (N + 1),
-                learn_step_size=False, entropy="mc")
+    guide = VIS(
+        gauss_model,
+        base,
+        sampler="sgld",
+        num_steps=5,
+        step_size=scaled_step / (N + 1),
+        learn_step_size=False,
+        entropy="mc",
+    )
     value = elbo(guide, x)
     # The MC error of the 4000-draw estimate is below 0.01 (0 at eta -> 0: q0 is exact).
     assert value < log_evidence + 0.02
@@ -186,8 +210,9 @@ def test_mc_learned_step_size_stays_bounded(device):
     # shrinks as q0 approaches the posterior (peak 0.82-0.87, end 0.33-0.37 over seeds).
     x = gauss_data(device)
     _, _, log_evidence = gauss_posterior(x)
-    guide = VIS(gauss_model, off_guide(), sampler="sgld", num_steps=3, step_size=0.1 / (N + 1),
-                entropy="mc")
+    guide = VIS(
+        gauss_model, off_guide(), sampler="sgld", num_steps=3, step_size=0.1 / (N + 1), entropy="mc"
+    )
     loss = Trace_ELBO(num_particles=32, vectorize_particles=True, max_plate_nesting=1)
     svi = SVI(gauss_model, guide, pyro.optim.Adam({"lr": 0.05}), loss)
     steps = []
@@ -220,8 +245,9 @@ def test_step_size_learning(gradient, device):
     assert (unconstrained.grad is not None and unconstrained.grad != 0) == (gradient == "full")
 
 
-@pytest.mark.parametrize("entropy, sampler", [("particle", "sgd"), ("gaussian", "sgd"),
-                                              ("mc", "sgld")])
+@pytest.mark.parametrize(
+    "entropy, sampler", [("particle", "sgd"), ("gaussian", "sgd"), ("mc", "sgld")]
+)
 def test_finite_difference_gradient(entropy, sampler):
     default = torch.get_default_dtype()
     torch.set_default_dtype(torch.float64)
@@ -234,8 +260,9 @@ def test_finite_difference_gradient(entropy, sampler):
             with pyro.plate("data", 3):
                 pyro.sample("obs", dist.Normal(z, s), obs=x)
 
-        guide = VIS(model, AutoNormal(model), num_steps=2, step_size=0.05,
-                    entropy=entropy, sampler=sampler)
+        guide = VIS(
+            model, AutoNormal(model), num_steps=2, step_size=0.05, entropy=entropy, sampler=sampler
+        )
 
         def loss():
             pyro.set_rng_seed(0)
@@ -338,8 +365,11 @@ def test_svgd_and_fokker_planck(device):
     x = gauss_data(device)
     mean, sd, _ = gauss_posterior(x)
     loss = Trace_ELBO(num_particles=16, vectorize_particles=True, max_plate_nesting=1)
-    for kwargs in (dict(sampler="svgd"), dict(entropy="fokker_planck"),
-                   dict(sampler="sgld", repulsion="rbf")):
+    for kwargs in (
+        dict(sampler="svgd"),
+        dict(entropy="fokker_planck"),
+        dict(sampler="sgld", repulsion="rbf"),
+    ):
         pyro.clear_param_store()
         guide = VIS(gauss_model, off_guide(), num_steps=2, step_size=0.02, **kwargs)
         svi = SVI(gauss_model, guide, pyro.optim.Adam({"lr": 0.01}), loss)
@@ -348,8 +378,7 @@ def test_svgd_and_fokker_planck(device):
     # The deterministic flow (2.11) from a point mass spreads the particles towards
     # the posterior spread, where plain gradient ascent collapses them on the mode.
     base = AutoNormal(gauss_model, init_loc_fn=lambda site: mean, init_scale=0.01)
-    guide = VIS(gauss_model, base, entropy="fokker_planck", step_size=0.02,
-                learn_step_size=False)
+    guide = VIS(gauss_model, base, entropy="fokker_planck", step_size=0.02, learn_step_size=False)
     spread = guide.sample_posterior(x, num_samples=100, num_steps=300)["z"].std()
     assert 0.5 * sd < spread < 1.5 * sd
 
@@ -381,27 +410,33 @@ def test_trace_enum_elbo_marginalises_discrete_sites(device):
     pyro.set_rng_seed(0)
     refined = poutine.trace(guide).get_trace(x).nodes["locs"]["value"]
     locs0 = base_trace.nodes["locs"]["value"].detach().requires_grad_()
-    log_p = dist.Normal(0.0, 5.0).log_prob(locs0).sum() + torch.logsumexp(
-        dist.Normal(locs0, 1.0).log_prob(x.unsqueeze(-1)) + math.log(0.5), -1
-    ).sum()
+    log_p = (
+        dist.Normal(0.0, 5.0).log_prob(locs0).sum()
+        + torch.logsumexp(
+            dist.Normal(locs0, 1.0).log_prob(x.unsqueeze(-1)) + math.log(0.5), -1
+        ).sum()
+    )
     (grad,) = torch.autograd.grad(log_p, locs0)
     assert torch.allclose(refined, locs0 + eta * grad, atol=1e-5)
     svi = SVI(model, guide, pyro.optim.Adam({"lr": 0.01}), TraceEnum_ELBO(max_plate_nesting=1))
     assert math.isfinite(svi.step(x))
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    (dict(num_steps=-1), "num_steps"),
-    (dict(num_steps=1.5), "num_steps"),
-    (dict(step_size=0.0), "step_size"),
-    (dict(step_size=-1e-3), "step_size"),
-    (dict(sampler="hmc"), "sampler"),
-    (dict(entropy="exact"), "entropy"),
-    (dict(gradient="half"), "gradient"),
-    (dict(repulsion="cosine", sampler="sgld"), "repulsion"),
-    (dict(entropy="mc", sampler="sgd"), "entropy='mc'"),
-    (dict(entropy="fokker_planck", sampler="sgld"), "fokker_planck"),
-])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(num_steps=-1), "num_steps"),
+        (dict(num_steps=1.5), "num_steps"),
+        (dict(step_size=0.0), "step_size"),
+        (dict(step_size=-1e-3), "step_size"),
+        (dict(sampler="hmc"), "sampler"),
+        (dict(entropy="exact"), "entropy"),
+        (dict(gradient="half"), "gradient"),
+        (dict(repulsion="cosine", sampler="sgld"), "repulsion"),
+        (dict(entropy="mc", sampler="sgd"), "entropy='mc'"),
+        (dict(entropy="fokker_planck", sampler="sgld"), "fokker_planck"),
+    ],
+)
 def test_bad_arguments(kwargs, match):
     with pytest.raises(ValueError, match=match):
         VIS(gauss_model, off_guide(), **kwargs)
@@ -450,8 +485,9 @@ def test_potential_matches_the_conditioned_trace(device):
     assert not [n for n, s in outer.trace.nodes.items() if s["type"] in ("sample", "param")]
     with poutine.block():
         expected = poutine.trace(poutine.condition(model, {**values, **subsamples})).get_trace(x)
-    assert torch.equal(log_joint, expected.log_prob_sum(
-        lambda name, site: not site_is_subsample(site)))
+    assert torch.equal(
+        log_joint, expected.log_prob_sum(lambda name, site: not site_is_subsample(site))
+    )
     assert scales["z"] == expected.nodes["z"]["scale"] == 10 / 4
     assert scales["w"] == expected.nodes["w"]["scale"] == 1.0
 

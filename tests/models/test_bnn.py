@@ -360,7 +360,13 @@ def test_compiled_step_runs_the_bayesian_mlp_as_eager(hierarchical):
     for jit_compile in (False, "trace"):
         pyro.set_rng_seed(0)
         net = BayesianMLP(3, hidden=(8,), hierarchical=hierarchical, full_output=False)
-        kernel = SGLD(net, 1e-4, num_particles=3, jit_compile=jit_compile, init_strategy=net.init_strategy(x, y))
+        kernel = SGLD(
+            net,
+            1e-4,
+            num_particles=3,
+            jit_compile=jit_compile,
+            init_strategy=net.init_strategy(x, y),
+        )
         mcmc = MCMC(kernel, num_samples=30, warmup_steps=10, disable_progbar=True)
         mcmc.run(x, y, subsample_size=40)
         chains.append(mcmc.get_samples(group_by_chain=True))

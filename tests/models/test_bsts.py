@@ -82,7 +82,7 @@ def _dense_loglik(model, params, y, u, X, T):
         means.append(F[0] @ m)
     # covariance of states by x_t = G^{t} x_0 + sum G^{t-s} w_s
     covs = [P0]
-    for t in range(1, T):
+    for _ in range(1, T):
         covs.append(G @ covs[-1] @ G.T + W)
     for t in range(T):
         for s in range(t + 1):

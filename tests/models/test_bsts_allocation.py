@@ -119,8 +119,9 @@ def test_max_mean_puts_budget_on_best_channel(model3):
     res = allocate_budget(model3, B)
     assert isinstance(res, AllocationResult)
     assert res.feasible and res.status == "optimal"
-    torch.testing.assert_close(res.spend, torch.tensor([0.0, B, 0.0], dtype=torch.float64),
-                               atol=1e-5, rtol=0)
+    torch.testing.assert_close(
+        res.spend, torch.tensor([0.0, B, 0.0], dtype=torch.float64), atol=1e-5, rtol=0
+    )
     mean, var = model3.moments(res.spend)
     assert res.mean == pytest.approx(float(mean), rel=1e-9)
     assert res.sd == pytest.approx(math.sqrt(float(var)), rel=1e-7)
@@ -134,8 +135,9 @@ def test_start_at_bad_corner_still_reaches_optimum(model3, corner):
     start = torch.zeros(3)
     start[corner] = B
     res = allocate_budget(model3, B, start=start)
-    torch.testing.assert_close(res.spend, torch.tensor([0.0, B, 0.0], dtype=torch.float64),
-                               atol=1e-5, rtol=0)
+    torch.testing.assert_close(
+        res.spend, torch.tensor([0.0, B, 0.0], dtype=torch.float64), atol=1e-5, rtol=0
+    )
     ref = allocate_budget(model3, B, max_sd=12.0)
     res = allocate_budget(model3, B, max_sd=12.0, start=start)
     assert res.mean == pytest.approx(ref.mean, rel=1e-6)
@@ -145,8 +147,9 @@ def test_start_at_bad_corner_still_reaches_optimum(model3, corner):
 def test_bounds_spill_over_to_next_best_channel(model3):
     bounds = [[1.0, 10.0], [0.0, 4.0], [0.0, math.inf]]
     res = allocate_budget(model3, B, bounds=bounds)
-    torch.testing.assert_close(res.spend, torch.tensor([1.0, 4.0, 5.0], dtype=torch.float64),
-                               atol=1e-5, rtol=0)
+    torch.testing.assert_close(
+        res.spend, torch.tensor([1.0, 4.0, 5.0], dtype=torch.float64), atol=1e-5, rtol=0
+    )
     _check_constraints(res.spend, bounds=bounds)
 
 
@@ -156,8 +159,9 @@ def test_negative_returns_leave_budget_unspent_unless_exact():
     res = allocate_budget(model, B, start=[5.0, 5.0])
     torch.testing.assert_close(res.spend, torch.zeros(2, dtype=torch.float64), atol=1e-6, rtol=0)
     res = allocate_budget(model, B, exact_budget=True)
-    torch.testing.assert_close(res.spend, torch.tensor([B, 0.0], dtype=torch.float64),
-                               atol=1e-5, rtol=0)
+    torch.testing.assert_close(
+        res.spend, torch.tensor([B, 0.0], dtype=torch.float64), atol=1e-5, rtol=0
+    )
 
 
 def test_ties_in_mean_are_broken_by_variance():
@@ -170,8 +174,9 @@ def test_ties_in_mean_are_broken_by_variance():
     b = 1.0 + q * math.sqrt(b.shape[0]) * torch.tensor([0.2, 0.4], dtype=torch.float64)
     model = LinearGaussianModel(a, b, v)
     res = allocate_budget(model, B)
-    torch.testing.assert_close(res.spend, torch.tensor([8.0, 2.0], dtype=torch.float64),
-                               atol=1e-3, rtol=0)
+    torch.testing.assert_close(
+        res.spend, torch.tensor([8.0, 2.0], dtype=torch.float64), atol=1e-3, rtol=0
+    )
 
 
 # ----------------------------------------------------------------------------------------
@@ -291,8 +296,9 @@ def test_pareto_frontier_with_exact_budget_and_bounds(model3):
     front = pareto_frontier(model3, B, num_points=6, bounds=bounds, exact_budget=True)
     assert (front.mean[1:] >= front.mean[:-1] - 1e-9).all()
     _check_constraints(front.spend, bounds=bounds)
-    torch.testing.assert_close(front.spend.sum(-1), torch.full((6,), B, dtype=torch.float64),
-                               atol=1e-6, rtol=0)
+    torch.testing.assert_close(
+        front.spend.sum(-1), torch.full((6,), B, dtype=torch.float64), atol=1e-6, rtol=0
+    )
     # min-variance endpoint against a brute-force grid over the (bounded) simplex
     grid = _simplex_grid(3, 100, exact=True)
     lo, hi = torch.tensor(bounds, dtype=torch.float64).T
@@ -310,8 +316,9 @@ def test_monte_carlo_agrees_with_exact(differentiable):
     a, b, v = _draws(mu=[0.5, 1.0, 0.8], sd=[0.1, 0.6, 0.3], num_draws=200)
     model = LinearGaussianModel(a, b, v, differentiable_samples=differentiable)
     exact = allocate_budget(model, B, max_sd=4.0)
-    mc = allocate_budget(model, B, max_sd=4.0, method="monte_carlo", num_samples=20000,
-                         start=[B, 0.0, 0.0])
+    mc = allocate_budget(
+        model, B, max_sd=4.0, method="monte_carlo", num_samples=20000, start=[B, 0.0, 0.0]
+    )
     assert mc.method == "monte_carlo"
     assert mc.sd <= 4.0 * (1 + 1e-6)  # the constraint holds for the MC estimate
     torch.testing.assert_close(mc.spend, exact.spend, atol=0.6, rtol=0)
@@ -336,15 +343,17 @@ class MomentModel:
 
 
 def test_evaluate_strategies_drops_dominated():
-    candidates = torch.tensor([
-        [3.0, 1.0],  # 0: non-dominated
-        [3.0, 2.0],  # 1: dominated by 0 (same mean, more risk)
-        [2.0, 1.0],  # 2: dominated by 0 (less mean, same risk)
-        [4.0, 3.0],  # 3: non-dominated
-        [1.0, 0.5],  # 4: non-dominated (least risk)
-        [4.0, 3.0],  # 5: duplicate of 3: neither dominates the other
-        [3.5, 3.5],  # 6: dominated by 3
-    ])
+    candidates = torch.tensor(
+        [
+            [3.0, 1.0],  # 0: non-dominated
+            [3.0, 2.0],  # 1: dominated by 0 (same mean, more risk)
+            [2.0, 1.0],  # 2: dominated by 0 (less mean, same risk)
+            [4.0, 3.0],  # 3: non-dominated
+            [1.0, 0.5],  # 4: non-dominated (least risk)
+            [4.0, 3.0],  # 5: duplicate of 3: neither dominates the other
+            [3.5, 3.5],  # 6: dominated by 3
+        ]
+    )
     ev = evaluate_strategies(MomentModel(), candidates)
     torch.testing.assert_close(ev.mean, candidates[:, 0].double())
     torch.testing.assert_close(ev.sd, candidates[:, 1].double())
@@ -354,8 +363,10 @@ def test_evaluate_strategies_drops_dominated():
 
 
 def test_evaluate_strategies_on_bsts_double(model3):
-    cands = torch.tensor([[0.0, B, 0.0], [B, 0.0, 0.0], [0.0, 0.0, B], [0.0, 0.0, 0.0],
-                          [2.0, 2.0, 2.0]], dtype=torch.float64)
+    cands = torch.tensor(
+        [[0.0, B, 0.0], [B, 0.0, 0.0], [0.0, 0.0, B], [0.0, 0.0, 0.0], [2.0, 2.0, 2.0]],
+        dtype=torch.float64,
+    )
     ev = evaluate_strategies(model3, cands, horizon=2)
     mean, var = model3.moments(cands, h=2)
     torch.testing.assert_close(ev.mean, mean)
@@ -429,8 +440,9 @@ def test_spend_without_effect_is_reported(model3):
     assert "do not depend on the spend" in res.message
     res2 = allocate_budget(lagged, B, horizon=2, start=[B, 0.0, 0.0])
     assert "do not depend" not in res2.message
-    torch.testing.assert_close(res2.spend, torch.tensor([0.0, B, 0.0], dtype=torch.float64),
-                               atol=1e-5, rtol=0)
+    torch.testing.assert_close(
+        res2.spend, torch.tensor([0.0, B, 0.0], dtype=torch.float64), atol=1e-5, rtol=0
+    )
     assert pareto_frontier(lagged, B, num_points=5).sd.shape == (1,)
     start = torch.tensor([1.0, 2.0, 3.0])
     torch.testing.assert_close(allocate_budget(lagged, B, start=start).spend, start.double())

@@ -27,7 +27,10 @@ FAST = settings(max_examples=25, deadline=None)
 
 @FAST
 @given(
-    st.integers(1, 4), st.integers(1, 5), st.integers(2, 4), st.integers(1, 4),
+    st.integers(1, 4),
+    st.integers(1, 5),
+    st.integers(2, 4),
+    st.integers(1, 4),
     st.integers(0, 2**31 - 1),
 )
 def test_tmdp_update_with_point_mass_is_q_learning(batch, num_states, num_actions, n, seed):
@@ -105,7 +108,7 @@ def test_fpq_converges_to_closed_form_q(device):
     q = torch.zeros(256, 1, 2, 2, device=device)
     counts = torch.ones(256, 2, device=device)
     zeros = torch.zeros(256, dtype=torch.long, device=device)
-    for t in range(3000):
+    for _ in range(3000):
         a = torch.randint(2, (256,), generator=g, device=device)
         b = (torch.rand(256, generator=g, device=device) < p[1]).long()
         dirichlet_forget_update(counts, b)
@@ -138,8 +141,13 @@ def test_opponent_averaging_counts_models_that_predicted(device):
 
 def test_multi_opponent_joint_probs_factorise():
     agent = MultiOpponentQLearner(2, 0.1, 0.1, 0.9).attach(1, 3, 2).reset(1, torch.Generator())
-    agent.update(torch.zeros(1, dtype=torch.long), torch.tensor([0]), torch.tensor([[1, 0]]),
-                 torch.tensor([1.0]), torch.zeros(1, dtype=torch.long))
+    agent.update(
+        torch.zeros(1, dtype=torch.long),
+        torch.tensor([0]),
+        torch.tensor([[1, 0]]),
+        torch.tensor([1.0]),
+        torch.zeros(1, dtype=torch.long),
+    )
     p1, p2 = torch.tensor([1 / 3, 2 / 3]), torch.tensor([2 / 3, 1 / 3])
     joint = agent.opponent_probs(torch.zeros(1, dtype=torch.long))[0]
     torch.testing.assert_close(joint, torch.outer(p1, p2).flatten())
@@ -157,8 +165,15 @@ def test_approximate_linear_level2_matches_tabular(device):
 
 
 def test_approximate_neural_level2_exploits_smoother(device):
-    curves = play_many(FriendOrFoe(), lambda: ApproximateLevel2QLearner(0.1, 0.05, 0.8, hidden=8),
-                       lambda: ExponentialSmootherAdversary(0.75), 600, 4, 0, device)
+    curves = play_many(
+        FriendOrFoe(),
+        lambda: ApproximateLevel2QLearner(0.1, 0.05, 0.8, hidden=8),
+        lambda: ExponentialSmootherAdversary(0.75),
+        600,
+        4,
+        0,
+        device,
+    )
     assert curves.shape == (4, 600)
     assert curves[:, -200:].mean() > 25  # level-2 thinking exploits the adversary (figure 4.3)
 

@@ -105,8 +105,13 @@ def test_blotto_winner_rule(alloc, attacks, reward, attacker_rewards):
 
 def test_blotto_fpq_vs_smoothers(device):
     env = Blotto()
-    smoothers = lambda: [ExponentialSmootherAdversary(0.8, encode=env.allocation_share)  # noqa
-                         for _ in range(2)]
+
+    def smoothers():
+        return [
+            ExponentialSmootherAdversary(0.8, encode=env.allocation_share)  # noqa
+            for _ in range(2)
+        ]
+
     fpq = play_many(
         env, lambda: MultiOpponentQLearner(2, 0.1, 0.1, 0.96), smoothers, 300, 4, 0, device
     )

@@ -26,8 +26,16 @@ from pyro_ext.rl import (  # noqa: E402
 def test_api_floor():
     import pyro_ext.rl as rl
 
-    for name in ("FriendOrFoe", "ExponentialSmootherAdversary", "QLearner", "FPQLearner",
-                 "LevelKQLearner", "play", "play_many", "plot_reward_curves"):
+    for name in (
+        "FriendOrFoe",
+        "ExponentialSmootherAdversary",
+        "QLearner",
+        "FPQLearner",
+        "LevelKQLearner",
+        "play",
+        "play_many",
+        "plot_reward_curves",
+    ):
         assert name in rl.__all__
     adv = ExponentialSmootherAdversary(0.75)
     rewards = play(FriendOrFoe(), QLearner(0.1, 0.1, 0.8), adv, 20, 0)
@@ -40,8 +48,9 @@ def test_api_floor():
         lambda: QLearner(0.1, 0.1, 0.8, policy="softmax", temperature=10.0),
         lambda: FPQLearner(0.1, 0.1, 0.8, forget=0.8),
         lambda: LevelKQLearner(3, 0.1, 0.1, 0.8),
-        lambda: OpponentAveragingQLearner([LevelKQLearner(1, 0.1, 0.1, 0.8),
-                                           LevelKQLearner(2, 0.1, 0.1, 0.8)], 0.1, 0.1, 0.8),
+        lambda: OpponentAveragingQLearner(
+            [LevelKQLearner(1, 0.1, 0.1, 0.8), LevelKQLearner(2, 0.1, 0.1, 0.8)], 0.1, 0.1, 0.8
+        ),
         lambda: ApproximateLevel2QLearner(0.1, 0.05, 0.8, hidden=4),
     ],
 )
@@ -57,9 +66,14 @@ def test_same_seed_same_curves(make_agent, device):
 def test_runs_are_independent_rows():
     """A row of a batch behaves like a single run: all runs differ, yet each is reproducible."""
     env = SpatialFriendOrFoe()
-    curves = play_many(env, lambda: LevelKQLearner(2, 0.2, 0.1, 0.8),
-                       lambda: ExponentialSmootherAdversary(0.75, encode=env.target_reached),
-                       20, 4, 0)
+    curves = play_many(
+        env,
+        lambda: LevelKQLearner(2, 0.2, 0.1, 0.8),
+        lambda: ExponentialSmootherAdversary(0.75, encode=env.target_reached),
+        20,
+        4,
+        0,
+    )
     assert curves.shape == (4, 20) and len({tuple(r) for r in curves.tolist()}) > 1
 
 
@@ -67,9 +81,11 @@ def test_figure_4_3_ordering():
     """Short version of figure 4.3: Q-learner < FPQ with forget < level-2."""
     env, adv = FriendOrFoe(), lambda: ExponentialSmootherAdversary(0.75)
     score = {}
-    for name, make in {"q": lambda: QLearner(0.1, 0.1, 0.8),
-                       "fpq": lambda: FPQLearner(0.1, 0.1, 0.8, forget=0.8),
-                       "l2": lambda: LevelKQLearner(2, 0.1, 0.1, 0.8)}.items():
+    for name, make in {
+        "q": lambda: QLearner(0.1, 0.1, 0.8),
+        "fpq": lambda: FPQLearner(0.1, 0.1, 0.8, forget=0.8),
+        "l2": lambda: LevelKQLearner(2, 0.1, 0.1, 0.8),
+    }.items():
         score[name] = play_many(env, make, adv, 1000, 8, 0)[:, -500:].mean().item()
     assert score["q"] < -5 < score["fpq"] < 10 < 30 < score["l2"]
 

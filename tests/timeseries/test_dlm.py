@@ -50,8 +50,9 @@ def test_trigonometric_seasonal_and_ar_companion():
     b = Seasonal(12, t(0.2), harmonics=6).block(3)
     assert b.G.shape == (11, 11)  # 5 two-state harmonics + the 1-state Nyquist one
     lam = 2 * math.pi / 12
-    assert torch.allclose(b.G[:2, :2], t([[math.cos(lam), math.sin(lam)],
-                                          [-math.sin(lam), math.cos(lam)]]))
+    assert torch.allclose(
+        b.G[:2, :2], t([[math.cos(lam), math.sin(lam)], [-math.sin(lam), math.cos(lam)]])
+    )
     assert b.G[-1, -1] == -1
     assert torch.allclose(torch.linalg.matrix_power(b.G, 12), torch.eye(11, dtype=D))
     assert torch.equal(b.F[0, :4], t([1.0, 0.0, 1.0, 0.0]))
@@ -64,8 +65,12 @@ def test_trigonometric_seasonal_and_ar_companion():
 
 def make_dlm(T, scale=0.5, X=None):
     X = torch.randn(T, 2, dtype=D) if X is None else X
-    comps = (LocalLinearTrend(t(0.3), t(0.05)) + Seasonal(4, t(0.2))
-             + Regression(X, coef_scale=t(0.1)) + Autoregressive(t([0.6]), t(0.4)))
+    comps = (
+        LocalLinearTrend(t(0.3), t(0.05))
+        + Seasonal(4, t(0.2))
+        + Regression(X, coef_scale=t(0.1))
+        + Autoregressive(t([0.6]), t(0.4))
+    )
     return DLM(comps, observation_scale=t(scale)), X
 
 
@@ -110,8 +115,14 @@ def test_linear_gaussian_time_varying_matches_local_level():
     T = 10
     y = torch.randn(T, dtype=D)
     G = torch.ones(T, 1, 1, dtype=D)
-    lg = LinearGaussian(G, torch.ones(1, 1, dtype=D), t([[0.25]]), torch.zeros(1, dtype=D),
-                        t([[100.0]]), time_varying=True)
+    lg = LinearGaussian(
+        G,
+        torch.ones(1, 1, dtype=D),
+        t([[0.25]]),
+        torch.zeros(1, dtype=D),
+        t([[100.0]]),
+        time_varying=True,
+    )
     a = DLM(lg, t(1.0)).log_likelihood(y)
     b = DLM(LocalLevel(t(0.5)), t(1.0)).log_likelihood(y)
     assert torch.allclose(a, b)
@@ -177,8 +188,12 @@ def test_student_t_augmentation_sites():
         (lambda: DLM([LocalLevel(t(1.0))], t(0.0)), "observation_scale"),
         (lambda: DLM([], t(1.0)), "components"),
         (lambda: DLM(LocalLevel(t(1.0)), t(1.0), observation_df=-1.0), "observation_df"),
-        (lambda: DLM(Regression(torch.ones(4, 1, dtype=D)), t(1.0)).log_likelihood(
-            torch.ones(5, dtype=D)), "X has 4 steps"),
+        (
+            lambda: DLM(Regression(torch.ones(4, 1, dtype=D)), t(1.0)).log_likelihood(
+                torch.ones(5, dtype=D)
+            ),
+            "X has 4 steps",
+        ),
     ],
 )
 def test_dlm_errors(build, match):

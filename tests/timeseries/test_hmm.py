@@ -111,8 +111,12 @@ def test_matches_brute_force(num_states, num_steps, batch, time_varying, masked,
 
 def test_core_on_device(device):
     init, trans, obs = _model(1, 3, 6, (2,), False, device=device)
-    outputs = [hmm_log_likelihood(init, trans, obs), hmm_smooth(init, trans, obs),
-               hmm_viterbi(init, trans, obs)[0], hmm_sample_paths(init, trans, obs, 3)]
+    outputs = [
+        hmm_log_likelihood(init, trans, obs),
+        hmm_smooth(init, trans, obs),
+        hmm_viterbi(init, trans, obs)[0],
+        hmm_sample_paths(init, trans, obs, 3),
+    ]
     for out in outputs:
         assert out.device == init.device
     expected_ll, expected_sm, best, _ = _brute(init[0].cpu(), trans[0].cpu(), obs[0].cpu())
@@ -253,8 +257,14 @@ def test_hmmlearn_categorical_and_gaussian():
 
 BAD_INPUTS = [
     (dict(init_logits=torch.zeros(())), "init_logits"),
-    (dict(init_logits=torch.zeros(0), trans_logits=torch.zeros(0, 0),
-          obs_log_probs=torch.zeros(2, 0)), "init_logits"),
+    (
+        dict(
+            init_logits=torch.zeros(0),
+            trans_logits=torch.zeros(0, 0),
+            obs_log_probs=torch.zeros(2, 0),
+        ),
+        "init_logits",
+    ),
     (dict(trans_logits=torch.zeros(3, 2)), "trans_logits"),
     (dict(trans_logits=torch.zeros(3)), "trans_logits"),
     (dict(obs_log_probs=torch.zeros(4, 2)), "obs_log_probs"),
@@ -274,8 +284,9 @@ BAD_INPUTS = [
 
 @pytest.mark.parametrize("bad, name", BAD_INPUTS)
 def test_bad_inputs_raise_naming_argument(bad, name):
-    kwargs = dict(init_logits=torch.zeros(3), trans_logits=torch.zeros(3, 3),
-                  obs_log_probs=torch.zeros(4, 3))
+    kwargs = dict(
+        init_logits=torch.zeros(3), trans_logits=torch.zeros(3, 3), obs_log_probs=torch.zeros(4, 3)
+    )
     kwargs.update(bad)
     for fn in [hmm_log_likelihood, hmm_filter, hmm_smooth, hmm_viterbi]:
         with pytest.raises(ValueError, match=name):
@@ -299,8 +310,13 @@ def test_bad_counts_and_time_varying_predict():
 def test_check_stochastic_matrix():
     good = torch.tensor([[0.2, 0.8], [1.0, 0.0]])
     assert check_stochastic_matrix("transmat", good) is not None
-    bads = [torch.tensor([[0.2, 0.7], [1.0, 0.0]]), torch.tensor([[1.2, -0.2], [1.0, 0.0]]),
-            torch.tensor([[float("nan"), 1.0]]), torch.zeros(2, 0), torch.tensor([[1, 0]])]
+    bads = [
+        torch.tensor([[0.2, 0.7], [1.0, 0.0]]),
+        torch.tensor([[1.2, -0.2], [1.0, 0.0]]),
+        torch.tensor([[float("nan"), 1.0]]),
+        torch.zeros(2, 0),
+        torch.tensor([[1, 0]]),
+    ]
     for bad in bads:
         with pytest.raises(ValueError, match="transmat"):
             check_stochastic_matrix("transmat", bad)

@@ -55,7 +55,7 @@ def dense_joint(y, G, F, W, V, m0, P0):
     for t in range(T):
         M = torch.eye(S, dtype=D)
         for k in range(t, -1, -1):
-            Phi[t * S:(t + 1) * S, k * S:(k + 1) * S] = M
+            Phi[t * S : (t + 1) * S, k * S : (k + 1) * S] = M
             M = M @ G[k]
     Cx = Phi @ torch.block_diag(P0, *W[1:]) @ Phi.T
     Fb = torch.block_diag(*F)
@@ -75,7 +75,7 @@ def condition(joint, idx):
 
 
 def block(x, t, S):
-    return x[t * S:(t + 1) * S] if x.dim() == 1 else x[t * S:(t + 1) * S, t * S:(t + 1) * S]
+    return x[t * S : (t + 1) * S] if x.dim() == 1 else x[t * S : (t + 1) * S, t * S : (t + 1) * S]
 
 
 @settings(max_examples=25, deadline=None)
@@ -322,8 +322,10 @@ def test_log_likelihood_gradients_match_scan(missing, block_size):
         y[[2, 11], 0] = math.nan
         y[5] = math.nan
     grads = []
-    for fn in (lambda *a: kalman_filter(*a).log_likelihood,
-               lambda *a: kalman_log_likelihood(*a, block_size=block_size)):
+    for fn in (
+        lambda *a: kalman_filter(*a).log_likelihood,
+        lambda *a: kalman_log_likelihood(*a, block_size=block_size),
+    ):
         args = [x.clone().requires_grad_() for x in (G, F, W, V, m0, P0)]
         fn(y, *args).backward()
         grads.append([a.grad for a in args])
@@ -344,8 +346,8 @@ def test_log_likelihood_gradcheck_and_trend_seasonal_variances():
 
     x = torch.tensor([0.0, -1.0, -2.0, -1.5], dtype=D, requires_grad=True)
     assert torch.autograd.gradcheck(lambda v: ll(v, kalman_log_likelihood), (x,))
-    g_block, = torch.autograd.grad(ll(x, lambda *a: kalman_log_likelihood(*a, block_size=8)), x)
-    g_scan, = torch.autograd.grad(ll(x, lambda *a: kalman_filter(*a).log_likelihood), x)
+    (g_block,) = torch.autograd.grad(ll(x, lambda *a: kalman_log_likelihood(*a, block_size=8)), x)
+    (g_scan,) = torch.autograd.grad(ll(x, lambda *a: kalman_filter(*a).log_likelihood), x)
     assert torch.allclose(g_block, g_scan, rtol=1e-9, atol=1e-9)
 
 

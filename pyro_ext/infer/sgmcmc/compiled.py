@@ -37,7 +37,7 @@ import contextlib
 import logging
 import time
 import warnings
-from typing import Dict, NamedTuple
+from typing import NamedTuple
 
 import pyro
 import torch
@@ -98,8 +98,12 @@ class ModelNotTraceableError(RuntimeError):
 _aten = torch.ops.aten
 #: operations whose output's size depends on tensor values
 _VALUE_SIZED = {
-    _aten.nonzero.default, _aten.masked_select.default, _aten.argwhere.default,
-    _aten._unique2.default, _aten.unique_dim.default, _aten.unique_consecutive.default,
+    _aten.nonzero.default,
+    _aten.masked_select.default,
+    _aten.argwhere.default,
+    _aten._unique2.default,
+    _aten.unique_dim.default,
+    _aten.unique_consecutive.default,
 }
 
 
@@ -192,7 +196,7 @@ class CompiledStep:
         self.potential, self.sampler, self.hyper = potential, sampler, dict(hyper)
         self.temperature, self.repulsion = temperature, repulsion
         self.kind, self.compile_mode = kind, compile_mode
-        self._fns: Dict[tuple, object] = {}
+        self._fns: dict[tuple, object] = {}
         self._last = None  # (args, kwargs, key, fn, data tensors, subsample names) of last step
         self.trace_seconds = 0.0
         self.compile_seconds = 0.0
@@ -240,7 +244,9 @@ class CompiledStep:
             # vectorize="auto": settle vmap or plate eagerly, so that the trace holds only
             # the path taken (no dead nodes of a failed vmap attempt).
             with torch.no_grad(), pyro.validation_enabled(False):
-                self.potential.log_density_all(state.z, dict(zip(subsample_names, inputs[len(state) + 3:])))
+                self.potential.log_density_all(
+                    state.z, dict(zip(subsample_names, inputs[len(state) + 3 :]))
+                )
         step = self._pure_step(state_type, data_spec, subsample_names, leaves)
         started = time.perf_counter()
         with pyro.validation_enabled(False), _without_sample_checks(), warnings.catch_warnings():
@@ -272,13 +278,15 @@ class CompiledStep:
             return compiled
         self._cudagraphs = mode in ("reduce-overhead", "max-autotune")
         self._pending_first_call.add(key)
-        return torch.compile(graph, mode=None if mode == "default" else mode, dynamic=False,
-                             fullgraph=True)
+        return torch.compile(
+            graph, mode=None if mode == "default" else mode, dynamic=False, fullgraph=True
+        )
 
     def _log_compile_time(self):
         logger.info(
             "pyro_ext: SG-MCMC step traced in %.1f s and compiled in %.1f s",
-            self.trace_seconds, self.compile_seconds,
+            self.trace_seconds,
+            self.compile_seconds,
         )
 
     def _trace(self, key, state, inputs, data_spec, subsample_names, leaves):
@@ -303,11 +311,19 @@ class CompiledStep:
         if last is not None and last[0] is args and last[1] is kwargs:
             # The same arguments as last step (no set_data since): same shapes, same graph.
             _, _, key, fn, data_tensors, subsample_names = last
-            inputs = (*state, noise, step_size, adapt,
-                      *(subsamples[n] for n in subsample_names), *data_tensors)
+            inputs = (
+                *state,
+                noise,
+                step_size,
+                adapt,
+                *(subsamples[n] for n in subsample_names),
+                *data_tensors,
+            )
         else:
-            key, fn, inputs, subsample_names = self._lookup(state, noise, step_size, adapt, subsamples, args, kwargs)
-            data_tensors = inputs[len(state) + 3 + len(subsample_names):]
+            key, fn, inputs, subsample_names = self._lookup(
+                state, noise, step_size, adapt, subsamples, args, kwargs
+            )
+            data_tensors = inputs[len(state) + 3 + len(subsample_names) :]
             self._last = (args, kwargs, key, fn, data_tensors, subsample_names)
         return self._run(key, fn, state, inputs)
 
@@ -319,7 +335,11 @@ class CompiledStep:
         )
         key = (type(state), shapes, subsample_names, data_key)
         inputs = (
-            *state, noise, step_size, adapt, *(subsamples[n] for n in subsample_names),
+            *state,
+            noise,
+            step_size,
+            adapt,
+            *(subsamples[n] for n in subsample_names),
             *(leaf for leaf in leaves if isinstance(leaf, torch.Tensor)),
         )
         fn = self._fns.get(key)
@@ -331,8 +351,11 @@ class CompiledStep:
                     f"argument changed value) again; tracing and compiling the step for the "
                     f"{len(self._fns) + 1}th time. Keep minibatch shapes fixed to compile once.",
                     RuntimeWarning,
+                    stacklevel=2,
                 )
-            fn = self._fns[key] = self._trace(key, state, inputs, data_spec, subsample_names, leaves)
+            fn = self._fns[key] = self._trace(
+                key, state, inputs, data_spec, subsample_names, leaves
+            )
         return key, fn, inputs, subsample_names
 
     def _run(self, key, fn, state, inputs):

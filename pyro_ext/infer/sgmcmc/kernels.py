@@ -211,8 +211,13 @@ class SGMCMCKernel(MCMCKernel):
                     "a compiled step would skip: run it with jit_compile=False"
                 )
             self._compiled = CompiledStep(
-                self.potential, self.sampler, self.hyper, self.temperature, self.repulsion,
-                self.jit_compile, self.compile_mode,
+                self.potential,
+                self.sampler,
+                self.hyper,
+                self.temperature,
+                self.repulsion,
+                self.jit_compile,
+                self.compile_mode,
             )
 
     def set_data(self, *args, **kwargs):
@@ -259,9 +264,7 @@ class SGMCMCKernel(MCMCKernel):
         return self._last_params
 
     def _init_state(self, z):
-        return self.sampler.init_state(
-            z, float(self.step_size(0)), self.temperature, **self.hyper
-        )
+        return self.sampler.init_state(z, float(self.step_size(0)), self.temperature, **self.hyper)
 
     def _update(self, state, grad, step_size, noise, coupling, adapt):
         """
@@ -319,9 +322,15 @@ class SGMCMCKernel(MCMCKernel):
     def _tensor_inputs(self, step_size, adapt, like):
         # Cached on the particles' device: a constant step size costs no transfer per step.
         if self._step_size_tensor is None or self._step_size_tensor[0] != step_size:
-            self._step_size_tensor = (step_size, torch.tensor(step_size, dtype=like.dtype, device=like.device))
+            self._step_size_tensor = (
+                step_size,
+                torch.tensor(step_size, dtype=like.dtype, device=like.device),
+            )
         if self._flags is None or self._flags[0].device != like.device:
-            self._flags = (torch.tensor(False, device=like.device), torch.tensor(True, device=like.device))
+            self._flags = (
+                torch.tensor(False, device=like.device),
+                torch.tensor(True, device=like.device),
+            )
         return self._step_size_tensor[1], self._flags[int(adapt)]
 
     def sample(self, params):
@@ -338,7 +347,9 @@ class SGMCMCKernel(MCMCKernel):
             self._take_snapshot()  # before this step draws its randomness
         step_size = float(self.step_size(self._step))
         if not (math.isfinite(step_size) and step_size > 0):
-            raise ValueError(f"step size schedule gave {step_size} at step {self._step}; expected > 0")
+            raise ValueError(
+                f"step size schedule gave {step_size} at step {self._step}; expected > 0"
+            )
         z = self._state.z
         # The eager and the compiled step draw the same randomness in the same order.
         subsamples = self.potential.draw_subsamples(z.device)
@@ -349,8 +360,13 @@ class SGMCMCKernel(MCMCKernel):
         if self._compiled is not None and self._step >= self._eager_until:
             step_size_t, adapt_t = self._tensor_inputs(step_size, adapt, z)
             output = self._compiled(
-                self._state, noise, step_size_t, adapt_t, subsamples,
-                self.potential.model_args, self.potential.model_kwargs,
+                self._state,
+                noise,
+                step_size_t,
+                adapt_t,
+                subsamples,
+                self.potential.model_args,
+                self.potential.model_kwargs,
             )
             if deferred_checks:
                 state, log_density, deferred = output.state, output.log_density, True
@@ -503,7 +519,9 @@ class AdamSGLD(SGMCMCKernel):
 
     sampler_name = "adam"
 
-    def __init__(self, model, step_size, betas=(0.9, 0.999), eps=1e-8, adapt_after_warmup=False, **kwargs):
+    def __init__(
+        self, model, step_size, betas=(0.9, 0.999), eps=1e-8, adapt_after_warmup=False, **kwargs
+    ):
         beta1, beta2 = betas
         if not (0 <= beta1 < 1 and 0 <= beta2 < 1):
             raise ValueError(f"betas must lie in [0, 1), got {betas!r}")

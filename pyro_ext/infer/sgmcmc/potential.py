@@ -9,7 +9,7 @@ shares one fresh subsample per plate and step.
 """
 
 import warnings
-from typing import Dict, NamedTuple, Tuple
+from typing import NamedTuple
 
 import pyro
 import torch
@@ -179,8 +179,8 @@ class ParticlePotential:
         with pyro.poutine.block():
             trace = pyro.poutine.trace(self.model).get_trace(*self.model_args, **self.model_kwargs)
         previous = getattr(self, "layout", None)
-        self.layout: Dict[str, _SiteLayout] = {}
-        self.subsample_sizes: Dict[str, Tuple[int, int]] = {}
+        self.layout: dict[str, _SiteLayout] = {}
+        self.subsample_sizes: dict[str, tuple[int, int]] = {}
         start = 0
         for name, site in trace.nodes.items():
             if site["type"] != "sample":
@@ -269,7 +269,7 @@ class ParticlePotential:
         self.model(*args, **kwargs)
 
     @property
-    def transforms(self) -> Dict[str, torch.distributions.Transform]:
+    def transforms(self) -> dict[str, torch.distributions.Transform]:
         """Constrained-to-unconstrained transforms, as :class:`pyro.infer.MCMC` expects."""
         return {name: site.transform.inv for name, site in self.layout.items()}
 
@@ -279,7 +279,7 @@ class ParticlePotential:
                 return name
         raise IndexError(column)
 
-    def unflatten(self, z: torch.Tensor) -> Dict[str, torch.Tensor]:
+    def unflatten(self, z: torch.Tensor) -> dict[str, torch.Tensor]:
         """Split flat particles ``(..., D)`` into unconstrained site values."""
         batch = z.shape[:-1]
         return {
@@ -287,15 +287,18 @@ class ParticlePotential:
             for name, s in self.layout.items()
         }
 
-    def constrain(self, z: torch.Tensor) -> Dict[str, torch.Tensor]:
+    def constrain(self, z: torch.Tensor) -> dict[str, torch.Tensor]:
         """Constrained site values at flat unconstrained particles ``z`` ``(..., D)``."""
         return {name: self.layout[name].transform(u) for name, u in self.unflatten(z).items()}
 
-    def unconstrain(self, values: Dict[str, torch.Tensor], num_particles: int) -> torch.Tensor:
+    def unconstrain(self, values: dict[str, torch.Tensor], num_particles: int) -> torch.Tensor:
         """Flat unconstrained particles ``(L, D)`` from constrained site values."""
         return self.flatten(
-            {name: self.layout[name].transform.inv(torch.as_tensor(values[name]))
-             for name in self.layout if name in values},
+            {
+                name: self.layout[name].transform.inv(torch.as_tensor(values[name]))
+                for name in self.layout
+                if name in values
+            },
             num_particles,
         )
 
@@ -303,7 +306,7 @@ class ParticlePotential:
         """``log|d constrain / dz|`` at particles ``z`` ``(..., D)``, shape ``(...)``."""
         return self._constrain(z)[1]
 
-    def flatten(self, values: Dict[str, torch.Tensor], num_particles: int) -> torch.Tensor:
+    def flatten(self, values: dict[str, torch.Tensor], num_particles: int) -> torch.Tensor:
         """Inverse of :meth:`unflatten`; values without a particle dim are broadcast."""
         columns = []
         for name, s in self.layout.items():
@@ -351,7 +354,7 @@ class ParticlePotential:
             )
         return torch.stack(draws)
 
-    def draw_subsamples(self, device) -> Dict[str, torch.Tensor]:
+    def draw_subsamples(self, device) -> dict[str, torch.Tensor]:
         """One fresh minibatch per subsampled plate, shared by all particles."""
         return {
             name: torch.randperm(size, device=device)[:subsample_size]
@@ -377,8 +380,9 @@ class ParticlePotential:
             log_jacobian = z.new_zeros(batch)
         return values, log_jacobian
 
-    def log_density(self, z: torch.Tensor, subsamples: Dict[str, torch.Tensor],
-                    args=None, kwargs=None) -> torch.Tensor:
+    def log_density(
+        self, z: torch.Tensor, subsamples: dict[str, torch.Tensor], args=None, kwargs=None
+    ) -> torch.Tensor:
         """
         Log joint plus log-Jacobian at one flat unconstrained particle ``z`` of shape (D,),
         on the model arguments ``args``/``kwargs`` (default: the current data).
@@ -388,7 +392,9 @@ class ParticlePotential:
             self._run_model(args, kwargs)
         return joint.log_joint + log_jacobian
 
-    def log_density_plate(self, z: torch.Tensor, subsamples, args=None, kwargs=None) -> torch.Tensor:
+    def log_density_plate(
+        self, z: torch.Tensor, subsamples, args=None, kwargs=None
+    ) -> torch.Tensor:
         """
         Log densities ``(L,)`` at particles ``z`` ``(L, D)`` by running the model once
         inside a ``pyro.plate`` over particles (the way :class:`pyro.infer.SVGD`
@@ -417,7 +423,9 @@ class ParticlePotential:
             for name, s in self.layout.items():
                 unconstrained = z[s.start : s.end].reshape(s.unconstrained_shape)
                 values[name] = s.transform(unconstrained)
-                if not torch.isfinite(s.transform.log_abs_det_jacobian(unconstrained, values[name])).all():
+                if not torch.isfinite(
+                    s.transform.log_abs_det_jacobian(unconstrained, values[name])
+                ).all():
                     bad.append(name)
             with pyro.poutine.trace() as tracer, LogJointMessenger(values, subsamples, block=False):
                 self._run_model(None, None)
@@ -465,6 +473,7 @@ class ParticlePotential:
                 "its particles are evaluated under a particle pyro.plate instead. Pass "
                 "vectorize='plate' to choose that explicitly.",
                 RuntimeWarning,
+                stacklevel=2,
             )
             self.vectorize = "plate"
         return log_density

@@ -21,7 +21,8 @@ particles with covariance :math:`K \otimes I / L` (eq. 2.7).
 """
 
 import math
-from typing import Callable, NamedTuple, Optional
+from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 
@@ -33,14 +34,14 @@ def _sqrt(value):
     return torch.sqrt(value) if isinstance(value, torch.Tensor) else math.sqrt(value)
 
 
-def drift(grad: torch.Tensor, coupling: Optional[Coupling]) -> torch.Tensor:
+def drift(grad: torch.Tensor, coupling: Coupling | None) -> torch.Tensor:
     """The drift ``D_K grad + Gamma_K`` of eq. (2.5); ``grad`` itself without coupling."""
     if coupling is None:
         return grad
     return (coupling.matrix @ grad + coupling.repulsion) / grad.shape[0]
 
 
-def _couple(velocity: torch.Tensor, coupling: Optional[Coupling]) -> torch.Tensor:
+def _couple(velocity: torch.Tensor, coupling: Coupling | None) -> torch.Tensor:
     if coupling is None:
         return velocity
     return coupling.matrix @ velocity / velocity.shape[0]
@@ -196,8 +197,9 @@ def _adam_init(z, step_size, temperature, at_rest=False, betas=(0.9, 0.999), eps
     return AdamState(z, zeros, zeros.clone(), z.new_zeros((), dtype=torch.long))
 
 
-def _adam_update(state, grad, step_size, noise, coupling, temperature, adapt,
-                 betas=(0.9, 0.999), eps=1e-8):
+def _adam_update(
+    state, grad, step_size, noise, coupling, temperature, adapt, betas=(0.9, 0.999), eps=1e-8
+):
     return adam_sgld_update(state, grad, step_size, noise, coupling, temperature, betas, eps, adapt)
 
 
@@ -214,7 +216,9 @@ SAMPLERS = {
 def lookup(registry: dict, name, what: str):
     """``registry[name]``; a TypeError or ValueError naming ``what`` and the choices otherwise."""
     if not isinstance(name, str):
-        raise TypeError(f"{what} must be a string, one of {sorted(registry)}; got {type(name).__name__}")
+        raise TypeError(
+            f"{what} must be a string, one of {sorted(registry)}; got {type(name).__name__}"
+        )
     try:
         return registry[name]
     except KeyError:

@@ -288,8 +288,9 @@ class _Evaluator:
     the objective, the constraints and their Jacobians at the same point separately.
     """
 
-    def __init__(self, model, k, horizon, per_period, covariates_future, method,
-                 num_samples, seed, fd_step):
+    def __init__(
+        self, model, k, horizon, per_period, covariates_future, method, num_samples, seed, fd_step
+    ):
         self.model = model
         self.k = k
         self.h = horizon
@@ -313,8 +314,9 @@ class _Evaluator:
 
     def plan(self, x, dtype=None):
         """The ``(h, k)`` spend matrix for the flat vector ``x`` (a float64 tensor)."""
-        u = torch.as_tensor(np.asarray(x, dtype=np.float64).reshape(self.P, self.k),
-                            dtype=dtype or torch.float64)
+        u = torch.as_tensor(
+            np.asarray(x, dtype=np.float64).reshape(self.P, self.k), dtype=dtype or torch.float64
+        )
         return u.expand(self.h, self.k).clone() if self.P == 1 else u
 
     def _with_lag(self, plan):
@@ -327,8 +329,9 @@ class _Evaluator:
 
     def _moments(self, x, requires_grad):
         dtype = self.dtype or torch.float64
-        u = torch.as_tensor(np.asarray(x, dtype=np.float64).reshape(self.P, self.k),
-                            dtype=dtype, device=self.device)
+        u = torch.as_tensor(
+            np.asarray(x, dtype=np.float64).reshape(self.P, self.k), dtype=dtype, device=self.device
+        )
         u.requires_grad_(requires_grad)
         plan = self._with_lag(u.expand(self.h, self.k) if self.P == 1 else u)
         if self.method == "exact":
@@ -392,8 +395,8 @@ class _Evaluator:
         with torch.enable_grad():
             u, mean, var = self._safe_moments(x, True)
             if mean.requires_grad and var.requires_grad:
-                gm, = torch.autograd.grad(mean, u, retain_graph=True, allow_unused=True)
-                gv, = torch.autograd.grad(var, u, allow_unused=True)
+                (gm,) = torch.autograd.grad(mean, u, retain_graph=True, allow_unused=True)
+                (gv,) = torch.autograd.grad(var, u, allow_unused=True)
             else:
                 gm = gv = None
         mean_f, var_f = float(mean.detach()), max(float(var.detach()), 0.0)
@@ -466,7 +469,7 @@ class _Problem:
         self.zbounds = list(zip(np.tile(lo, self.P) / self.scale, np.tile(hi, self.P) / self.scale))
         rows = np.zeros((self.P, self.P * self.k))
         for p in range(self.P):
-            rows[p, p * self.k:(p + 1) * self.k] = 1.0
+            rows[p, p * self.k : (p + 1) * self.k] = 1.0
         self.budget_rows = rows
         self.flat = False  # sales moments do not depend on the spend at all
         self.fs = 1.0  # objective scale (sales)
@@ -476,7 +479,8 @@ class _Problem:
     def project(self, x):
         x = np.asarray(x, dtype=np.float64).reshape(self.P, self.k)
         return np.concatenate(
-            [_project_row(r, self.lo, self.hi, self.budget, self.exact) for r in x])
+            [_project_row(r, self.lo, self.hi, self.budget, self.exact) for r in x]
+        )
 
     def uniform(self):
         return self.project(np.full(self.P * self.k, self.budget / self.k))
@@ -488,7 +492,7 @@ class _Problem:
             u = self.lo.copy()
             rest = self.budget - u.sum()
             order = [i] + [j for j in range(self.k) if j != i]
-            for j in (order if self.exact else [i]):
+            for j in order if self.exact else [i]:
                 add = min(rest, self.hi[j] - u[j])
                 u[j] += add
                 rest -= add
@@ -502,19 +506,23 @@ class _Problem:
         means = np.array([m for m, _ in vals])
         vars_ = np.array([v for _, v in vals])
         tiny = 1e-12 * max(1.0, float(np.abs(means).max()))
-        self.flat = bool(np.ptp(means) <= 1e-12 * max(1.0, float(np.abs(means).max()))
-                         and np.ptp(vars_) <= 1e-12 * max(1e-300, float(vars_.max())))
+        self.flat = bool(
+            np.ptp(means) <= 1e-12 * max(1.0, float(np.abs(means).max()))
+            and np.ptp(vars_) <= 1e-12 * max(1e-300, float(vars_.max()))
+        )
         self.fs = max(float(means.max() - means.min()), float(np.sqrt(vars_.max())), tiny)
-        self.vs = max(float(vars_.max()), tiny ** 2, 1e-300)
+        self.vs = max(float(vars_.max()), tiny**2, 1e-300)
 
     # objectives --------------------------------------------------------------------------
     def _objective(self, kind, p):
         ev, s, fs, vs = self.ev, self.scale, self.fs, self.vs
         if kind in ("max_mean", "max_mean_sd"):
+
             def f(z):
                 m, v, gm, gv = ev(z * s)
                 return -m / fs, -gm * s / fs
         elif kind in ("min_var", "min_var_mean"):
+
             def f(z):
                 m, v, gm, gv = ev(z * s)
                 return v / vs, gv * s / vs
@@ -548,9 +556,13 @@ class _Problem:
         cons = []
         ev, s = self.ev, self.scale
         A = self.budget_rows
-        cons.append({"type": "eq" if self.exact else "ineq",
-                     "fun": lambda z: 1.0 - A @ z if self.budget > 0 else -(A @ z),
-                     "jac": lambda z: -A})
+        cons.append(
+            {
+                "type": "eq" if self.exact else "ineq",
+                "fun": lambda z: 1.0 - A @ z if self.budget > 0 else -(A @ z),
+                "jac": lambda z: -A,
+            }
+        )
         if kind == "max_mean_sd":
             c = p["max_sd"] ** 2
 
@@ -559,6 +571,7 @@ class _Problem:
 
             def gj(z):
                 return (-ev(z * s)[3] * s / c)[None, :]
+
             cons.append({"type": "ineq", "fun": g, "jac": gj})
         elif kind == "min_var_mean":
             target, fs = p["min_mean"], self.fs
@@ -568,6 +581,7 @@ class _Problem:
 
             def gj(z):
                 return (ev(z * s)[2] * s / fs)[None, :]
+
             cons.append({"type": "ineq", "fun": g, "jac": gj})
         return cons
 
@@ -589,9 +603,15 @@ class _Problem:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", RuntimeWarning)
                 try:
-                    res = minimize(f, x0 / self.scale, jac=True, method="SLSQP",
-                                   bounds=self.zbounds, constraints=cons,
-                                   options={"maxiter": maxiter, "ftol": 1e-12})
+                    res = minimize(
+                        f,
+                        x0 / self.scale,
+                        jac=True,
+                        method="SLSQP",
+                        bounds=self.zbounds,
+                        constraints=cons,
+                        options={"maxiter": maxiter, "ftol": 1e-12},
+                    )
                     candidates.insert(0, (self.project(res.x * self.scale), bool(res.success)))
                 except (ValueError, FloatingPointError, np.linalg.LinAlgError):
                     pass  # a failed solve leaves the (projected) start as the candidate
@@ -601,8 +621,9 @@ class _Problem:
                     continue
                 merit = self._merit(kind, p, m, v)
                 if best is None or merit < best[0] - 1e-12 * (abs(best[0]) + self.fs):
-                    same = best is not None and np.allclose(x, best[1], rtol=0,
-                                                            atol=1e-4 * self.scale)
+                    same = best is not None and np.allclose(
+                        x, best[1], rtol=0, atol=1e-4 * self.scale
+                    )
                     best = (merit, x, m, v, ok)
                     agreed = agreed + 1 if (same and ok) else int(ok)
                 elif ok and np.allclose(x, best[1], rtol=0, atol=1e-4 * self.scale):
@@ -618,8 +639,18 @@ class _Problem:
 # public API
 
 
-def _setup(model, budget, bounds, horizon, covariates_future, method, exact_budget,
-           per_period, num_samples, seed):
+def _setup(
+    model,
+    budget,
+    bounds,
+    horizon,
+    covariates_future,
+    method,
+    exact_budget,
+    per_period,
+    num_samples,
+    seed,
+):
     budget = _finite_number(budget, "budget", nonnegative=True)
     horizon = _positive_int(horizon, "horizon")
     _check_method(method)
@@ -632,8 +663,17 @@ def _setup(model, budget, bounds, horizon, covariates_future, method, exact_budg
     k = _num_channels(model)
     lo, hi = _check_bounds(bounds, k, budget)
     _check_feasible_box(lo, hi, budget, exact_budget)
-    ev = _Evaluator(model, k, horizon, per_period, covariates_future, method, num_samples,
-                    int(seed), fd_step=1e-4 * (budget if budget > 0 else 1.0))
+    ev = _Evaluator(
+        model,
+        k,
+        horizon,
+        per_period,
+        covariates_future,
+        method,
+        num_samples,
+        int(seed),
+        fd_step=1e-4 * (budget if budget > 0 else 1.0),
+    )
     prob = _Problem(ev, lo, hi, budget, bool(exact_budget))
     return prob, _channel_names(model, k), budget, horizon
 
@@ -643,8 +683,9 @@ def _check_start(start, prob):
         return None
     x = _as_numpy(start, "start")
     if x.size not in (prob.k, prob.P * prob.k) or x.shape[-1] != prob.k:
-        raise ValueError(f"start must have shape ({prob.k},) or ({prob.P}, {prob.k}), "
-                         f"got {x.shape}")
+        raise ValueError(
+            f"start must have shape ({prob.k},) or ({prob.P}, {prob.k}), got {x.shape}"
+        )
     if not np.isfinite(x).all() or (x < 0).any():
         raise ValueError("start must contain finite non-negative spends")
     return np.tile(x.reshape(-1), prob.P * prob.k // x.size)
@@ -673,12 +714,27 @@ def _result(prob, x, m, v, ok, names, budget, horizon, method, max_sd, lam, stat
     sd = math.sqrt(v)
     obj = m if lam is None else m - lam * sd
     if prob.flat:
-        msg += ("; note: the predicted sales do not depend on the spend over this horizon "
-                "(e.g. spend acts with a lag >= horizon), so every allocation is optimal")
-    return AllocationResult(spend=spend, plan=plan, mean=m, sd=sd, objective=obj,
-                            feasible=True, converged=ok, status=status, message=msg,
-                            channel_names=names, horizon=horizon, budget=budget,
-                            max_sd=max_sd, risk_aversion=lam, method=method)
+        msg += (
+            "; note: the predicted sales do not depend on the spend over this horizon "
+            "(e.g. spend acts with a lag >= horizon), so every allocation is optimal"
+        )
+    return AllocationResult(
+        spend=spend,
+        plan=plan,
+        mean=m,
+        sd=sd,
+        objective=obj,
+        feasible=True,
+        converged=ok,
+        status=status,
+        message=msg,
+        channel_names=names,
+        horizon=horizon,
+        budget=budget,
+        max_sd=max_sd,
+        risk_aversion=lam,
+        method=method,
+    )
 
 
 def _max_mean(prob, starts):
@@ -701,9 +757,21 @@ def _min_var(prob, starts):
     return x, m, v, ok
 
 
-def allocate_budget(model, budget, max_sd=None, risk_aversion=None, bounds=None, horizon=1,
-                    covariates_future=None, method="exact", start=None, num_samples=None,
-                    exact_budget=False, per_period=False, seed=0):
+def allocate_budget(
+    model,
+    budget,
+    max_sd=None,
+    risk_aversion=None,
+    bounds=None,
+    horizon=1,
+    covariates_future=None,
+    method="exact",
+    start=None,
+    num_samples=None,
+    exact_budget=False,
+    per_period=False,
+    seed=0,
+):
     """Optimal split of a per-period advertising ``budget`` across the model's channels.
 
     Maximises the posterior-predictive mean of total sales over the next ``horizon``
@@ -738,12 +806,23 @@ def allocate_budget(model, budget, max_sd=None, risk_aversion=None, bounds=None,
         max_sd = _finite_number(max_sd, "max_sd", positive=True)
     if risk_aversion is not None:
         risk_aversion = _finite_number(risk_aversion, "risk_aversion", nonnegative=True)
-    prob, names, budget, horizon = _setup(model, budget, bounds, horizon, covariates_future,
-                                          method, exact_budget, per_period, num_samples, seed)
+    prob, names, budget, horizon = _setup(
+        model,
+        budget,
+        bounds,
+        horizon,
+        covariates_future,
+        method,
+        exact_budget,
+        per_period,
+        num_samples,
+        seed,
+    )
     x0 = _check_start(start, prob)
     prob.set_scales([prob.uniform()] + prob.vertices())
-    common = dict(names=names, budget=budget, horizon=horizon, method=method,
-                  max_sd=max_sd, lam=risk_aversion)
+    common = dict(
+        names=names, budget=budget, horizon=horizon, method=method, max_sd=max_sd, lam=risk_aversion
+    )
 
     if prob.flat:  # nothing to optimise: keep the user's start (projected) or the uniform split
         x = prob.project(x0) if x0 is not None else prob.uniform()
@@ -751,42 +830,79 @@ def allocate_budget(model, budget, max_sd=None, risk_aversion=None, bounds=None,
         if max_sd is not None and math.sqrt(v) > max_sd * (1 + _SD_RTOL):
             raise InfeasibleAllocationError(
                 f"infeasible: max_sd={max_sd:.6g} is below the sd of total sales, "
-                f"{math.sqrt(v):.6g}, which no allocation changes over this horizon")
-        return _result(prob, x, m, v, True, status="optimal", msg="no allocation is better",
-                       **common)
+                f"{math.sqrt(v):.6g}, which no allocation changes over this horizon"
+            )
+        return _result(
+            prob, x, m, v, True, status="optimal", msg="no allocation is better", **common
+        )
 
     if risk_aversion is not None:
         starts = _starts(prob, "risk", x0, risk_aversion=risk_aversion)
         x, m, v, ok = prob.solve("risk", starts, risk_aversion=risk_aversion)
-        return _result(prob, x, m, v, ok, status="optimal",
-                       msg=f"maximised mean - {risk_aversion:g} * sd", **common)
+        return _result(
+            prob,
+            x,
+            m,
+            v,
+            ok,
+            status="optimal",
+            msg=f"maximised mean - {risk_aversion:g} * sd",
+            **common,
+        )
 
     mm_starts = _starts(prob, "max_mean", x0)
     if max_sd is None:
         x, m, v, ok = _max_mean(prob, mm_starts)
-        return _result(prob, x, m, v, ok, status="optimal", msg="maximised expected sales",
-                       **common)
+        return _result(
+            prob, x, m, v, ok, status="optimal", msg="maximised expected sales", **common
+        )
 
     xv, mv, vv, okv = _min_var(prob, _starts(prob, "min_var", x0))
     sd_min = math.sqrt(vv)
     if sd_min > max_sd * (1 + _SD_RTOL):
         raise InfeasibleAllocationError(
             f"infeasible: max_sd={max_sd:.6g} is below the minimum achievable sd of total "
-            f"sales, {sd_min:.6g} (attained by spend {np.round(xv, 6).tolist()})")
+            f"sales, {sd_min:.6g} (attained by spend {np.round(xv, 6).tolist()})"
+        )
     x, m, v, ok = _max_mean(prob, mm_starts)
     if math.sqrt(v) <= max_sd * (1 + _SD_RTOL):
-        return _result(prob, x, m, v, ok, status="optimal",
-                       msg="maximised expected sales; the sd constraint is not binding",
-                       **common)
+        return _result(
+            prob,
+            x,
+            m,
+            v,
+            ok,
+            status="optimal",
+            msg="maximised expected sales; the sd constraint is not binding",
+            **common,
+        )
     starts = _starts(prob, "max_mean_sd", x0, extra=[xv, x], max_sd=max_sd)
     x, m, v, ok = prob.solve("max_mean_sd", starts, max_sd=max_sd)
-    return _result(prob, x, m, v, ok, status="optimal",
-                   msg="maximised expected sales subject to sd <= max_sd", **common)
+    return _result(
+        prob,
+        x,
+        m,
+        v,
+        ok,
+        status="optimal",
+        msg="maximised expected sales subject to sd <= max_sd",
+        **common,
+    )
 
 
-def pareto_frontier(model, budget, num_points=20, bounds=None, horizon=1,
-                    covariates_future=None, method="exact", num_samples=None,
-                    exact_budget=False, per_period=False, seed=0):
+def pareto_frontier(
+    model,
+    budget,
+    num_points=20,
+    bounds=None,
+    horizon=1,
+    covariates_future=None,
+    method="exact",
+    num_samples=None,
+    exact_budget=False,
+    per_period=False,
+    seed=0,
+):
     """Risk-return frontier of optimal allocations (thesis section 1.2.4).
 
     Solves :func:`allocate_budget` for ``num_points`` caps ``max_sd`` evenly spaced from
@@ -801,8 +917,18 @@ def pareto_frontier(model, budget, num_points=20, bounds=None, horizon=1,
     :returns: :class:`ParetoFrontier`.
     """
     num_points = _positive_int(num_points, "num_points")
-    prob, names, budget, horizon = _setup(model, budget, bounds, horizon, covariates_future,
-                                          method, exact_budget, per_period, num_samples, seed)
+    prob, names, budget, horizon = _setup(
+        model,
+        budget,
+        bounds,
+        horizon,
+        covariates_future,
+        method,
+        exact_budget,
+        per_period,
+        num_samples,
+        seed,
+    )
     prob.set_scales([prob.uniform()] + prob.vertices())
     if prob.flat:
         x = prob.uniform()
@@ -812,7 +938,9 @@ def pareto_frontier(model, budget, num_points=20, bounds=None, horizon=1,
             max_sd=torch.tensor([math.sqrt(v)], dtype=torch.float64),
             sd=torch.tensor([math.sqrt(v)], dtype=torch.float64),
             mean=torch.tensor([m], dtype=torch.float64),
-            spend=(plan[0] if prob.P == 1 else plan)[None], channel_names=names)
+            spend=(plan[0] if prob.P == 1 else plan)[None],
+            channel_names=names,
+        )
     xv, mv, vv, _ = _min_var(prob, _starts(prob, "min_var", None))
     xm, mm, vm, _ = _max_mean(prob, _starts(prob, "max_mean", None))
     sd_lo, sd_hi = math.sqrt(vv), math.sqrt(vm)
@@ -843,8 +971,16 @@ def pareto_frontier(model, budget, num_points=20, bounds=None, horizon=1,
     )
 
 
-def evaluate_strategies(model, candidates, horizon=1, covariates_future=None, method="exact",
-                        num_samples=None, seed=0, budget=None):
+def evaluate_strategies(
+    model,
+    candidates,
+    horizon=1,
+    covariates_future=None,
+    method="exact",
+    num_samples=None,
+    seed=0,
+    budget=None,
+):
     """Predictive mean / sd of total sales for discrete candidate allocations.
 
     ``candidates`` is ``(s, k)`` (per-period spend, constant over ``horizon``) or
@@ -867,8 +1003,10 @@ def evaluate_strategies(model, candidates, horizon=1, covariates_future=None, me
         horizon = c.shape[1]
         plans = c
     else:
-        raise ValueError(f"candidates must have shape (num_candidates, {k}) or "
-                         f"(num_candidates, horizon, {k}), got {c.shape}")
+        raise ValueError(
+            f"candidates must have shape (num_candidates, {k}) or "
+            f"(num_candidates, horizon, {k}), got {c.shape}"
+        )
     if c.shape[0] == 0:
         raise ValueError("candidates is empty")
     if not np.isfinite(c).all():
@@ -880,12 +1018,14 @@ def evaluate_strategies(model, candidates, horizon=1, covariates_future=None, me
         budget = _finite_number(budget, "budget", nonnegative=True)
         over = np.nonzero(plans.sum(-1).max(-1) > budget * (1 + _BUDGET_RTOL) + 1e-12)[0]
         if over.size:
-            raise ValueError(f"candidates: candidate(s) {over.tolist()} exceed the budget "
-                             f"{budget:g}")
+            raise ValueError(
+                f"candidates: candidate(s) {over.tolist()} exceed the budget {budget:g}"
+            )
     if num_samples is not None:
         num_samples = _positive_int(num_samples, "num_samples")
-    ev = _Evaluator(model, k, horizon, True, covariates_future, method, num_samples,
-                    int(seed), fd_step=1.0)
+    ev = _Evaluator(
+        model, k, horizon, True, covariates_future, method, num_samples, int(seed), fd_step=1.0
+    )
     vals = [ev.values(p) for p in plans]
     mean = torch.tensor([m for m, _ in vals], dtype=torch.float64)
     sd = torch.tensor([math.sqrt(v) for _, v in vals], dtype=torch.float64)

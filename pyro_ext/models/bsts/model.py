@@ -53,7 +53,6 @@ unadjusted gradient samplers diverge.  Both scales are also reported as the draw
 import math
 import time
 import warnings
-from typing import Dict
 
 import pyro
 import pyro.distributions as dist
@@ -279,7 +278,12 @@ def _preconditioned_kernel():
         """
 
         def __init__(
-            self, model, step_size, init_scale=None, adapt_window=(0.3, 1.0), adam_floor=0.6,
+            self,
+            model,
+            step_size,
+            init_scale=None,
+            adapt_window=(0.3, 1.0),
+            adam_floor=0.6,
             **kw,
         ):
             self.init_scale = init_scale
@@ -335,7 +339,14 @@ def _preconditioned_kernel():
                 state = AdamState(state.z, velocity, new.pow(2), state.count)
                 self._sums = self._g2 = None
             return adam_sgld_update(
-                state, grad, step_size, noise, coupling, self.temperature, self.betas, self.eps,
+                state,
+                grad,
+                step_size,
+                noise,
+                coupling,
+                self.temperature,
+                self.betas,
+                self.eps,
                 adapt=False,
             )
 
@@ -351,9 +362,7 @@ def _split_rhat(chains):
 
 def _max_rhat(chains):
     """Largest split-R-hat over the static sites of ``{site: (chains, draws, ...)}``."""
-    return max(
-        float(_split_rhat(v).max()) for n, v in chains.items() if n != "obs_precision"
-    )
+    return max(float(_split_rhat(v).max()) for n, v in chains.items() if n != "obs_precision")
 
 
 def _hn(scale, dtype):
@@ -448,8 +457,9 @@ class RetailBSTS:
             raise ValueError(f"q_scale must be positive, got {q_scale!r}")
         self.variant, self.noise, self.trend = variant, noise, trend
         self.expected_model_size = float(expected_model_size)
-        self.seasonal_harmonics, self.seasonal_period = int(seasonal_harmonics), float(
-            seasonal_period
+        self.seasonal_harmonics, self.seasonal_period = (
+            int(seasonal_harmonics),
+            float(seasonal_period),
         )
         self.holidays = list(holidays) if holidays is not None else []
         self.df, self.spend_lag = float(df), int(spend_lag)
@@ -549,7 +559,9 @@ class RetailBSTS:
             )
         out = {"delta": pyro.sample("delta", base)}
         pi_q, pi_b = self._pi_q, self._pi_b
-        out["q"] = pyro.sample("q", self._coef_prior(pi_q, self.q_scale, self._q_forced).to_event(1))
+        out["q"] = pyro.sample(
+            "q", self._coef_prior(pi_q, self.q_scale, self._q_forced).to_event(1)
+        )
         if self.uses_covariates:
             prior = self._coef_prior(pi_b, self.slab_scale, self._beta_forced)
             out["beta"] = pyro.sample("beta", prior.to_event(1))
@@ -622,12 +634,14 @@ class RetailBSTS:
                 else torch.ones_like(X[0])
             )
         else:
-            self._y_loc, self._y_scale = torch.tensor(0.0, dtype=torch.float64), torch.tensor(
-                1.0, dtype=torch.float64
+            self._y_loc, self._y_scale = (
+                torch.tensor(0.0, dtype=torch.float64),
+                torch.tensor(1.0, dtype=torch.float64),
             )
             self._u_scale = torch.ones(u.shape[1], dtype=torch.float64)
-            self._x_loc, self._x_scale = torch.zeros(X.shape[1], dtype=torch.float64), torch.ones(
-                X.shape[1], dtype=torch.float64
+            self._x_loc, self._x_scale = (
+                torch.zeros(X.shape[1], dtype=torch.float64),
+                torch.ones(X.shape[1], dtype=torch.float64),
             )
         return (
             (y - self._y_loc) / self._y_scale,
@@ -733,7 +747,9 @@ class RetailBSTS:
             self._holiday_idx.append(int(h))
         self._p = p
         self._pi_q, self._pi_b = self._priors_pi(k, p)
-        self._q_forced, self._beta_forced = (bool((pi >= 1).all()) for pi in (self._pi_q, self._pi_b))
+        self._q_forced, self._beta_forced = (
+            bool((pi >= 1).all()) for pi in (self._pi_q, self._pi_b)
+        )
         self._data = (y, u, X)
         pyro.set_rng_seed(seed)
         pyro.clear_param_store()
@@ -838,9 +854,7 @@ class RetailBSTS:
                     n: guide._get_loc_and_scale(n)[1].detach() for n in init
                 }
         if step_size is None:
-            step_size = {"sgld": 2e-4, "adam": 2e-3, "sghmc": 5e-4, "preconditioned": 0.05}[
-                kernel
-            ]
+            step_size = {"sgld": 2e-4, "adam": 2e-3, "sghmc": 5e-4, "preconditioned": 0.05}[kernel]
         initial_params = None if init is None else self._unconstrain(init)
         self.divergence_retries = 0
         while True:
@@ -865,7 +879,9 @@ class RetailBSTS:
                     raise
                 self.divergence_retries += 1
                 step_size = step_size / 2
-                warnings.warn(f"{error}; retrying with step_size={step_size:g}", RuntimeWarning)
+                warnings.warn(
+                    f"{error}; retrying with step_size={step_size:g}", RuntimeWarning, stacklevel=2
+                )
         # Continue the chains, num_samples / 2 draws at a time, while some static site's
         # split-R-hat is above rhat_target (at most max_samples draws per particle).
         max_samples = 4 * num_samples if max_samples is None else int(max_samples)
@@ -885,6 +901,7 @@ class RetailBSTS:
                     f"{error}; the extension is dropped, keeping {chains['delta'].shape[1]} "
                     "draws per particle",
                     RuntimeWarning,
+                    stacklevel=2,
                 )
                 break
             chains = mcmc.get_samples(group_by_chain=True)
@@ -952,7 +969,7 @@ class RetailBSTS:
         self._check_fitted()
         return [n for n in self.samples if n != "obs_precision"]
 
-    def rhat(self) -> Dict[str, torch.Tensor]:
+    def rhat(self) -> dict[str, torch.Tensor]:
         """Split-R-hat of every static site across chains / particles."""
         self._check_fitted()
         out = {}

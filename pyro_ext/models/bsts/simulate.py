@@ -16,7 +16,7 @@ search), as in the thesis' Figure 1.2.
 """
 
 import math
-from typing import Dict, List, NamedTuple
+from typing import NamedTuple
 
 import torch
 
@@ -42,9 +42,9 @@ class RetailData(NamedTuple):
     sales: torch.Tensor
     spend: torch.Tensor
     covariates: torch.Tensor
-    channel_names: List[str]
-    covariate_names: List[str]
-    truth: Dict[str, object]
+    channel_names: list[str]
+    covariate_names: list[str]
+    truth: dict[str, object]
 
 
 def _bump(week, centre, width):
