@@ -44,8 +44,10 @@ The tables are printed and written to ``benchmarks/results/sgmcmc_speed.md`` (CU
 """
 
 import argparse
+import atexit
 import math
 import os
+import shutil
 import statistics
 import tempfile
 import time
@@ -57,8 +59,11 @@ from typing import NamedTuple
 REPO = Path(__file__).resolve().parents[1]
 os.environ.setdefault("PYRO_EXT_DATA", str(REPO.parent / "shared" / "data"))
 # A fresh inductor cache, so that the first compilation of this run is a cold one (what a
-# user meets the first time); later ones of the same graph hit the on-disk cache.
-os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", tempfile.mkdtemp(prefix="sgmcmc_speed_inductor_"))
+# user meets the first time); later ones of the same graph hit the on-disk cache. Removed
+# at exit.
+if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="sgmcmc_speed_inductor_")
+    atexit.register(shutil.rmtree, os.environ["TORCHINDUCTOR_CACHE_DIR"], ignore_errors=True)
 
 import numpy as np  # noqa: E402
 import pyro  # noqa: E402
