@@ -1,15 +1,34 @@
 """A drop-in :class:`pyro.infer.MCMC` that understands particle kernels."""
 
 import copy
+import hashlib
 import os
+import pickle
 
 import pyro
 import torch
 from pyro.infer.mcmc.logger import ProgressBar
+from pyro.ops import streaming, welford
 from pyro.ops.streaming import StatsOfDict
 
 from .sgmcmc.kernels import SGMCMCKernel
 from .sgmcmc.potential import SamplerDivergenceError
+
+#: The classes a checkpoint may hold besides tensors and containers: Pyro's streaming
+#: statistics. A checkpoint is loaded with ``torch.load(weights_only=True)``, so a crafted
+#: file cannot run code; a user's own statistics class must be allowed explicitly, with
+#: ``torch.serialization.add_safe_globals``.
+CHECKPOINT_GLOBALS = [
+    streaming.CountStats,
+    streaming.CountMeanStats,
+    streaming.CountMeanVarianceStats,
+    streaming.StackStats,
+    welford.WelfordCovariance,
+]
+
+
+def _sha256(tensor):
+    return hashlib.sha256(tensor.detach().cpu().contiguous().numpy().tobytes()).hexdigest()
 
 
 class MCMC(pyro.infer.MCMC):
@@ -27,7 +46,10 @@ class MCMC(pyro.infer.MCMC):
     - a :class:`~pyro_ext.infer.SamplerDivergenceError` stops the run, but the draws
       collected before it stay available through :meth:`get_samples`;
     - with ``checkpoint_path`` the state is written every ``checkpoint_every`` steps and
-      :meth:`resume` continues an interrupted run to the same draws it would have made;
+      :meth:`resume` continues an interrupted run to the same draws it would have made. A
+      checkpoint is loaded without running code (``torch.load(weights_only=True)``), its
+      draws carry a checksum, and a checkpoint of another kernel, particle count or data
+      set is refused;
     - :meth:`extend` continues a finished run for more draws (e.g. until ``r_hat`` is
       small enough) without a second warm-up.
 
@@ -159,7 +181,7 @@ class MCMC(pyro.infer.MCMC):
             raise ValueError("resume() needs a particle kernel and a checkpoint_path")
         if not os.path.exists(self.checkpoint_path):
             raise FileNotFoundError(f"no checkpoint at checkpoint_path={self.checkpoint_path!r}")
-        checkpoint = torch.load(self.checkpoint_path, weights_only=False)
+        checkpoint = self._load_checkpoint()
         config = (self.warmup_steps, self.num_samples, self.thinning)
         if tuple(checkpoint["config"]) != config:
             raise ValueError(
@@ -171,11 +193,19 @@ class MCMC(pyro.infer.MCMC):
         self._args, self._kwargs = args, kwargs
         with pyro.validation_enabled(not self.disable_validation):
             self.kernel.setup(self.warmup_steps, *args, **kwargs)
+        saved, now = checkpoint["fingerprint"], self._fingerprint()
+        different = [key for key in now if saved.get(key) != now[key]]
+        if different:
+            raise ValueError(
+                f"checkpoint_path={self.checkpoint_path!r} was written by a different run: "
+                + "; ".join(f"{key} was {saved.get(key)!r}, is {now[key]!r}" for key in different)
+                + ". Resume with the kernel, particles and model arguments of the run that wrote it."
+            )
         self.kernel.load_state_dict(checkpoint["kernel"])
         torch.set_rng_state(checkpoint["cpu_rng"])
         if checkpoint["cuda_rng"] is not None:
             torch.cuda.set_rng_state_all(checkpoint["cuda_rng"])
-        self._statistics = checkpoint.get("statistics")
+        self._statistics = self._restore_statistics(checkpoint.get("statistics"))
         self._run_particles(start=checkpoint["step"], draws=list(checkpoint["draws"]))
 
     def extend(self, num_samples):
@@ -307,13 +337,68 @@ class MCMC(pyro.infer.MCMC):
             raise ValueError("this MCMC kept streaming statistics, not draws: use get_statistics()")
         return super().get_samples(num_samples=num_samples, group_by_chain=group_by_chain)
 
+    def _restore_statistics(self, saved):
+        if saved is None:
+            return None
+        statistics = copy.deepcopy(self._initial_statistics)
+        statistics.stats.update(saved)
+        return statistics
+
+    def _fingerprint(self):
+        """What a checkpoint must match to resume: the sampler, its particles and the data."""
+        kernel, potential = self.kernel, self.kernel.potential
+        leaves = torch.utils._pytree.tree_leaves((self._args, self._kwargs))
+        return {
+            "kernel": type(kernel).__name__,
+            "num_particles": kernel.num_particles,
+            "sites": [
+                (name, list(site.unconstrained_shape)) for name, site in potential.layout.items()
+            ],
+            "data shapes": [list(x.shape) for x in leaves if isinstance(x, torch.Tensor)],
+        }
+
+    def _load_checkpoint(self):
+        path = self.checkpoint_path
+        try:
+            with torch.serialization.safe_globals(CHECKPOINT_GLOBALS):
+                checkpoint = torch.load(path, weights_only=True)
+        except pickle.UnpicklingError as error:
+            raise ValueError(
+                f"checkpoint_path={path!r} holds objects other than tensors and Pyro's streaming "
+                "statistics, so it was not loaded (a checkpoint is loaded without running code). "
+                "If you wrote it with your own statistics class and trust the file, allow that "
+                f"class with torch.serialization.add_safe_globals. Torch said: {error}"
+            ) from None
+        except (RuntimeError, EOFError, OSError) as error:
+            raise ValueError(
+                f"checkpoint_path={path!r} is truncated or not a checkpoint ({error}); restart the run"
+            ) from None
+        expected = {"step", "config", "kernel", "draws", "draws_sha256", "fingerprint", "cpu_rng"}
+        if not isinstance(checkpoint, dict) or not expected <= set(checkpoint):
+            raise ValueError(
+                f"checkpoint_path={path!r} is not a checkpoint of pyro_ext.infer.MCMC (or one "
+                "written before checkpoints were checksummed); restart the run"
+            )
+        draws = checkpoint["draws"]
+        if isinstance(draws, torch.Tensor) and _sha256(draws) != checkpoint["draws_sha256"]:
+            raise ValueError(
+                f"checkpoint_path={path!r}: the stored draws do not match their checksum (the "
+                "file was modified or damaged); restart the run"
+            )
+        return checkpoint
+
     def _save_checkpoint(self, step, draws):
+        stacked = torch.stack(draws) if draws else []
         checkpoint = {
             "step": step,
             "config": (self.warmup_steps, self.num_samples, self.thinning),
+            "fingerprint": self._fingerprint(),
             "kernel": self.kernel.state_dict(),
-            "draws": torch.stack(draws) if draws else [],
-            "statistics": self._statistics,
+            "draws": stacked,
+            "draws_sha256": _sha256(stacked) if draws else None,
+            # The per-key statistics as a plain dict: a StatsOfDict keeps them in a
+            # defaultdict, which a weights-only load cannot rebuild.
+            "statistics": None if self._statistics is None else dict(self._statistics.stats),
             "cpu_rng": torch.get_rng_state(),
             "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None,
         }

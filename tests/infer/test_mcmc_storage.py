@@ -178,3 +178,115 @@ def test_pyro_streaming_mcmc_sees_the_particles_as_one_chain():
     stats = mcmc.get_statistics(group_by_chain=False)
     assert stats["loc"]["mean"].shape == (NUM_PARTICLES, 2)
     assert stats["loc"]["count"] == 20
+
+
+# -- checkpoints that must not be resumed ----------------------------------------------------
+class _Interrupt(Exception):
+    """A simulated crash in the middle of the sampling stage."""
+
+
+def _interrupted_run(path, data, kernel=None):
+    def crash(kernel, params, stage, index):
+        if stage == "Sample" and index == 21:
+            raise _Interrupt
+
+    kernel = kernel or SGLD(model, step_size=1e-2, num_particles=NUM_PARTICLES, repulsion="rbf")
+    mcmc = MCMC(
+        kernel,
+        num_samples=40,
+        warmup_steps=10,
+        thinning=2,
+        disable_progbar=True,
+        checkpoint_path=path,
+        checkpoint_every=12,
+        hook_fn=crash,
+    )
+    with pytest.raises(_Interrupt):
+        mcmc.run(data)
+
+
+def _load_trusted(path):
+    from pyro_ext.infer.mcmc import CHECKPOINT_GLOBALS
+
+    with torch.serialization.safe_globals(CHECKPOINT_GLOBALS):
+        return torch.load(path, weights_only=True)
+
+
+class _Payload:
+    """An object whose unpickling would run code (here: create a file)."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+def test_a_crafted_checkpoint_runs_no_code(tmp_path):
+    data = torch.randn(30)
+    path, marker = str(tmp_path / "run.ckpt"), tmp_path / "pwned"
+    _interrupted_run(path, data)
+    checkpoint = _load_trusted(path)
+    checkpoint["statistics"] = _Payload(str(marker))
+    torch.save(checkpoint, path)
+    with pytest.raises(ValueError, match="checkpoint_path=.*not loaded"):
+        make_mcmc(checkpoint_path=path).resume(data)
+    assert not marker.exists()
+
+
+def test_tampered_draws_fail_their_checksum(tmp_path):
+    data = torch.randn(30)
+    path = str(tmp_path / "run.ckpt")
+    _interrupted_run(path, data)
+    checkpoint = _load_trusted(path)
+    assert checkpoint["draws"].numel() > 0
+    checkpoint["draws"].view(-1)[5] += 1.0  # what a flipped byte in the stored draws does
+    torch.save(checkpoint, path)
+    with pytest.raises(ValueError, match="checksum"):
+        make_mcmc(checkpoint_path=path).resume(data)
+
+
+@pytest.mark.parametrize(
+    "kernel, data_rows, match",
+    [
+        (
+            lambda: SGLD(model, step_size=1e-2, num_particles=2, repulsion="rbf"),
+            30,
+            "num_particles was 3, is 2",
+        ),
+        (
+            lambda: SGHMC(model, step_size=1e-2, num_particles=NUM_PARTICLES),
+            30,
+            "kernel was 'SGLD', is 'SGHMC'",
+        ),
+        (None, 40, r"data shapes was \[\[30\]\], is \[\[40\]\]"),
+    ],
+    ids=["particles", "kernel", "data"],
+)
+def test_a_checkpoint_of_another_run_is_refused(tmp_path, kernel, data_rows, match):
+    path = str(tmp_path / "run.ckpt")
+    _interrupted_run(path, torch.randn(30))
+    kernel = (
+        kernel()
+        if kernel
+        else SGLD(model, step_size=1e-2, num_particles=NUM_PARTICLES, repulsion="rbf")
+    )
+    mcmc = MCMC(
+        kernel,
+        num_samples=40,
+        warmup_steps=10,
+        thinning=2,
+        disable_progbar=True,
+        checkpoint_path=path,
+    )
+    with pytest.raises(ValueError, match=match):
+        mcmc.resume(torch.randn(data_rows))
+
+
+def test_a_truncated_checkpoint_names_its_path(tmp_path):
+    data = torch.randn(30)
+    path = tmp_path / "run.ckpt"
+    _interrupted_run(str(path), data)
+    path.write_bytes(path.read_bytes()[:200])
+    with pytest.raises(ValueError, match="checkpoint_path=.*truncated"):
+        make_mcmc(checkpoint_path=str(path)).resume(data)
