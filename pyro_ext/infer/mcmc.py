@@ -27,6 +27,13 @@ CHECKPOINT_GLOBALS = [
 ]
 
 
+def _check_count(name, value):
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be a positive integer, got {type(value).__name__}")
+    if value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+
 def _sha256(tensor):
     return hashlib.sha256(tensor.detach().cpu().contiguous().numpy().tobytes()).hexdigest()
 
@@ -122,9 +129,14 @@ class MCMC(pyro.infer.MCMC):
                 )
             if save_params is not None:
                 raise ValueError("save_params is not supported with particle kernels")
+        if warmup_steps is not None and (
+            isinstance(warmup_steps, bool) or not isinstance(warmup_steps, int)
+        ):
+            raise TypeError(
+                f"warmup_steps must be an int or None, got {type(warmup_steps).__name__}"
+            )
         for name, value in (("num_samples", num_samples), ("thinning", thinning)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+            _check_count(name, value)
         if checkpoint_every is not None and (
             not isinstance(checkpoint_every, int) or checkpoint_every < 1
         ):
@@ -216,8 +228,7 @@ class MCMC(pyro.infer.MCMC):
         """
         if not isinstance(self.kernel, SGMCMCKernel) or getattr(self, "_flat", None) is None:
             raise ValueError("extend() continues a finished run of a particle kernel: run() first")
-        if not isinstance(num_samples, int) or num_samples < 1:
-            raise ValueError(f"num_samples must be a positive integer, got {num_samples!r}")
+        _check_count("num_samples", num_samples)
         start = self._total_steps
         draws = [] if self._statistics is not None else list(self._flat.unbind(1))
         self.num_samples += num_samples

@@ -426,3 +426,35 @@ def test_a_minibatch_selected_by_value_cannot_be_traced():
     with pytest.raises(ModelNotTraceableError, match="0/1 mask"):
         draws(SGLD(selects, 1e-3, jit_compile="trace"), x, y, num_samples=2, warmup_steps=0)
     draws(SGLD(selects, 1e-3), x, y, num_samples=2, warmup_steps=0)  # eagerly it runs
+
+
+@pytest.mark.parametrize(
+    "make, error, match",
+    [
+        (lambda: AdamSGLD(logistic_model, 1e-3, eps="1e-8"), TypeError, "eps must be a number"),
+        (lambda: AdamSGLD(logistic_model, 1e-3, betas=0.9), TypeError, "betas must be a pair"),
+        (
+            lambda: AdamSGLD(logistic_model, 1e-3, eps=float("inf")),
+            ValueError,
+            "eps must be a positive finite",
+        ),
+        (
+            lambda: MCMC(SGLD(logistic_model, 1e-3), 10, warmup_steps=2.5),
+            TypeError,
+            "warmup_steps must be an int",
+        ),
+        (
+            lambda: MCMC(SGLD(logistic_model, 1e-3), 10.0),
+            TypeError,
+            "num_samples must be a positive integer",
+        ),
+        (
+            lambda: MCMC(SGLD(logistic_model, 1e-3), 10, thinning=0),
+            ValueError,
+            "thinning must be a positive",
+        ),
+    ],
+)
+def test_wrong_types_are_type_errors_and_wrong_values_value_errors(make, error, match):
+    with pytest.raises(error, match=match):
+        make()

@@ -522,11 +522,19 @@ class AdamSGLD(SGMCMCKernel):
     def __init__(
         self, model, step_size, betas=(0.9, 0.999), eps=1e-8, adapt_after_warmup=False, **kwargs
     ):
+        if not (
+            isinstance(betas, (tuple, list))
+            and len(betas) == 2
+            and all(isinstance(b, (int, float)) and not isinstance(b, bool) for b in betas)
+        ):
+            raise TypeError(f"betas must be a pair of numbers (beta1, beta2), got {betas!r}")
         beta1, beta2 = betas
         if not (0 <= beta1 < 1 and 0 <= beta2 < 1):
             raise ValueError(f"betas must lie in [0, 1), got {betas!r}")
-        if not eps > 0:
-            raise ValueError(f"eps must be positive, got {eps!r}")
+        if isinstance(eps, bool) or not isinstance(eps, (int, float)):
+            raise TypeError(f"eps must be a number, got {type(eps).__name__}")
+        if not (eps > 0 and math.isfinite(eps)):
+            raise ValueError(f"eps must be a positive finite number, got {eps!r}")
         self.betas = (float(beta1), float(beta2))
         self.eps = float(eps)
         self.adapt_after_warmup = adapt_after_warmup
