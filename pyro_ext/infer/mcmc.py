@@ -342,6 +342,26 @@ class MCMC(pyro.infer.MCMC):
             merged[name] = stats if name not in merged else merged[name].merge(stats)
         return {name: stats.get() for name, stats in merged.items()}
 
+    def summary(self, prob=0.9):
+        """See :meth:`pyro.infer.MCMC.summary`; counts the divergent particles of a diverged run."""
+        if isinstance(self.kernel, SGMCMCKernel) and getattr(self, "_flat", None) is not None:
+            if self._statistics is not None:
+                raise ValueError(
+                    "this MCMC kept streaming statistics, not draws: use get_statistics()"
+                )
+            if self._flat.shape[1] == 0:
+                error = self.kernel.divergence
+                why = (
+                    f"the run diverged at step {error.step}, before the first kept draw"
+                    if error is not None
+                    else "the run kept none"
+                )
+                raise ValueError(
+                    f"summary() needs draws, and {why} (warmup_steps={self.warmup_steps}). "
+                    "Reduce the step size, or see SamplerDivergenceError for the sites concerned."
+                )
+        return super().summary(prob=prob)
+
     def get_samples(self, num_samples=None, group_by_chain=False):
         """See :meth:`pyro.infer.MCMC.get_samples`; unavailable with ``statistics``."""
         if self._statistics is not None:
@@ -429,4 +449,12 @@ class MCMC(pyro.infer.MCMC):
         self._samples = potential.constrain(flat)
         self.transforms = {}
         self.num_chains = num_particles
-        self._diagnostics = [self.kernel.diagnostics()] * num_particles
+        # A diverged run marks, for each particle that diverged, its last kept draw: the
+        # divergent transition left that state (Pyro and ArviZ index divergences by draw).
+        error, num_kept = self.kernel.divergence, flat.shape[1]
+        self._diagnostics = []
+        for particle in range(num_particles):
+            diagnostics = dict(self.kernel.diagnostics())
+            if error is not None and particle in error.particles and num_kept:
+                diagnostics["divergences"] = [num_kept - 1]
+            self._diagnostics.append(diagnostics)

@@ -458,3 +458,53 @@ def test_a_minibatch_selected_by_value_cannot_be_traced():
 def test_wrong_types_are_type_errors_and_wrong_values_value_errors(make, error, match):
     with pytest.raises(error, match=match):
         make()
+
+
+def test_summary_counts_the_divergent_particles(capsys):
+    pyro.set_rng_seed(1)
+    mcmc = MCMC(
+        SGLD(stiff_model, 0.05, num_particles=3),
+        num_samples=200,
+        warmup_steps=0,
+        disable_progbar=True,
+    )
+    with pytest.raises(SamplerDivergenceError) as error:
+        mcmc.run()
+    assert error.value.step > 0
+    mcmc.summary()
+    assert f"Number of divergences: {len(error.value.particles)}" in capsys.readouterr().out
+
+
+def test_summary_after_a_divergence_in_warmup_says_why_there_are_no_draws():
+    pyro.set_rng_seed(1)
+    mcmc = MCMC(
+        SGLD(stiff_model, 0.05, num_particles=3),
+        num_samples=10,
+        warmup_steps=500,
+        disable_progbar=True,
+    )
+    with pytest.raises(SamplerDivergenceError) as error:
+        mcmc.run()
+    assert mcmc.get_samples()["stiff"].shape == (0, 2)
+    with pytest.raises(
+        ValueError, match=f"diverged at step {error.value.step}, before the first kept draw"
+    ):
+        mcmc.summary()
+
+
+def test_arviz_marks_the_divergent_particles_last_draws():
+    az = pytest.importorskip("arviz")
+    pyro.set_rng_seed(1)
+    mcmc = MCMC(
+        SGLD(stiff_model, 0.05, num_particles=3),
+        num_samples=200,
+        warmup_steps=0,
+        disable_progbar=True,
+    )
+    with pytest.raises(SamplerDivergenceError) as error:
+        mcmc.run()
+    # (chains, num_samples): ArviZ sizes it by the configured draws, of which step were kept.
+    diverging = az.from_pyro(mcmc).sample_stats["diverging"].values
+    last_kept = error.value.step - 1
+    assert sorted(diverging[:, last_kept].nonzero()[0].tolist()) == sorted(error.value.particles)
+    assert diverging.sum() == len(error.value.particles)

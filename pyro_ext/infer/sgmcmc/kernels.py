@@ -189,6 +189,8 @@ class SGMCMCKernel(MCMCKernel):
         self._eager_until = 0
         #: set by a check that rewound the chain: the step count it went back to
         self.rewound_to = None
+        #: the :class:`SamplerDivergenceError` that stopped the last run, if any
+        self.divergence = None
 
     # -- framework wiring ------------------------------------------------------------
     def setup(self, warmup_steps, *args, **kwargs):
@@ -204,6 +206,7 @@ class SGMCMCKernel(MCMCKernel):
         self._last_params = None
         self._compiled = None
         self._pending_ok, self._snapshot, self._eager_until, self.rewound_to = [], None, 0, None
+        self.divergence = None
         if self.jit_compile:
             if type(self)._update is not SGMCMCKernel._update:
                 raise ValueError(
@@ -402,7 +405,8 @@ class SGMCMCKernel(MCMCKernel):
         columns = (~finite_columns).any(0).nonzero().flatten().tolist()
         sites = {self.potential.site_of(c) for c in columns}
         sites.update(self.potential.nonfinite_sites(self._state.z[particles[0]], subsamples))
-        raise SamplerDivergenceError(self._step, sorted(sites), particles)
+        self.divergence = SamplerDivergenceError(self._step, sorted(sites), particles)
+        raise self.divergence
 
     def logging(self):
         if self._last_log_density is None:
@@ -416,8 +420,9 @@ class SGMCMCKernel(MCMCKernel):
         return info
 
     def diagnostics(self):
-        # A non-finite state raises SamplerDivergenceError, so a finished chain has no
-        # divergent transitions; the key keeps Pyro's and ArviZ's summaries working.
+        # A non-finite state raises SamplerDivergenceError (kept in self.divergence), so a
+        # finished chain has no divergent transitions; pyro_ext.infer.MCMC marks those of a
+        # diverged run. The key keeps Pyro's and ArviZ's summaries working.
         diagnostics = {"divergences": []}
         if self._current_step_size is not None:
             diagnostics["step_size"] = self._current_step_size
