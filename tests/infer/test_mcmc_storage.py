@@ -21,8 +21,8 @@ def model(data):
         pyro.sample("obs", dist.Normal(mean, sd), obs=data[idx])
 
 
-def make_mcmc(**kwargs):
-    kernel = SGLD(model, step_size=1e-2, num_particles=NUM_PARTICLES, repulsion="rbf")
+def make_mcmc(kernel=None, **kwargs):
+    kernel = kernel or SGLD(model, step_size=1e-2, num_particles=NUM_PARTICLES, repulsion="rbf")
     options = dict(num_samples=40, warmup_steps=10, thinning=2, disable_progbar=True)
     return MCMC(kernel, **{**options, **kwargs})
 
@@ -185,22 +185,12 @@ class _Interrupt(Exception):
     """A simulated crash in the middle of the sampling stage."""
 
 
-def _interrupted_run(path, data, kernel=None):
+def _interrupted_run(path, data):
     def crash(kernel, params, stage, index):
         if stage == "Sample" and index == 21:
             raise _Interrupt
 
-    kernel = kernel or SGLD(model, step_size=1e-2, num_particles=NUM_PARTICLES, repulsion="rbf")
-    mcmc = MCMC(
-        kernel,
-        num_samples=40,
-        warmup_steps=10,
-        thinning=2,
-        disable_progbar=True,
-        checkpoint_path=path,
-        checkpoint_every=12,
-        hook_fn=crash,
-    )
+    mcmc = make_mcmc(checkpoint_path=path, checkpoint_every=12, hook_fn=crash)
     with pytest.raises(_Interrupt):
         mcmc.run(data)
 
@@ -266,19 +256,7 @@ def test_tampered_draws_fail_their_checksum(tmp_path):
 def test_a_checkpoint_of_another_run_is_refused(tmp_path, kernel, data_rows, match):
     path = str(tmp_path / "run.ckpt")
     _interrupted_run(path, torch.randn(30))
-    kernel = (
-        kernel()
-        if kernel
-        else SGLD(model, step_size=1e-2, num_particles=NUM_PARTICLES, repulsion="rbf")
-    )
-    mcmc = MCMC(
-        kernel,
-        num_samples=40,
-        warmup_steps=10,
-        thinning=2,
-        disable_progbar=True,
-        checkpoint_path=path,
-    )
+    mcmc = make_mcmc(kernel() if kernel else None, checkpoint_path=path)
     with pytest.raises(ValueError, match=match):
         mcmc.resume(torch.randn(data_rows))
 

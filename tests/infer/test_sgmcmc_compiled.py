@@ -460,51 +460,37 @@ def test_wrong_types_are_type_errors_and_wrong_values_value_errors(make, error, 
         make()
 
 
-def test_summary_counts_the_divergent_particles(capsys):
+def diverged_run(num_samples, warmup_steps):
+    """An MCMC of the stiff model whose run diverged, and the error it raised."""
     pyro.set_rng_seed(1)
-    mcmc = MCMC(
-        SGLD(stiff_model, 0.05, num_particles=3),
-        num_samples=200,
-        warmup_steps=0,
-        disable_progbar=True,
-    )
+    kernel = SGLD(stiff_model, 0.05, num_particles=3)
+    mcmc = MCMC(kernel, num_samples=num_samples, warmup_steps=warmup_steps, disable_progbar=True)
     with pytest.raises(SamplerDivergenceError) as error:
         mcmc.run()
-    assert error.value.step > 0
+    return mcmc, error.value
+
+
+def test_summary_counts_the_divergent_particles(capsys):
+    mcmc, error = diverged_run(num_samples=200, warmup_steps=0)
+    assert error.step > 0
     mcmc.summary()
-    assert f"Number of divergences: {len(error.value.particles)}" in capsys.readouterr().out
+    assert f"Number of divergences: {len(error.particles)}" in capsys.readouterr().out
 
 
 def test_summary_after_a_divergence_in_warmup_says_why_there_are_no_draws():
-    pyro.set_rng_seed(1)
-    mcmc = MCMC(
-        SGLD(stiff_model, 0.05, num_particles=3),
-        num_samples=10,
-        warmup_steps=500,
-        disable_progbar=True,
-    )
-    with pytest.raises(SamplerDivergenceError) as error:
-        mcmc.run()
+    mcmc, error = diverged_run(num_samples=10, warmup_steps=500)
     assert mcmc.get_samples()["stiff"].shape == (0, 2)
     with pytest.raises(
-        ValueError, match=f"diverged at step {error.value.step}, before the first kept draw"
+        ValueError, match=f"diverged at step {error.step}, before the first kept draw"
     ):
         mcmc.summary()
 
 
 def test_arviz_marks_the_divergent_particles_last_draws():
     az = pytest.importorskip("arviz")
-    pyro.set_rng_seed(1)
-    mcmc = MCMC(
-        SGLD(stiff_model, 0.05, num_particles=3),
-        num_samples=200,
-        warmup_steps=0,
-        disable_progbar=True,
-    )
-    with pytest.raises(SamplerDivergenceError) as error:
-        mcmc.run()
+    mcmc, error = diverged_run(num_samples=200, warmup_steps=0)
     # (chains, num_samples): ArviZ sizes it by the configured draws, of which step were kept.
     diverging = az.from_pyro(mcmc).sample_stats["diverging"].values
-    last_kept = error.value.step - 1
-    assert sorted(diverging[:, last_kept].nonzero()[0].tolist()) == sorted(error.value.particles)
-    assert diverging.sum() == len(error.value.particles)
+    last_kept = error.step - 1
+    assert sorted(diverging[:, last_kept].nonzero()[0].tolist()) == sorted(error.particles)
+    assert diverging.sum() == len(error.particles)
