@@ -63,8 +63,8 @@ def check_jit_compile(jit_compile, compile_mode):
         )
     if jit_compile not in JIT_COMPILE:
         raise ValueError(
-            f"jit_compile must be False, True (= 'compile': torch.compile the traced step) or "
-            f"'trace' (run the traced step without compiling it); got {jit_compile!r}"
+            f"jit_compile must be False (eager), True (= 'compile': compile the traced step "
+            f"with TorchInductor) or 'trace' (run the traced step uncompiled); got {jit_compile!r}"
         )
     if compile_mode not in COMPILE_MODES:
         raise ValueError(f"compile_mode must be one of {COMPILE_MODES}, got {compile_mode!r}")
@@ -112,6 +112,8 @@ def _check_static_shapes(graph):
     Refuse a traced step that selects elements by value (boolean-mask reads, ``nonzero``,
     ``masked_select``, ``unique``): the trace records the sizes of the minibatch it saw, so
     the next minibatch would break it. Assignment through a mask keeps the shape and passes.
+    A selection whose size happens to be the same at every step (a mask over the full data,
+    say) is refused too: the trace cannot tell it apart.
     """
     for node in graph.graph.nodes:
         if node.op != "call_function":
