@@ -27,6 +27,10 @@ def make_mcmc(kernel=None, **kwargs):
     return MCMC(kernel, **{**options, **kwargs})
 
 
+class _Interrupt(Exception):
+    """A simulated crash in the middle of the sampling stage."""
+
+
 def streaming_stats():
     return StatsOfDict(default=CountMeanVarianceStats)
 
@@ -122,17 +126,14 @@ def test_checkpoint_resume_with_storage_options(tmp_path, streaming):
     reference = make_mcmc(**options)
     reference.run(data)
 
-    class Interrupt(Exception):
-        """A simulated crash in the middle of the sampling stage."""
-
     def crash(kernel, params, stage, index):
         if stage == "Sample" and index == 33:
-            raise Interrupt
+            raise _Interrupt
 
     path = str(tmp_path / "run.ckpt")
     pyro.set_rng_seed(5)
     first = make_mcmc(checkpoint_path=path, checkpoint_every=12, hook_fn=crash, **options)
-    with pytest.raises(Interrupt):
+    with pytest.raises(_Interrupt):
         first.run(data)
     resumed = make_mcmc(checkpoint_path=path, **options)
     resumed.resume(data)
@@ -181,10 +182,6 @@ def test_pyro_streaming_mcmc_sees_the_particles_as_one_chain():
 
 
 # -- checkpoints that must not be resumed ----------------------------------------------------
-class _Interrupt(Exception):
-    """A simulated crash in the middle of the sampling stage."""
-
-
 def _interrupted_run(path, data):
     def crash(kernel, params, stage, index):
         if stage == "Sample" and index == 21:

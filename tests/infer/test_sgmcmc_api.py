@@ -22,6 +22,7 @@ from pyro_ext.infer import (
     RBFKernel,
     SamplerDivergenceError,
 )
+from pyro_ext.infer.sgmcmc import ParticlePotential
 from pyro_ext.infer.sgmcmc.repulsion import coupled_noise
 from pyro_ext.infer.sgmcmc.updates import sgld_update
 
@@ -456,3 +457,29 @@ def test_jit_compile_gives_the_same_draws(num_particles, jit_compile):
     assert kernel._compiled.num_traces == 1
     for name in ("w", "scale"):
         assert torch.allclose(draws[0][name], draws[1][name], atol=1e-5)
+
+
+def test_potential_constrain_unconstrain_and_log_jacobian():
+    """The potential's public maps: a round trip, and the log-Jacobian autograd computes."""
+
+    def model():
+        pyro.sample("scale", dist.LogNormal(0.0, 1.0))
+        pyro.sample("probs", dist.Dirichlet(torch.ones(3)))
+        pyro.sample("loc", dist.Normal(torch.zeros(2), 1.0).to_event(1))
+
+    potential = ParticlePotential(model)
+    z = torch.randn(4, potential.dim, dtype=torch.float64)
+    values = potential.constrain(z)
+    assert (values["scale"] > 0).all() and torch.allclose(
+        values["probs"].sum(-1), torch.ones(4, dtype=torch.float64)
+    )
+    torch.testing.assert_close(potential.unconstrain(values, 4), z)
+    for particle in z:
+        flat = lambda u: torch.cat([v.reshape(-1) for v in potential.constrain(u).values()])  # noqa: E731
+        jacobian = torch.autograd.functional.jacobian(
+            flat, particle
+        )  # (D + 1, D): the simplex adds one
+        # log|det| of the square map (scale, first two probs, loc) equals the potential's log-Jacobian
+        keep = [0, 1, 2, 4, 5]
+        expected = torch.linalg.slogdet(jacobian[keep])[1]
+        torch.testing.assert_close(potential.log_jacobian(particle), expected)

@@ -136,6 +136,10 @@ def test_single_try_factorisation_reports_failure_as_nan():
     assert torch.isnan(coupled_noise(coupling._replace(cholesky_tries=1), noise)).all()
 
 
+class Interrupt(Exception):
+    """A simulated crash in the middle of the sampling stage."""
+
+
 def stiff_model():
     pyro.sample("stiff", dist.Normal(torch.zeros(2), 1e-3).to_event(1))
 
@@ -164,9 +168,6 @@ def test_checkpoint_resume_and_storage_options_under_jit(tmp_path):
     reference = draws(
         SGHMC(logistic_model, 1e-3, num_particles=3, jit_compile="trace"), x, y, **options
     )
-
-    class Interrupt(Exception):
-        pass
 
     def crash(kernel, params, stage, index):
         if stage == "Sample" and index == 41:
@@ -388,9 +389,6 @@ def test_deferred_checks_with_checkpoints_resume_to_the_same_draws(tmp_path, mon
 
     reference = draws(make(), x, y)
     path = str(tmp_path / "run.ckpt")
-
-    class Interrupt(Exception):
-        pass
 
     def crash(kernel, params, stage, index):
         if stage == "Sample" and index == 45:

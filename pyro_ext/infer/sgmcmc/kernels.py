@@ -185,6 +185,7 @@ class SGMCMCKernel(MCMCKernel):
         self._step_size_tensor = None
         self._flags = None
         self._pending_ok = []
+        self._check_every = 1
         self._snapshot = None
         self._eager_until = 0
         #: set by a check that rewound the chain: the step count it went back to
@@ -207,6 +208,8 @@ class SGMCMCKernel(MCMCKernel):
         self._compiled = None
         self._pending_ok, self._snapshot, self._eager_until, self.rewound_to = [], None, 0, None
         self.divergence = None
+        # Reads of the compiled step's finiteness flags: free on the CPU, a sync elsewhere.
+        self._check_every = self.divergence_check_every or (1 if z.device.type == "cpu" else 32)
         if self.jit_compile:
             if type(self)._update is not SGMCMCKernel._update:
                 raise ValueError(
@@ -281,12 +284,6 @@ class SGMCMCKernel(MCMCKernel):
     def _adapting(self):
         """Whether a preconditioner adapts at this step (AdamSGLD; ignored by the others)."""
         return False
-
-    @property
-    def _check_every(self):
-        if self.divergence_check_every is not None:
-            return self.divergence_check_every
-        return 1 if self._state.z.device.type == "cpu" else 32
 
     @property
     def verified_steps(self):

@@ -171,7 +171,6 @@ class ParticlePotential:
         self.model_args = tuple(model_args)
         self.model_kwargs = {} if model_kwargs is None else dict(model_kwargs)
         self.vectorize = None if vectorize == "auto" else vectorize
-        self._vectorize_choice = vectorize
         self._read_structure()
 
     def _read_structure(self):

@@ -116,17 +116,15 @@ def coupled_noise(coupling: Coupling, noise: torch.Tensor) -> torch.Tensor:
     eye = torch.eye(num_particles, dtype=matrix.dtype, device=matrix.device)
     # The RBF Gram matrix is positive semi-definite but often numerically singular.
     jitter = 1e-6 if matrix.dtype == torch.float64 else 1e-4
-    for _ in range(coupling.cholesky_tries - 1):
+    for _ in range(coupling.cholesky_tries):
         chol, info = torch.linalg.cholesky_ex(matrix + jitter * eye)
+        coupled = chol @ noise / math.sqrt(num_particles)
+        if coupling.cholesky_tries == 1:
+            # Traced: no branch on the result; a failure turns the update non-finite.
+            return torch.where(info == 0, coupled, math.nan)
         if not info.any():
-            return chol @ noise / math.sqrt(num_particles)
+            return coupled
         jitter *= 10.0
-    chol, info = torch.linalg.cholesky_ex(matrix + jitter * eye)
-    if coupling.cholesky_tries == 1:
-        # Traced: no branch on the result; a failure turns the update non-finite.
-        return torch.where(info == 0, chol @ noise / math.sqrt(num_particles), math.nan)
-    if not info.any():
-        return chol @ noise / math.sqrt(num_particles)
     if not torch.isfinite(matrix).all():
         # Overflowing particles: let the update turn non-finite, so that the kernel
         # reports a divergence at this step rather than a linear-algebra error.
