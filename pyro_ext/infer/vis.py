@@ -59,9 +59,9 @@ from pyro.infer.mcmc.util import TraceEinsumEvaluator
 from pyro.infer.svgd import SteinKernel
 from pyro.poutine.messenger import Messenger
 from pyro.poutine.util import site_is_subsample
-from torch.distributions import biject_to, constraints
+from torch.distributions import constraints
 
-from .sgmcmc.potential import LogJointMessenger
+from .sgmcmc.potential import LogJointMessenger, SupportMap
 from .sgmcmc.repulsion import RBFKernel, stein_coupling
 from .sgmcmc.updates import get_sampler
 
@@ -192,31 +192,24 @@ class _HideAndRecord(Messenger):
             self.sites[msg["name"]] = msg.copy()
 
 
-def _is_identity(transform):
-    """Whether ``transform`` is torch's identity bijection (``log|J| = 0``)."""
-    while isinstance(transform, torch.distributions.transforms.IndependentTransform):
-        transform = transform.base_transform
-    return (
-        isinstance(transform, torch.distributions.transforms.ComposeTransform)
-        and not transform.parts
-    )
-
-
 def _is_one(scale):
     return isinstance(scale, (int, float)) and scale == 1.0
 
 
 class _Site:
-    """A refined latent site: its transform and its layout in the flat particles."""
+    """
+    A refined latent site: its :class:`~.sgmcmc.potential.SupportMap` and its layout in
+    the flat particles. The layout follows the base guide's draw, not the model's global
+    sites as :class:`~.sgmcmc.potential.ParticlePotential` does: a local latent of a
+    subsampled plate takes the batch's shape, and a guide plate holds the particles.
+    """
 
     def __init__(self, name, base, model_site, particle_dim, num_particles):
         self.name, self.base = name, base
-        fn = model_site["fn"]
-        self.transform = biject_to(fn.support)
-        self.event_dim = fn.event_dim
-        self.u_event_dim = (
-            fn.event_dim - self.transform.codomain.event_dim + self.transform.domain.event_dim
-        )
+        self.support_map = SupportMap.of(model_site["fn"])
+        self.transform = self.support_map.transform
+        self.event_dim = self.support_map.event_dim
+        self.u_event_dim = self.support_map.unconstrained_event_dim
         u0 = self.transform.inv(base["value"])
         self.shape = u0.shape
         # Rows are particles: the particle plate's dim moves first (L = 1 without one).
@@ -244,8 +237,7 @@ class _Site:
 
     def log_jacobian(self, u, x):
         """``log|dx/du|`` summed over the site's event dims (batch shape)."""
-        ld = self.transform.log_abs_det_jacobian(u, x)
-        return sum_rightmost(ld, self.u_event_dim - self.transform.domain.event_dim)
+        return self.support_map.log_jacobian(u, x)
 
 
 class VIS:
@@ -425,7 +417,7 @@ class VIS:
         return evaluator.log_prob(trace), scales
 
     def _grad_fn(self, sites, subsamples, args, kwargs, enumerate_):
-        identity = [_is_identity(site.transform) for site in sites]
+        identity = [site.support_map.is_identity for site in sites]
 
         # Predictive may run the guide under no_grad; the sampler needs gradients anyway.
         @torch.enable_grad()

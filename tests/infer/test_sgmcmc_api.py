@@ -24,7 +24,7 @@ from pyro_ext.infer import (
 )
 from pyro_ext.infer.sgmcmc import ParticlePotential
 from pyro_ext.infer.sgmcmc.repulsion import coupled_noise
-from pyro_ext.infer.sgmcmc.updates import sgld_update
+from pyro_ext.infer.sgmcmc.updates import drift, sgld_update
 
 KERNELS = [SGLD, SGHMC, AdamSGLD]
 
@@ -173,6 +173,11 @@ def test_rbf_repulsion_matches_autograd():
     )
     assert torch.allclose(coupling.repulsion, expected)
     assert torch.allclose(coupling.matrix, k.detach())
+    # The one-product drift through the shift equals K grad + repulsion, eq. (2.8).
+    grad = torch.randn(6, 4, dtype=torch.float64)
+    expected_drift = (coupling.matrix @ grad + expected) / 6
+    assert torch.allclose(drift(grad, coupling), expected_drift)
+    assert torch.allclose(drift(grad, coupling._replace(shift=None)), expected_drift)
 
 
 def test_coupled_noise_covariance():

@@ -492,12 +492,50 @@ def test_potential_matches_the_conditioned_trace(device):
     assert scales["w"] == expected.nodes["w"]["scale"] == 1.0
 
 
-def test_identity_transforms_are_detected():
-    from torch.distributions import biject_to, constraints
+def test_support_maps_of_vis_sites():
+    """VIS's sites and the SG-MCMC potential read a site's map to R^d from one SupportMap."""
+    import pyro.distributions as dist
 
-    from pyro_ext.infer.vis import _is_identity
+    from pyro_ext.infer.sgmcmc import SupportMap
 
-    assert _is_identity(biject_to(constraints.real))
-    assert _is_identity(biject_to(constraints.independent(constraints.real, 1)))
-    assert not _is_identity(biject_to(constraints.positive))
-    assert not _is_identity(biject_to(constraints.independent(constraints.unit_interval, 1)))
+    normal = dist.Normal(torch.zeros(3), 1.0)
+    assert SupportMap.of(normal).is_identity
+    assert SupportMap.of(normal.to_event(1)).is_identity
+    assert not SupportMap.of(dist.LogNormal(0.0, 1.0)).is_identity
+    assert not SupportMap.of(dist.Beta(torch.ones(2), 1.0).to_event(1)).is_identity
+    # A mixture's support is its components': torch registers no bijection for it.
+    mixture = dist.MixtureSameFamily(
+        dist.Categorical(torch.ones(2)), dist.Normal(torch.tensor([-1.0, 1.0]), 1.0)
+    )
+    assert SupportMap.of(mixture).is_identity
+    simplex = SupportMap.of(dist.Dirichlet(torch.ones(4)))
+    assert (simplex.event_dim, simplex.unconstrained_event_dim) == (1, 1)
+    u = torch.randn(5, 3)
+    x = simplex.transform(u)
+    assert x.shape == (5, 4)
+    assert simplex.log_jacobian(u, x).shape == (5,)
+
+
+def test_mixture_latent_is_refined_on_its_components_support(device):
+    """A MixtureSameFamily latent (no bijection of its own in torch) takes one SGD step."""
+    components = dist.Normal(torch.tensor([-2.0, 2.0], device=device), 0.5)
+    x = torch.tensor(1.5, device=device)
+
+    def model():
+        mixture = dist.MixtureSameFamily(dist.Categorical(torch.ones(2, device=device)), components)
+        z = pyro.sample("z", mixture)
+        pyro.sample("x", dist.Normal(z, 1.0), obs=x)
+
+    def base():
+        pyro.sample("z", dist.Normal(torch.tensor(0.3, device=device), 1.0))
+
+    step_size = 0.05
+    guide = VIS(model, base, sampler="sgd", num_steps=1, step_size=step_size)
+    pyro.set_rng_seed(0)
+    z0 = poutine.trace(base).get_trace().nodes["z"]["value"].requires_grad_()
+    pyro.set_rng_seed(0)
+    z1 = poutine.trace(guide).get_trace().nodes["z"]["value"]
+    mixture = dist.MixtureSameFamily(dist.Categorical(torch.ones(2, device=device)), components)
+    log_joint = mixture.log_prob(z0) + dist.Normal(z0, 1.0).log_prob(x)
+    (grad,) = torch.autograd.grad(log_joint, z0)
+    assert torch.allclose(z1, z0.detach() + step_size * grad, atol=1e-6)

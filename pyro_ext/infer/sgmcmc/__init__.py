@@ -2,7 +2,12 @@
 
 from .compiled import ModelNotTraceableError
 from .kernels import KERNELS, SGHMC, SGLD, AdamSGLD, SGMCMCKernel, get_kernel
-from .potential import LogJointMessenger, ParticlePotential, SamplerDivergenceError
+from .potential import (
+    LogJointMessenger,
+    ParticlePotential,
+    SamplerDivergenceError,
+    SupportMap,
+)
 from .repulsion import Coupling, RBFKernel, stein_coupling
 from .schedules import ConstantStepSize, CyclicalStepSize, PolynomialDecay
 from .updates import SAMPLERS, Sampler, adam_sgld_update, get_sampler, sghmc_update, sgld_update
@@ -26,6 +31,7 @@ __all__ = [
     "SGLD",
     "SGMCMCKernel",
     "SamplerDivergenceError",
+    "SupportMap",
     "adam_sgld_update",
     "sghmc_update",
     "sgld_update",

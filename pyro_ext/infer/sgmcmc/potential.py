@@ -13,7 +13,7 @@ from typing import NamedTuple
 
 import pyro
 import torch
-from pyro.distributions.util import scale_and_mask
+from pyro.distributions.util import scale_and_mask, sum_rightmost
 from pyro.infer.autoguide.initialization import InitMessenger
 from pyro.poutine.messenger import Messenger
 from pyro.poutine.util import site_is_subsample
@@ -46,13 +46,65 @@ class SamplerDivergenceError(RuntimeError):
         return type(self), (self.step, self.sites, self.particles)
 
 
+def _base_support(support):
+    # torch has no bijection registered for a mixture's support: it is its components'.
+    while isinstance(support, constraints.MixtureSameFamilyConstraint):
+        support = support.base_constraint
+    return support
+
+
+class SupportMap(NamedTuple):
+    """
+    How a continuous latent site moves to unconstrained space: the bijection from
+    unconstrained values onto the site's support (:func:`torch.distributions.biject_to`),
+    and the event dimensions on either side. The one record behind both site layouts of
+    the package: :class:`ParticlePotential`'s flat layout of global latents, and VIS's
+    layout of the base guide's draws (local latents and guide plates included).
+    """
+
+    #: unconstrained -> support
+    transform: torch.distributions.Transform
+    #: event dims of the constrained value (the distribution's ``event_dim``)
+    event_dim: int
+    #: event dims of the unconstrained value (they differ for e.g. a simplex)
+    unconstrained_event_dim: int
+    #: the support is the real line already: no transform, no Jacobian
+    is_identity: bool
+
+    @classmethod
+    def of(cls, fn) -> "SupportMap":
+        """The map of a site whose distribution is ``fn``."""
+        support = _base_support(fn.support)
+        transform = biject_to(support)
+        unconstrained_event_dim = (
+            fn.event_dim - transform.codomain.event_dim + transform.domain.event_dim
+        )
+        while isinstance(support, constraints.independent):
+            support = support.base_constraint
+        return cls(transform, fn.event_dim, unconstrained_event_dim, support is constraints.real)
+
+    def log_jacobian(self, unconstrained, value):
+        """``log|d value / d unconstrained|`` summed over the site's event dims."""
+        log_det = self.transform.log_abs_det_jacobian(unconstrained, value)
+        return sum_rightmost(
+            log_det, self.unconstrained_event_dim - self.transform.domain.event_dim
+        )
+
+
 class _SiteLayout(NamedTuple):
     start: int
     end: int
     unconstrained_shape: torch.Size
-    transform: torch.distributions.Transform
+    support_map: SupportMap
     batch_shape: torch.Size
-    is_real: bool  # unconstrained already: no transform, no Jacobian
+
+    @property
+    def transform(self):
+        return self.support_map.transform
+
+    @property
+    def is_real(self):
+        return self.support_map.is_identity
 
 
 class LogJointMessenger(Messenger):
@@ -123,13 +175,6 @@ class LogJointMessenger(Messenger):
         elif self.particle_dims:
             log_prob = log_prob.sum(tuple(range(-self.particle_dims, 0)))
         self.log_joint = self.log_joint + log_prob
-
-
-def _base_support(support):
-    # torch has no bijection registered for a mixture's support: it is its components'.
-    while isinstance(support, constraints.MixtureSameFamilyConstraint):
-        support = support.base_constraint
-    return support
 
 
 def _subsampled_frames(site):
@@ -206,20 +251,16 @@ class ParticlePotential:
                     "stochastic-gradient samplers draw global latent variables only. Move "
                     "local latents out of subsampled plates or marginalise them."
                 )
-            support = _base_support(fn.support)
-            transform = biject_to(support)
-            unconstrained = transform.inv(site["value"])
+            support_map = SupportMap.of(fn)
+            unconstrained = support_map.transform.inv(site["value"])
             size = unconstrained.numel()
             batch_ndim = site["value"].dim() - fn.event_dim
-            while isinstance(support, constraints.independent):
-                support = support.base_constraint
             self.layout[name] = _SiteLayout(
                 start,
                 start + size,
                 unconstrained.shape,
-                transform,
+                support_map,
                 site["value"].shape[:batch_ndim],
-                support is constraints.real,
             )
             start += size
         if not self.layout:

@@ -38,6 +38,11 @@ def drift(grad: torch.Tensor, coupling: Coupling | None) -> torch.Tensor:
     """The drift ``D_K grad + Gamma_K`` of eq. (2.5); ``grad`` itself without coupling."""
     if coupling is None:
         return grad
+    if coupling.shift is not None:
+        # K grad + rowsum(K) s - K s, with one product by K (see Coupling.shift).
+        shift = coupling.shift
+        rowsum = coupling.matrix.sum(-1, keepdim=True)
+        return (coupling.matrix @ (grad - shift) + rowsum * shift) / grad.shape[0]
     return (coupling.matrix @ grad + coupling.repulsion) / grad.shape[0]
 
 
