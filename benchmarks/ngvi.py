@@ -1,0 +1,789 @@
+"""
+Natural-gradient variational inference (``pyro_ext.infer.NaturalGradientVI``: IVON, VOGN)
+for Bayesian neural networks, against Bayes-by-backprop, SG-MCMC, ``ivon-opt`` and Adam.
+Every figure below is measured by this script in the same run, from fixed seeds.
+
+1. **UCI regression** -- ``uci.py``'s protocol (its data loading, standardisation,
+   validation rows, evaluation and SG-MCMC runs are imported, not copied): the thesis'
+   ``BayesianMLP(in, hidden=(50,))`` (ReLU, ``N(0, 1)`` weight priors, Gaussian likelihood
+   with a learned noise precision ``tau ~ Gamma(1, 0.1)``, ``full_output=False``), inputs
+   and targets standardised on the training part, metrics in original units.
+
+   * IVON and VOGN (``NaturalGradientVI(net, method=...)``, the mean started at
+     ``net.init_strategy(x, y)``) and Bayes-by-backprop (``AutoNormal`` with the same start
+     and ``init_scale=0.01``, ``Trace_ELBO``, ``pyro.optim.Adam``) run the same number of
+     passes over the data as ``uci.py``'s chains: ``--iterations`` (2000) steps on
+     minibatches of 100 drawn by the model's data plate (``subsample_size=100``): 2000 x 100
+     rows, e.g. 440 epochs of boston's 455 training rows, 27 of kin8nm's 7373. The posterior
+     predictive is averaged over 100 posterior draws (``vi.sample_posterior(100)``, 100
+     draws of the ``AutoNormal`` guide) and scored with ``uci._evaluate``
+     (``log_predictive_density`` and ``rmse``).
+   * SGLD and Adam+NR (``AdamSGLD`` with ``repulsion="rbf"``, uci.py's ``adamsgld+r``) run
+     by ``uci.run_task`` (20 particles, batch 100, 2000 iterations, 1000 burn-in, a draw
+     every 10: 2000 draws; ``jit_compile=True``) with the step sizes that ``uci.py``'s
+     validation chose, read from ``results/uci.md``'s "chosen step(s)" column (where it
+     lists two for a data set, both are tried in the listed order, then the rest of the
+     grid, as ``run_task`` falls back when a chain diverges).
+   * Hyper-parameters of the VI methods, per data set, by the log-likelihood of the
+     posterior predictive on the validation rows of split 0 (``uci._split_rows``: the fit
+     runs on 80 % of the training part, scored on the other 20 %; the test parts are never
+     used): IVON on the grid ``lr`` x ``hess_init`` (``IVON_GRID``; ``mc_samples=1``,
+     ``beta2=0.99999``, the defaults), then from the best point ``mc_samples=4``,
+     ``beta2=0.999`` and both (the best of the nine is kept); VOGN on ``VOGN_LRS`` at IVON's
+     chosen ``hess_init`` and ``beta2`` (``mc_samples=1``: VOGN's per-example Gauss-Newton
+     pass costs ``mc_samples`` times); Bayes-by-backprop on Adam's ``BBB_LRS``. Every
+     split's final run uses the choice (the next best if it diverges).
+   * Columns: test LL and RMSE, mean +- standard error over splits, and the median wall
+     time of one run's fit (VI: the steps; SG-MCMC: ``MCMC.run``, compilation included).
+     Runs execute in ``--jobs`` worker processes of one thread each (2 on the 2-core machine,
+     as uci.py's committed run), so a run's seconds are those of one core.
+
+2. **MNIST 784-400-400-10** (``pyro_ext.datasets.load_mnist``, ``--mnist-train`` 60,000
+   training images, the 10,000 test images, batches of 128, ``--epochs`` 2): IVON (ours:
+   ``NaturalGradientVI`` on a categorical ``BayesianMLP``, ``N(0, 1)`` priors, ess = the
+   number of training images), ``ivon-opt``'s IVON on a plain ``torch.nn`` network with the
+   same settings (``weight_decay = 1 / ess``, the same prior), Bayes-by-backprop
+   (``AutoNormal``, ``init_scale=0.01``, ``Trace_ELBO``, Adam) and Adam (MAP: a plain
+   ``torch.nn`` network, ``weight_decay = 1 / N``, the ``N(0, 1)`` prior). All four start
+   from the same weights (``N(0, 1 / (fan_in + 1))``, biases 0: ``BayesianMLP``'s
+   ``init_strategy``) and take ``ceil(N / 128)`` steps per epoch: the torch networks go
+   through a random permutation each epoch, the Pyro models draw each minibatch with their
+   data plate (``subsample_size=128``). Test accuracy, NLL and ECE (15 bins) of the
+   posterior predictive, averaged over ``--mnist-draws`` (10) draws for the Bayesian
+   methods (the MAP network's softmax for Adam), and seconds per step (median / mean / p90
+   / max over every step, the first included), with the ratio of each to Adam's. The
+   issue's target: IVON's NLL and ECE better than MAP's and Bayes-by-backprop's at <= 1.3x
+   Adam's time per step. Then ``torch.profiler`` on ``--profile-steps`` steps of our IVON
+   and of ``ivon-opt``: where a step's time goes (top operators by self time).
+
+Run from the repository root::
+
+    python benchmarks/ngvi.py             # full run: 6 data sets x 5 splits, MNIST 2 epochs
+    python benchmarks/ngvi.py --quick     # smoke test: yacht 1 split, 512 MNIST images, < 60 s
+    python benchmarks/ngvi.py --datasets all --splits 20   # all nine UCI data sets, 20 splits
+
+Data are read from ``$PYRO_EXT_DATA`` (default: ``../shared/data`` next to the repository).
+The tables are printed and written to ``benchmarks/results/ngvi.md`` (``--output``).
+"""
+
+import argparse
+import math
+import os
+import statistics
+import time
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+os.environ.setdefault("PYRO_EXT_DATA", str(REPO.parent / "shared" / "data"))
+
+import pyro  # noqa: E402
+import torch  # noqa: E402
+import uci  # noqa: E402
+from _report import command_line_args, markdown, write_report  # noqa: E402
+from pyro.infer import SVI, Trace_ELBO  # noqa: E402
+from pyro.infer.autoguide import AutoNormal  # noqa: E402
+
+from pyro_ext.datasets import (  # noqa: E402
+    UCI_DATASETS,
+    load_mnist,
+    load_uci,
+    standardize_split,
+    uci_num_splits,  # noqa: E402
+)
+from pyro_ext.infer import NaturalGradientVI  # noqa: E402
+from pyro_ext.models import (  # noqa: E402
+    BayesianMLP,
+    expected_calibration_error,
+    predictive_moments,  # noqa: E402
+)
+
+try:
+    import ivon
+except ImportError:  # the peer is optional
+    ivon = None
+
+RESULTS = REPO / "benchmarks" / "results" / "ngvi.md"
+UCI_RESULTS = REPO / "benchmarks" / "results" / "uci.md"
+DEFAULT_DATASETS = ["boston", "concrete", "energy", "yacht", "wine", "kin8nm"]
+
+# Validation grids of the VI methods (see the module docstring).
+IVON_GRID = [(lr, h0) for lr in (0.03, 0.1, 0.3) for h0 in (0.1, 1.0)]
+IVON_MOVES = [dict(mc_samples=4), dict(beta2=0.999), dict(mc_samples=4, beta2=0.999)]
+VOGN_LRS = (0.03, 0.1, 0.3)
+BBB_LRS = (1e-3, 1e-2)
+BBB_INIT_SCALE = 0.01
+IVON_DEFAULTS = dict(lr=0.1, hess_init=1.0, mc_samples=1, beta2=0.99999)
+
+# The SG-MCMC methods: uci.py's SAMPLERS keys, with the labels of this report.
+SGMCMC = {"sgld": "SGLD", "adamsgld+r": "Adam+NR"}
+VI = {"ivon": "IVON (ours)", "vogn": "VOGN (ours)", "bbb": "Bayes-by-backprop"}
+METHODS = {**{k: VI[k] for k in ("ivon", "vogn", "bbb")}, **SGMCMC}
+
+
+# -- 1. UCI regression ----------------------------------------------------------------------
+def chosen_sgmcmc_steps(path, datasets):
+    """The step sizes uci.py's validation chose (its results file's "chosen step(s)" column),
+    in uci.py's grid units, for each (data set, SG-MCMC key): the listed ones first, then the
+    rest of the grid (the fallback order of uci.run_task)."""
+    labels = {uci.SAMPLERS[key][0]: key for key in SGMCMC}
+    chosen = {}
+    for line in path.read_text().splitlines():
+        cols = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cols) == 8 and cols[1] in labels and cols[0] in UCI_DATASETS:
+            key = labels[cols[1]]
+            steps = [float(s.replace("/N", "")) for s in cols[7].split(",")]
+            grid = uci.step_grid(key, 20)
+            rest = [g for g in grid if not any(math.isclose(g, s, rel_tol=0.05) for s in steps)]
+            chosen[cols[0], key] = steps + rest
+    missing = [(n, k) for n in datasets for k in SGMCMC if (n, k) not in chosen]
+    if missing:
+        raise SystemExit(
+            f"{path} has no chosen step for {missing}: run benchmarks/uci.py on those data sets "
+            "with --samplers sgld adamsgld+r first"
+        )
+    return chosen
+
+
+def _latent_draws(guide, args, num):
+    with torch.no_grad():
+        draws = [guide(*args) for _ in range(num)]
+    return {k: torch.stack([d[k] for d in draws]).detach() for k in draws[0]}
+
+
+def fit_vi(method, x, y, hp, cfg, seed):
+    """Fit one VI method on (x, y); return the network, 100 posterior draws and the seconds
+    of the fit. Raises on divergence (a non-finite loss or posterior)."""
+    pyro.clear_param_store()
+    pyro.set_rng_seed(seed)
+    net = BayesianMLP(x.shape[1], hidden=(cfg["hidden"],), full_output=False)
+    batch = min(cfg["batch"], x.shape[0])
+    start = time.perf_counter()
+    if method == "bbb":
+        guide = AutoNormal(net, init_loc_fn=net.init_strategy(x, y), init_scale=BBB_INIT_SCALE)
+        svi = SVI(net, guide, pyro.optim.Adam({"lr": hp["lr"]}), Trace_ELBO())
+        for _ in range(cfg["iterations"]):
+            loss = svi.step(x, y, subsample_size=batch)
+        seconds = time.perf_counter() - start
+        if not math.isfinite(loss):
+            raise FloatingPointError(f"Bayes-by-backprop diverged: loss {loss}")
+        samples = _latent_draws(guide, (x, y), cfg["draws"])
+    else:
+        vi = NaturalGradientVI(net, method=method, init_loc_fn=net.init_strategy(x, y), **hp)
+        for _ in range(cfg["iterations"]):
+            vi.step(x, y, subsample_size=batch)
+        seconds = time.perf_counter() - start
+        samples = vi.sample_posterior(cfg["draws"])
+    if not all(bool(torch.isfinite(v).all()) for v in samples.values()):
+        raise FloatingPointError("non-finite posterior draws")
+    return net, samples, seconds
+
+
+def _hp_label(method, hp):
+    if method == "bbb":
+        return f"lr {hp['lr']:g}"
+    text = f"lr {hp['lr']:g}, h0 {hp['hess_init']:g}"
+    if hp.get("mc_samples", 1) != 1:
+        text += f", mc {hp['mc_samples']}"
+    if hp.get("beta2", 0.99999) != 0.99999:
+        text += f", β2 {hp['beta2']:g}"
+    return text
+
+
+def vi_tune_task(task):
+    """Validation LL of one hyper-parameter setting on split 0 (-inf if it diverges)."""
+    name, method, hp, cfg = task
+    torch.set_num_threads(1)
+    data, _, _ = standardize_split(load_uci(name, 0))
+    fit, val = uci._split_rows(data.x_train.shape[0], 0, cfg["val_fraction"])
+    try:
+        net, samples, seconds = fit_vi(
+            method, data.x_train[fit], data.y_train[fit], hp, cfg, seed=0
+        )
+        ll, _ = uci._evaluate(net, samples, data.x_train[val], data.y_train[val])
+    except (FloatingPointError, ValueError, RuntimeError) as error:
+        print(f"  tune {name} {method} {_hp_label(method, hp)}: failed ({error})", flush=True)
+        ll, seconds = -math.inf, math.nan
+    ll = ll if math.isfinite(ll) else -math.inf
+    print(f"  tune {name} {VI[method]} {_hp_label(method, hp)}: val LL {ll:.3f}", flush=True)
+    return dict(kind="tune", name=name, method=method, hp=hp, ll=ll, seconds=seconds)
+
+
+def vi_run_task(task):
+    """One (data set, split, VI method): fit the whole training part with the chosen setting
+    (the next best if it diverges) and score the test part in original units."""
+    name, split, method, settings, cfg = task
+    torch.set_num_threads(1)
+    data, _, y_std = standardize_split(load_uci(name, split))
+    y_std = float(y_std)
+    for hp in settings:
+        try:
+            net, samples, seconds = fit_vi(
+                method, data.x_train, data.y_train, hp, cfg, seed=10_000 + split
+            )
+            ll, err = uci._evaluate(net, samples, data.x_test, data.y_test)
+        except (FloatingPointError, ValueError, RuntimeError) as error:
+            print(f"  {name} split {split} {method} {_hp_label(method, hp)}: failed ({error})")
+            continue
+        if math.isfinite(ll):
+            break
+    else:
+        return dict(kind="run", name=name, split=split, method=method, ll=math.nan, rmse=math.nan)
+    result = dict(
+        kind="run",
+        name=name,
+        split=split,
+        method=method,
+        hp=hp,
+        ll=ll - math.log(y_std),
+        rmse=err * y_std,
+        seconds=seconds,
+    )
+    print(
+        f"  {name} split {split} {VI[method]}: test LL {result['ll']:.3f}, RMSE "
+        f"{result['rmse']:.3f} ({seconds:.1f} s)",
+        flush=True,
+    )
+    return result
+
+
+def sgmcmc_run_task(task):
+    """uci.py's run_task (the whole protocol of one split and sampler), relabelled."""
+    name, split, key, steps, cfg = task
+    result = uci.run_task((name, split, key, steps, cfg))
+    return dict(
+        kind="run",
+        name=name,
+        split=split,
+        method=key,
+        step=result["step"],
+        ll=result["ll"],
+        rmse=result["rmse"],
+        seconds=result.get("chain_seconds", math.nan),
+    )
+
+
+class _Scheduler:
+    """Worker processes fed as tasks become ready: the tuning stages of a data set submit its
+    next stage (and its final runs) when they finish, so that both cores stay busy. With one
+    job, the tasks run in this process, in submission order."""
+
+    def __init__(self, jobs):
+        self.pool = ProcessPoolExecutor(jobs) if jobs > 1 else None
+        self.pending = {}  # future -> continuation
+        self.queue = []  # (fn, task, continuation), serial mode
+
+    def submit(self, fn, task, then=None):
+        if self.pool is None:
+            self.queue.append((fn, task, then))
+        else:
+            self.pending[self.pool.submit(fn, task)] = then
+
+    def results(self):
+        """Yield results as they come (running each one's continuation first)."""
+        while self.pending or self.queue:
+            if self.pool is None:
+                fn, task, then = self.queue.pop(0)
+                result = fn(task)
+            else:
+                done, _ = wait(list(self.pending), return_when=FIRST_COMPLETED)
+                future = next(iter(done))
+                then = self.pending.pop(future)
+                result = future.result()
+            if then is not None:
+                then(result)
+            yield result
+
+    def close(self):
+        if self.pool is not None:
+            self.pool.shutdown()
+
+
+def _best(results, key="ll"):
+    """Settings ordered by validation LL, best first (diverged ones last)."""
+    return [r["hp"] for r in sorted(results, key=lambda r: -r[key])]
+
+
+def uci_section(args, cfg, sgmcmc_cfg):
+    names = args.datasets or (["yacht"] if args.quick else DEFAULT_DATASETS)
+    datasets = list(UCI_DATASETS) if names == ["all"] else [uci._dataset_name(n) for n in names]
+    num_splits = args.splits or (1 if args.quick else 5)
+    steps = chosen_sgmcmc_steps(UCI_RESULTS, datasets)
+    splits = {name: range(min(num_splits, uci_num_splits(name))) for name in datasets}
+    tuning = {name: {"ivon": [], "ivon2": [], "vogn": [], "bbb": []} for name in datasets}
+    choice = {}
+    runs = []
+    start = time.perf_counter()
+    scheduler = _Scheduler(args.jobs)
+
+    def submit_runs(name, method, settings):
+        choice[name, method] = settings
+        for split in splits[name]:
+            scheduler.submit(vi_run_task, (name, split, method, settings, cfg))
+
+    def stage(name, group, size, next_stage):
+        def then(result):
+            tuning[name][group].append(result)
+            if len(tuning[name][group]) == size:
+                next_stage(name)
+
+        return then
+
+    def after_bbb(name):
+        submit_runs(name, "bbb", _best(tuning[name]["bbb"]))
+
+    def after_ivon_grid(name):
+        best = _best(tuning[name]["ivon"])[0]
+        for move in IVON_MOVES:
+            hp = {**best, **move}
+            scheduler.submit(
+                vi_tune_task,
+                (name, "ivon", hp, cfg),
+                stage(name, "ivon2", len(IVON_MOVES), after_ivon_moves),
+            )
+
+    def after_ivon_moves(name):
+        order = _best(tuning[name]["ivon"] + tuning[name]["ivon2"])
+        submit_runs(name, "ivon", order)
+        chosen = order[0]
+        for lr in VOGN_LRS:
+            hp = dict(lr=lr, hess_init=chosen["hess_init"], beta2=chosen["beta2"], mc_samples=1)
+            scheduler.submit(
+                vi_tune_task,
+                (name, "vogn", hp, cfg),
+                stage(name, "vogn", len(VOGN_LRS), after_vogn),
+            )
+
+    def after_vogn(name):
+        submit_runs(name, "vogn", _best(tuning[name]["vogn"]))
+
+    for name in datasets:
+        for lr, h0 in IVON_GRID:
+            hp = dict(IVON_DEFAULTS, lr=lr, hess_init=h0)
+            scheduler.submit(
+                vi_tune_task,
+                (name, "ivon", hp, cfg),
+                stage(name, "ivon", len(IVON_GRID), after_ivon_grid),
+            )
+        for lr in BBB_LRS:
+            scheduler.submit(
+                vi_tune_task,
+                (name, "bbb", dict(lr=lr), cfg),
+                stage(name, "bbb", len(BBB_LRS), after_bbb),
+            )
+    for name in datasets:
+        for split in splits[name]:
+            for key in SGMCMC:
+                scheduler.submit(sgmcmc_run_task, (name, split, key, steps[name, key], sgmcmc_cfg))
+    tune_seconds = {}
+    for result in scheduler.results():
+        if result["kind"] == "run":
+            runs.append(result)
+        elif math.isfinite(result["seconds"]):
+            key = (result["name"], result["method"])
+            tune_seconds[key] = tune_seconds.get(key, 0.0) + result["seconds"]
+    scheduler.close()
+    total = time.perf_counter() - start
+
+    rows = []
+    for name in datasets:
+        for method in METHODS:
+            rs = [r for r in runs if r["name"] == name and r["method"] == method]
+            failed = sum(not math.isfinite(r["ll"]) for r in rs)
+            seconds = [r["seconds"] for r in rs if math.isfinite(r.get("seconds", math.nan))]
+            if method in SGMCMC:
+                used = sorted({r["step"] for r in rs if r.get("step") is not None})
+                setting = ", ".join(uci._step_label(method, s) for s in used) or "-"
+            else:
+                used = []
+                for r in rs:
+                    if "hp" in r and _hp_label(method, r["hp"]) not in used:
+                        used.append(_hp_label(method, r["hp"]))
+                setting = "; ".join(used) or "-"
+            rows.append(
+                [
+                    name,
+                    METHODS[method],
+                    f"{len(rs) - failed} ({failed} failed)" if failed else f"{len(rs)}",
+                    uci._mean_se([r["ll"] for r in rs]),
+                    uci._mean_se([r["rmse"] for r in rs]),
+                    f"{statistics.median(seconds):.1f}" if seconds else "-",
+                    setting,
+                ]
+            )
+    tune_rows = []
+    for name in datasets:
+        for method, group in (("ivon", ("ivon", "ivon2")), ("vogn", ("vogn",)), ("bbb", ("bbb",))):
+            results = [r for g in group for r in tuning[name][g]]
+            ordered = sorted(results, key=lambda r: -r["ll"])
+            tune_rows.append(
+                [
+                    name,
+                    VI[method],
+                    "; ".join(f"{_hp_label(method, r['hp'])}: {r['ll']:.3f}" for r in ordered),
+                    f"{tune_seconds.get((name, method), 0.0):.0f}",
+                ]
+            )
+    header = ["data set", "method", "splits", "test LL", "test RMSE", "s per run", "setting"]
+    text = (
+        f"## 1. UCI regression (BNN in-50-1)\n\nData sets: {', '.join(datasets)}; splits "
+        f"0-{num_splits - 1} of each. {cfg['iterations']} steps of batch {cfg['batch']} for every "
+        f"method (SG-MCMC: {sgmcmc_cfg['particles']} particles, {sgmcmc_cfg['burnin']} burn-in, a "
+        f"draw every {sgmcmc_cfg['thinning']}: "
+        f"{(sgmcmc_cfg['iterations'] - sgmcmc_cfg['burnin']) // sgmcmc_cfg['thinning'] * sgmcmc_cfg['particles']} "
+        f"draws; VI: {cfg['draws']} posterior draws), {args.jobs} worker process(es) of one "
+        f"thread; wall time of the section {total:.0f} s. Test LL and RMSE in original units, "
+        "mean ± standard error over splits; s per run: median seconds of one fit (SG-MCMC: "
+        "`MCMC.run` with its compilation). Setting: the VI hyper-parameters chosen on split 0's "
+        "validation rows (lr, hess_init h0, mc_samples, beta2 where not the default 1 and "
+        "0.99999; Adam's lr for Bayes-by-backprop), the SG-MCMC step from `results/uci.md` "
+        "(SGLD in units of 1/N).\n\n"
+        + markdown(header, rows)
+        + "\n\n### Validation search (split 0: 80 % of the training part, scored on the other "
+        "20 %)\n\nValidation LL of the posterior predictive (standardised units), best first; "
+        "the first is the choice. IVON: the grid lr × h0 with mc 1 and β2 0.99999, then mc 4 "
+        "and/or β2 0.999 from its best point; VOGN: lr at IVON's chosen h0 and β2; "
+        f"Bayes-by-backprop: Adam's lr (AutoNormal init_scale {BBB_INIT_SCALE}). Tuning s: "
+        "the seconds of the fits.\n\n"
+        + markdown(["data set", "method", "validation LL by setting", "tuning s"], tune_rows)
+    )
+    return text, total
+
+
+# -- 2. MNIST -------------------------------------------------------------------------------
+def mnist_start(seed):
+    """Weights N(0, 1 / (fan_in + 1)) and biases 0 (BayesianMLP.init_strategy's start)."""
+    generator = torch.Generator().manual_seed(seed)
+    widths = [784, 400, 400, 10]
+    start = {}
+    for i, (fan_in, fan_out) in enumerate(zip(widths[:-1], widths[1:])):
+        weight = torch.randn(fan_out, fan_in, generator=generator) / math.sqrt(fan_in + 1)
+        start[f"layers.{i}.weight"] = weight
+        start[f"layers.{i}.bias"] = torch.zeros(fan_out)
+    return start
+
+
+def torch_net(start):
+    net = torch.nn.Sequential(
+        torch.nn.Linear(784, 400),
+        torch.nn.ReLU(),
+        torch.nn.Linear(400, 400),
+        torch.nn.ReLU(),
+        torch.nn.Linear(400, 10),
+    )
+    with torch.no_grad():
+        for i, layer in enumerate(m for m in net if isinstance(m, torch.nn.Linear)):
+            layer.weight.copy_(start[f"layers.{i}.weight"])
+            layer.bias.copy_(start[f"layers.{i}.bias"])
+    return net
+
+
+def scores(probs, labels):
+    nll = -probs.clamp_min(1e-12).log().gather(1, labels[:, None]).mean()
+    accuracy = (probs.argmax(1) == labels).float().mean()
+    return float(accuracy), float(nll), float(expected_calibration_error(probs, labels, 15))
+
+
+def _batches(num, batch, epochs, generator):
+    for _ in range(epochs):
+        perm = torch.randperm(num, generator=generator)
+        yield from perm.split(batch)
+
+
+def mnist_pyro(method, x, y, xt, yt, start, cfg):
+    """Our IVON or Bayes-by-backprop on a categorical BayesianMLP; per-step seconds and the
+    test scores of the posterior predictive."""
+    pyro.clear_param_store()
+    pyro.set_rng_seed(0)
+    net = BayesianMLP(784, (400, 400), 10, likelihood="categorical", full_output=False)
+    init = lambda site: start[site["name"]]  # noqa: E731
+    if method == "ivon":
+        step_fn = NaturalGradientVI(net, init_loc_fn=init, **cfg["ivon"]).step
+    else:
+        guide = AutoNormal(net, init_loc_fn=init, init_scale=BBB_INIT_SCALE)
+        step_fn = SVI(net, guide, pyro.optim.Adam({"lr": cfg["bbb_lr"]}), Trace_ELBO()).step
+    batch = min(cfg["batch"], x.shape[0])
+    times = []
+    for _ in range(cfg["steps"]):
+        begin = time.perf_counter()
+        loss = step_fn(x, y, subsample_size=batch)
+        times.append(time.perf_counter() - begin)
+    if not math.isfinite(loss):
+        raise FloatingPointError(f"{method} diverged on MNIST")
+    torch.manual_seed(1)
+    if method == "ivon":
+        samples = step_fn.__self__.sample_posterior(cfg["draws"])
+    else:
+        samples = _latent_draws(guide, (x[:1], y[:1]), cfg["draws"])
+    with torch.no_grad():
+        probs, _ = predictive_moments(net, samples, xt)
+    return times, scores(probs, yt), step_fn
+
+
+def mnist_torch(method, x, y, xt, yt, start, cfg):
+    """ivon-opt's IVON or Adam (MAP) on a plain torch network: per-step seconds (the batch's
+    indexing included) and the test scores."""
+    torch.manual_seed(0)
+    net = torch_net(start)
+    num = x.shape[0]
+    if method == "ivon-opt":
+        opt = ivon.IVON(net.parameters(), ess=num, weight_decay=1.0 / num, **cfg["ivon"])
+    else:
+        opt = torch.optim.Adam(net.parameters(), lr=cfg["adam_lr"], weight_decay=1.0 / num)
+    loss_fn = torch.nn.functional.cross_entropy
+    times = []
+    batches = _batches(num, cfg["batch"], cfg["epochs"], torch.Generator().manual_seed(0))
+    for _ in range(cfg["steps"]):
+        begin = time.perf_counter()
+        rows = next(batches)
+        xb, yb = x[rows], y[rows]
+        if method == "ivon-opt":
+            with opt.sampled_params(train=True):
+                opt.zero_grad()
+                loss = loss_fn(net(xb), yb)
+                loss.backward()
+        else:
+            opt.zero_grad()
+            loss = loss_fn(net(xb), yb)
+            loss.backward()
+        opt.step()
+        times.append(time.perf_counter() - begin)
+    if not math.isfinite(loss.item()):
+        raise FloatingPointError(f"{method} diverged on MNIST")
+    torch.manual_seed(1)
+    with torch.no_grad():
+        if method == "ivon-opt":
+            probs = 0.0
+            for _ in range(cfg["draws"]):
+                with opt.sampled_params():
+                    probs = probs + torch.softmax(net(xt), -1) / cfg["draws"]
+        else:
+            probs = torch.softmax(net(xt), -1)
+    step = (opt, net, loss_fn)
+    return times, scores(probs, yt), step
+
+
+def _ms_spread(times):
+    ordered = sorted(times)
+    p90 = ordered[min(len(ordered) - 1, int(math.ceil(0.9 * len(ordered))) - 1)]
+    values = (statistics.median(ordered), statistics.fmean(ordered), p90, ordered[-1])
+    return " / ".join(f"{1e3 * v:.1f}" for v in values)
+
+
+def _profile(step, steps):
+    """Top operators by self CPU time over ``steps`` calls of ``step``."""
+    from torch.profiler import ProfilerActivity, profile
+
+    step()  # warm
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(steps):
+            step()
+    events = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)
+    total = sum(e.self_cpu_time_total for e in events)
+    rows = []
+    for event in events[:8]:
+        rows.append(
+            [
+                f"`{event.key}`",
+                f"{event.self_cpu_time_total / steps / 1e3:.2f}",
+                f"{100 * event.self_cpu_time_total / total:.0f} %",
+                f"{event.count / steps:g}",
+            ]
+        )
+    return total / steps / 1e3, sum(e.count for e in events) / steps, rows
+
+
+def mnist_section(args, quick):
+    x, y = load_mnist("train", flatten=True)
+    xt, yt = load_mnist("test", flatten=True)
+    train_size = args.mnist_train or (512 if quick else x.shape[0])
+    test_size = 200 if quick else xt.shape[0]
+    x, y, xt, yt = x[:train_size], y[:train_size], xt[:test_size], yt[:test_size]
+    epochs = args.epochs or (1 if quick else 2)
+    batch = 128
+    cfg = dict(
+        batch=batch,
+        epochs=epochs,
+        steps=epochs * math.ceil(train_size / batch),
+        draws=args.mnist_draws,
+        ivon=dict(lr=args.mnist_lr, hess_init=args.mnist_hess_init, mc_samples=1),
+        bbb_lr=args.mnist_bbb_lr,
+        adam_lr=1e-3,
+    )
+    start = mnist_start(0)
+    runs = {}
+    for method in ("adam", "ivon", "ivon-opt", "bbb"):
+        if method == "ivon-opt" and ivon is None:
+            runs[method] = None
+            continue
+        began = time.perf_counter()
+        fn = mnist_pyro if method in ("ivon", "bbb") else mnist_torch
+        runs[method] = fn(method, x, y, xt, yt, start, cfg)
+        times, (acc, nll, ece), _ = runs[method]
+        print(
+            f"  MNIST {method}: acc {acc:.4f} NLL {nll:.4f} ECE {ece:.4f}, "
+            f"{1e3 * statistics.median(times):.1f} ms/step ({time.perf_counter() - began:.0f} s)",
+            flush=True,
+        )
+    labels = {
+        "ivon": "IVON (ours)",
+        "ivon-opt": "IVON (`ivon-opt`)",
+        "bbb": "Bayes-by-backprop",
+        "adam": "Adam (MAP)",
+    }
+    adam_times = runs["adam"][0]
+    rows = []
+    for method in ("ivon", "ivon-opt", "bbb", "adam"):
+        if runs[method] is None:
+            rows.append([labels[method], "not installed", "-", "-", "-", "-", "-"])
+            continue
+        times, (acc, nll, ece), _ = runs[method]
+        rows.append(
+            [
+                labels[method],
+                f"{acc:.4f}",
+                f"{nll:.4f}",
+                f"{ece:.4f}",
+                _ms_spread(times),
+                f"{statistics.median(times) / statistics.median(adam_times):.2f}",
+                f"{statistics.fmean(times) / statistics.fmean(adam_times):.2f}",
+            ]
+        )
+    _, (_, ivon_nll, ivon_ece), _ = runs["ivon"]
+    _, (_, map_nll, map_ece), _ = runs["adam"]
+    _, (_, bbb_nll, bbb_ece), _ = runs["bbb"]
+    ratio = statistics.median(runs["ivon"][0]) / statistics.median(adam_times)
+    checks = [
+        ["NLL below MAP's and Bayes-by-backprop's", ivon_nll < min(map_nll, bbb_nll)],
+        ["ECE below MAP's and Bayes-by-backprop's", ivon_ece < min(map_ece, bbb_ece)],
+        [f"median s per step <= 1.3 × Adam's (is {ratio:.2f} ×)", ratio <= 1.3],
+    ]
+    met = all(ok for _, ok in checks)
+    verdict = f"**Target {'met' if met else 'NOT met'}** " + "; ".join(
+        f"{what}: {'yes' if ok else 'no'}" for what, ok in checks
+    )
+    print(verdict, flush=True)
+
+    # Where a step's time goes: our IVON and ivon-opt's, under torch.profiler.
+    profile_rows = []
+    summary = []
+    steps = args.profile_steps or (3 if quick else 20)
+    ours_step = runs["ivon"][2]
+    pieces = [("IVON (ours)", lambda: ours_step(x, y, subsample_size=min(batch, train_size)))]
+    if runs["ivon-opt"] is not None:
+        opt, net, loss_fn = runs["ivon-opt"][2]
+
+        def theirs_step():
+            rows = torch.randint(0, train_size, (min(batch, train_size),))
+            with opt.sampled_params(train=True):
+                opt.zero_grad()
+                loss_fn(net(x[rows]), y[rows]).backward()
+            opt.step()
+
+        pieces.append(("IVON (`ivon-opt`)", theirs_step))
+    for label, step in pieces:
+        total_ms, calls, top = _profile(step, steps)
+        summary.append([label, f"{total_ms:.1f}", f"{calls:.0f}"])
+        profile_rows += [[label] + row for row in top]
+
+    params = sum(v.numel() for v in start.values())
+    text = (
+        f"## 2. MNIST 784-400-400-10 ({train_size} training images, {test_size} test images)\n\n"
+        f"{params:,} weights, N(0, 1) priors (ess = {train_size}); {epochs} epoch(s) of batches "
+        f"of {batch}: {cfg['steps']} steps for every method, all from the same start; "
+        f"{torch.get_num_threads()} thread(s). IVON (both): lr {cfg['ivon']['lr']:g}, hess_init "
+        f"{cfg['ivon']['hess_init']:g}, mc_samples 1, β1 0.9, β2 0.99999, weight decay = prior "
+        f"precision / ess = 1/{train_size}; Bayes-by-backprop: AutoNormal (init_scale "
+        f"{BBB_INIT_SCALE}), Trace_ELBO, Adam lr {cfg['bbb_lr']:g}; Adam (MAP): lr "
+        f"{cfg['adam_lr']:g}, weight_decay 1/{train_size}. Test metrics of the posterior "
+        f"predictive ({cfg['draws']} draws; Adam: the network's softmax); ECE with 15 bins. "
+        "ms per step: median / mean / p90 / max over all steps (the first included; the "
+        "torch networks' times include indexing the batch, the Pyro models' their data "
+        "plate's draw); ÷ Adam: ratio of the medians and of the means.\n\n"
+        + markdown(
+            ["method", "accuracy", "NLL", "ECE", "ms per step", "÷ Adam (median)", "÷ Adam (mean)"],
+            rows,
+        )
+        + "\n\n"
+        + verdict
+        + f"\n\n### Where an IVON step's time goes (`torch.profiler`, {steps} steps, CPU)\n\n"
+        "Self CPU time of all operators per step (the profiler's overhead included, so above "
+        "the unprofiled times) and operator calls per step, then the top operators.\n\n"
+        + markdown(["implementation", "ms per step (profiled)", "operator calls per step"], summary)
+        + "\n\n"
+        + markdown(
+            ["implementation", "operator", "self ms per step", "share", "calls per step"],
+            profile_rows,
+        )
+    )
+    return text
+
+
+def main():
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--quick", action="store_true", help="smoke test (< 60 s)")
+    parser.add_argument("--output", type=Path, default=RESULTS, help="where the tables go")
+    parser.add_argument(
+        "--datasets",
+        nargs="+",
+        default=None,
+        help="UCI data sets or aliases, or 'all' (default: boston concrete energy yacht wine "
+        "kin8nm; quick: yacht)",
+    )
+    parser.add_argument("--splits", type=int, default=None, help="default 5 (quick 1)")
+    parser.add_argument(
+        "--iterations", type=int, default=None, help="steps of batch 100 (default 2000)"
+    )
+    parser.add_argument("--jobs", type=int, default=2, help="UCI worker processes (one thread)")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads for MNIST")
+    parser.add_argument("--epochs", type=int, default=None, help="MNIST epochs (default 2)")
+    parser.add_argument("--mnist-train", type=int, default=None, help="training images")
+    parser.add_argument("--mnist-draws", type=int, default=10)
+    parser.add_argument("--mnist-lr", type=float, default=0.1, help="IVON's lr on MNIST")
+    parser.add_argument("--mnist-hess-init", type=float, default=0.1)
+    parser.add_argument("--mnist-bbb-lr", type=float, default=1e-3)
+    parser.add_argument("--profile-steps", type=int, default=None, help="default 20")
+    parser.add_argument("--skip-uci", action="store_true")
+    parser.add_argument("--skip-mnist", action="store_true")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    began = time.perf_counter()
+
+    iterations = args.iterations or (100 if args.quick else 2000)
+    cfg = dict(hidden=50, batch=100, iterations=iterations, draws=100, val_fraction=0.2)
+    sgmcmc_cfg = dict(
+        hidden=50,
+        particles=20,
+        batch=100,
+        iterations=iterations,
+        burnin=iterations // 2,
+        thinning=10,
+        val_fraction=0.2,
+        jit=not args.quick,  # compiling costs more than a quick run's chain
+    )
+    sections = []
+    uci_seconds = mnist_seconds = 0.0
+    if not args.skip_uci:
+        text, uci_seconds = uci_section(args, cfg, sgmcmc_cfg)
+        sections.append(text)
+    if not args.skip_mnist:
+        torch.set_num_threads(args.threads)
+        mnist_began = time.perf_counter()
+        sections.append(mnist_section(args, args.quick))
+        mnist_seconds = time.perf_counter() - mnist_began
+    total = time.perf_counter() - began
+    ivon_version = getattr(ivon, "__version__", "installed") if ivon else "not installed"
+    preamble = (
+        f"# Natural-gradient VI for Bayesian neural networks ({'quick' if args.quick else 'full'} run)\n\n"
+        f"Command: `python benchmarks/ngvi.py {command_line_args()}`. torch {torch.__version__}, "
+        f"pyro {pyro.__version__}, ivon-opt {ivon_version}; CPU ({os.cpu_count()} cores). Total "
+        f"wall time {total:.0f} s (UCI {uci_seconds:.0f} s, MNIST {mnist_seconds:.0f} s). What "
+        "each section measures and how: the docstring of `benchmarks/ngvi.py`."
+    )
+    write_report(preamble, sections, args.output)
+
+
+if __name__ == "__main__":
+    main()
