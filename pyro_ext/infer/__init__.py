@@ -1,7 +1,8 @@
-"""Inference: stochastic-gradient MCMC kernels with repulsion, a particle-aware MCMC, and
-variationally inferred sampling (VIS)."""
+"""Inference: stochastic-gradient MCMC kernels with repulsion, a particle-aware MCMC,
+variationally inferred sampling (VIS), and natural-gradient VI (IVON, VOGN, VON)."""
 
 from .mcmc import MCMC
+from .ngvi import NaturalGradientVI, NGVIDivergenceError
 from .sgmcmc import (
     SGHMC,
     SGLD,
@@ -21,6 +22,8 @@ __all__ = [
     "ConstantStepSize",
     "CyclicalStepSize",
     "MCMC",
+    "NGVIDivergenceError",
+    "NaturalGradientVI",
     "ModelNotTraceableError",
     "PolynomialDecay",
     "RBFKernel",
