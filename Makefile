@@ -7,7 +7,7 @@ PIP := $(PY) -m pip install --disable-pip-version-check -q -c constraints.txt
 SHARED_DATA := $(abspath ../shared/data)
 export PYRO_EXT_DATA ?= $(if $(wildcard $(SHARED_DATA)),$(SHARED_DATA),)
 
-.PHONY: demo test test-slow bench lint format clean
+.PHONY: demo test test-slow bench lint format docs clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -18,6 +18,10 @@ $(VENV)/.installed: $(PY) pyproject.toml constraints.txt
 
 $(VENV)/.installed-test: $(VENV)/.installed
 	$(PIP) -e ".[test]"
+	@touch $@
+
+$(VENV)/.installed-docs: $(VENV)/.installed
+	$(PIP) -e ".[docs]"
 	@touch $@
 
 $(VENV)/.installed-lint: $(PY) constraints.txt
@@ -34,6 +38,11 @@ format: $(VENV)/.installed-lint
 	$(VENV)/bin/ruff check --fix .
 	$(VENV)/bin/ruff format .
 
+# The API reference (docs/_build/html), warnings as errors, and the docstrings' examples.
+docs: $(VENV)/.installed-docs
+	$(VENV)/bin/sphinx-build -W --keep-going -q -b html docs docs/_build/html
+	$(VENV)/bin/sphinx-build -W --keep-going -q -b doctest docs docs/_build/doctest
+
 demo: $(VENV)/.installed
 	$(PY) -m pyro_ext.demo
 
@@ -48,4 +57,4 @@ bench: $(VENV)/.installed
 	for script in benchmarks/[!_]*.py; do $(PY) $$script || exit 1; done
 
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis
+	rm -rf $(VENV) .pytest_cache .hypothesis docs/_build

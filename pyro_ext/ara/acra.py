@@ -494,8 +494,10 @@ class ACRA:
         return torch.stack(rows) if rows else x_observed.new_zeros((0, 2))
 
     def predict_proba(self, x_observed):
-        """:returns: The defender's :math:`p_C(y_1 \\mid X' = x')`, accounting for the attack,
-        shape ``(N,)``."""
+        """
+        :returns: The defender's :math:`p_C(y_1 \\mid X' = x')`, accounting for the attack,
+            shape ``(N,)``.
+        """
         return self.log_evidence(x_observed).softmax(-1)[:, 1]
 
     def predict(self, x_observed):

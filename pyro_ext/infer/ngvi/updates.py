@@ -62,7 +62,14 @@ def init_state(mean: torch.Tensor, hess_init: float) -> NGVIState:
 
 
 def posterior_scale(state: NGVIState, ess, prior_precision) -> torch.Tensor:
-    """The posterior standard deviation ``sigma = 1 / sqrt(ess (h + delta))``."""
+    """
+    The posterior standard deviation ``sigma = 1 / sqrt(ess (h + delta))``.
+
+    >>> import torch
+    >>> state = init_state(torch.zeros(2), hess_init=1.0)
+    >>> posterior_scale(state, ess=100, prior_precision=0.0)
+    tensor([0.1000, 0.1000])
+    """
     return torch.rsqrt(ess * (state.hess + prior_precision))
 
 

@@ -47,6 +47,15 @@ class RBFKernel(SteinKernel):
     :class:`pyro.infer.SVGD` in ``mode="multivariate"``.
 
     :param float bandwidth: a fixed bandwidth ``h > 0``; ``None`` for the median heuristic.
+
+    >>> import torch
+    >>> coupling = RBFKernel(bandwidth=1.0).coupling(torch.tensor([[0.0], [1.0]]))
+    >>> coupling.matrix
+    tensor([[1.0000, 0.3679],
+            [0.3679, 1.0000]])
+    >>> coupling.repulsion  # sum_j grad_{z_j} k(z_j, z_i): the particles push apart
+    tensor([[-0.7358],
+            [ 0.7358]])
     """
 
     def __init__(self, bandwidth=None):

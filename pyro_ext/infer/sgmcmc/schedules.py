@@ -29,6 +29,10 @@ class PolynomialDecay:
     Robbins-Monro decay :math:`\epsilon_t = a (b + t)^{-\gamma}`. With
     :math:`\gamma \in (0.5, 1]` it meets :math:`\sum_t \epsilon_t = \infty`,
     :math:`\sum_t \epsilon_t^2 < \infty` (thesis section 2.3, after Proposition 2.1).
+
+    >>> schedule = PolynomialDecay(a=0.1, b=1.0, gamma=0.5)
+    >>> [round(schedule(t), 4) for t in (0, 3, 99)]
+    [0.1, 0.05, 0.01]
     """
 
     def __init__(self, a, b=1.0, gamma=0.55):
@@ -50,6 +54,10 @@ class CyclicalStepSize:
     Cosine cycles of Zhang et al. (2020, cyclical SG-MCMC):
     :math:`\epsilon_t = \frac{\epsilon_0}{2}[\cos(\pi \bmod(t, c) / c) + 1]`,
     :math:`c = \lceil T / M \rceil` for ``M = num_cycles`` cycles over ``T = num_steps``.
+
+    >>> schedule = CyclicalStepSize(0.1, num_cycles=2, num_steps=100)
+    >>> [round(schedule(t), 3) for t in (0, 25, 50)]
+    [0.1, 0.05, 0.1]
     """
 
     def __init__(self, step_size, num_cycles, num_steps):
