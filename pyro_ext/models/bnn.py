@@ -239,6 +239,17 @@ class BayesianMLP(PyroModule):
     def _weight_precision(self):
         return self.weight_precision
 
+    def default_init_strategy(self, x=None, y=None, subsample_size=None):
+        """
+        The start this model declares to the package's inference (SG-MCMC kernels, ARA
+        training, natural-gradient VI) when none is given: :meth:`init_strategy` on the
+        model's arguments. A kernel run as ``SGLD(net, ...)`` on ``mcmc.run(x, y)`` starts
+        as if passed ``init_strategy=net.init_strategy(x, y)``.
+        """
+        if x is None or y is None:
+            return self.init_strategy()
+        return self.init_strategy(x, y)
+
     def init_strategy(self, x=None, y=None, max_rows=1000):
         """
         A Pyro ``init_strategy`` that starts each draw (particle) as the SVGD reference code

@@ -250,6 +250,24 @@ def test_init_strategy_starts_sgld_particles():
         net.init_strategy(x)
 
 
+def test_kernels_and_ngvi_take_the_declared_start_by_default():
+    """SGLD(net) and NaturalGradientVI(net) start as with init_strategy=net.init_strategy(x, y)."""
+    from pyro_ext.infer import NaturalGradientVI
+
+    x, y = torch.randn(50, 3), 5 * torch.randn(50)
+    net = BayesianMLP(3, hidden=(8,))
+    kernel = SGLD(net, 1e-3, num_particles=3)
+    kernel.setup(0, x, y, subsample_size=10)
+    vi = NaturalGradientVI(net).setup(x, y, subsample_size=10)
+    for start in (kernel.particles, vi.state.mean.unsqueeze(0)):
+        values = kernel.potential.constrain(start)
+        # Not a uniform(-2, 2) draw: zero biases, fan-in scaled weights, and the noise
+        # precision of the starting network's residuals (y has variance 25).
+        assert torch.equal(values["layers.0.bias"], torch.zeros_like(values["layers.0.bias"]))
+        assert values["layers.0.weight"].abs().max() < 2.0
+        assert (values["precision"] < 0.2).all()
+
+
 def test_svi_autonormal_runs_and_predicts():
     x, y = _toy_regression()
     net = BayesianMLP(1, hidden=(5,), activation="tanh")

@@ -111,9 +111,10 @@ class NaturalGradientVI:
     :param bool rescale_lr: multiply ``lr`` by ``hess_init + delta`` (``ivon-opt``'s
         default); ``False`` follows Algorithm 1 of the paper literally.
     :param callable init_loc_fn: a Pyro init strategy for the mean (as in Pyro's
-        autoguides); by default uniform in ``(-2, 2)`` per unconstrained coordinate, as the
-        SG-MCMC kernels start (for a :class:`~pyro_ext.models.BayesianMLP`,
-        ``net.init_strategy(x, y)`` starts as a network's optimiser would).
+        autoguides); by default the start the SG-MCMC kernels take: the model's declared
+        ``default_init_strategy`` (a :class:`~pyro_ext.models.BayesianMLP` starts as a
+        network's optimiser would), else uniform in ``(-2, 2)`` per unconstrained
+        coordinate.
     :param str vectorize: how the ``mc_samples`` draws are evaluated together (see
         :class:`~pyro_ext.infer.sgmcmc.ParticlePotential`).
     """

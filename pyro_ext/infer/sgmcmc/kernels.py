@@ -85,8 +85,11 @@ class SGMCMCKernel(MCMCKernel):
     :param float temperature: scales the injected noise variance; ``0`` turns the sampler
         into its optimiser (SGLD+R into SVGD), ``1`` samples the posterior.
     :param callable init_strategy: a Pyro initialisation strategy, applied to each
-        particle independently; by default each unconstrained coordinate is drawn
-        uniformly in ``(-2, 2)``, as :func:`~pyro.infer.autoguide.init_to_uniform` does.
+        particle independently. By default the model's own start when it declares one
+        (``model.default_init_strategy(*args, **kwargs)``, as
+        :class:`~pyro_ext.models.BayesianMLP` does), otherwise each unconstrained
+        coordinate is drawn uniformly in ``(-2, 2)``, as
+        :func:`~pyro.infer.autoguide.init_to_uniform` does.
     :param jit_compile: ``False`` (default) runs each step eagerly. ``True`` traces the
         whole step once (gradient of all particles, coupling, preconditioner, noise and
         update; see :mod:`~pyro_ext.infer.sgmcmc.compiled`) and compiles it with

@@ -369,11 +369,16 @@ class ParticlePotential:
 
     def initial_particles(self, num_particles: int, init_strategy=None, radius=2.0) -> torch.Tensor:
         """
-        Draw ``num_particles`` flat unconstrained starting points: uniformly in
-        ``(-radius, radius)`` per unconstrained coordinate (what
-        :func:`~pyro.infer.autoguide.init_to_uniform` does, for all particles at once),
-        or by running a Pyro ``init_strategy`` once per particle.
+        Draw ``num_particles`` flat unconstrained starting points by running a Pyro
+        ``init_strategy`` once per particle. Without one, the model's own start when it
+        declares one, ``model.default_init_strategy(*model_args, **model_kwargs)``
+        (:class:`~pyro_ext.models.BayesianMLP` does); otherwise uniformly in ``(-radius,
+        radius)`` per unconstrained coordinate (what
+        :func:`~pyro.infer.autoguide.init_to_uniform` does, for all particles at once).
         """
+        declared = getattr(self.model, "default_init_strategy", None)
+        if init_strategy is None and callable(declared):
+            init_strategy = declared(*self.model_args, **self.model_kwargs)
         if init_strategy is None:
             first = self._trace.nodes[next(iter(self.layout))]["value"]
             u = torch.rand(num_particles, self.dim, dtype=first.dtype, device=first.device)
