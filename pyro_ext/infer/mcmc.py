@@ -4,6 +4,7 @@ import copy
 import hashlib
 import os
 import pickle
+from collections.abc import Callable
 
 import pyro
 import torch
@@ -95,22 +96,22 @@ class MCMC(pyro.infer.MCMC):
 
     def __init__(
         self,
-        kernel,
-        num_samples,
-        warmup_steps=None,
-        initial_params=None,
-        num_chains=1,
-        hook_fn=None,
-        mp_context=None,
-        disable_progbar=False,
-        disable_validation=True,
-        transforms=None,
-        save_params=None,
-        thinning=1,
-        checkpoint_path=None,
-        checkpoint_every=None,
-        draws_device=None,
-        statistics=None,
+        kernel: pyro.infer.mcmc.mcmc_kernel.MCMCKernel,
+        num_samples: int,
+        warmup_steps: int | None = None,
+        initial_params: dict | None = None,
+        num_chains: int = 1,
+        hook_fn: Callable | None = None,
+        mp_context: str | None = None,
+        disable_progbar: bool = False,
+        disable_validation: bool = True,
+        transforms: dict | None = None,
+        save_params: list | None = None,
+        thinning: int = 1,
+        checkpoint_path: str | os.PathLike | None = None,
+        checkpoint_every: int | None = None,
+        draws_device: str | torch.device | None = None,
+        statistics: StatsOfDict | None = None,
     ):
         if (draws_device is not None or statistics is not None) and not isinstance(
             kernel, SGMCMCKernel
@@ -172,7 +173,7 @@ class MCMC(pyro.infer.MCMC):
     def _total_steps(self):
         return self.warmup_steps + self.num_samples * self.thinning
 
-    def run(self, *args, **kwargs):
+    def run(self, *args, **kwargs) -> None:
         """Run the sampler; see :meth:`pyro.infer.MCMC.run`."""
         if not isinstance(self.kernel, SGMCMCKernel):
             return super().run(*args, **kwargs)
@@ -184,7 +185,7 @@ class MCMC(pyro.infer.MCMC):
         self._statistics = copy.deepcopy(self._initial_statistics)
         self._run_particles(start=0, draws=[])
 
-    def resume(self, *args, **kwargs):
+    def resume(self, *args, **kwargs) -> None:
         """
         Continue the run saved at ``checkpoint_path``. Pass the same model arguments as
         to :meth:`run`; the draws equal those of an uninterrupted run with the same seed.
@@ -220,7 +221,7 @@ class MCMC(pyro.infer.MCMC):
         self._statistics = self._restore_statistics(checkpoint.get("statistics"))
         self._run_particles(start=checkpoint["step"], draws=list(checkpoint["draws"]))
 
-    def extend(self, num_samples):
+    def extend(self, num_samples: int) -> None:
         """
         Keep ``num_samples`` more draws per particle by continuing the finished run from
         the kernel's current state (no new warm-up, the same thinning). The draws are
@@ -362,7 +363,9 @@ class MCMC(pyro.infer.MCMC):
                 )
         return super().summary(prob=prob)
 
-    def get_samples(self, num_samples=None, group_by_chain=False):
+    def get_samples(
+        self, num_samples: int | None = None, group_by_chain: bool = False
+    ) -> dict[str, torch.Tensor]:
         """See :meth:`pyro.infer.MCMC.get_samples`; unavailable with ``statistics``."""
         if self._statistics is not None:
             raise ValueError("this MCMC kept streaming statistics, not draws: use get_statistics()")

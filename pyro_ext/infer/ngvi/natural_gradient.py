@@ -2,6 +2,7 @@
 
 import math
 import numbers
+from collections.abc import Callable
 
 import pyro
 import pyro.distributions as dist
@@ -121,19 +122,19 @@ class NaturalGradientVI:
 
     def __init__(
         self,
-        model,
-        method="ivon",
-        lr=0.03,
-        ess=None,
-        beta1=0.9,
-        beta2=0.999,
-        hess_init=1.0,
-        mc_samples=1,
-        weight_decay=None,
-        clip_radius=math.inf,
-        rescale_lr=True,
-        init_loc_fn=None,
-        vectorize="auto",
+        model: Callable,
+        method: str = "ivon",
+        lr: float = 0.03,
+        ess: float | None = None,
+        beta1: float = 0.9,
+        beta2: float = 0.999,
+        hess_init: float = 1.0,
+        mc_samples: int = 1,
+        weight_decay: float | None = None,
+        clip_radius: float = math.inf,
+        rescale_lr: bool = True,
+        init_loc_fn: Callable | None = None,
+        vectorize: str = "auto",
     ):
         if not callable(model):
             raise TypeError(f"model must be a callable Pyro model, got {type(model).__name__}")
@@ -346,7 +347,7 @@ class NaturalGradientVI:
                 diagonal = diagonal + jacobian_rows.square().sum(0)
         return diagonal
 
-    def setup(self, *args, **kwargs):
+    def setup(self, *args, **kwargs) -> "NaturalGradientVI":
         """
         Read the model's latent sites and priors and set the initial posterior (done by
         the first :meth:`step` otherwise). Setting up draws the initial mean from
@@ -355,7 +356,7 @@ class NaturalGradientVI:
         self._setup(args, kwargs)
         return self
 
-    def step(self, *args, **kwargs):
+    def step(self, *args, **kwargs) -> float:
         """
         One natural-gradient step on the model's arguments (the data, or the next
         minibatch). Returns the Monte Carlo estimate of the average loss at the draws,
@@ -425,7 +426,7 @@ class NaturalGradientVI:
         )
         return self.potential.constrain(mean + scale * eps)
 
-    def sample_posterior(self, num_samples=1000):
+    def sample_posterior(self, num_samples: int = 1000) -> dict[str, torch.Tensor]:
         """
         ``num_samples`` joint draws of every latent site from the posterior, in
         constrained space: ``{site: (num_samples, *shape)}`` (the form
@@ -439,7 +440,7 @@ class NaturalGradientVI:
         with torch.no_grad():
             return self._draw(num_samples)
 
-    def guide(self, *args, **kwargs):
+    def guide(self, *args, **kwargs) -> dict[str, torch.Tensor]:
         """
         A Pyro guide drawing every latent site from the posterior (in constrained space),
         for :class:`pyro.infer.Predictive` or as the base guide of
@@ -456,7 +457,7 @@ class NaturalGradientVI:
             draws[name] = pyro.sample(name, fn)
         return draws
 
-    def posterior(self, num_samples=4096):
+    def posterior(self, num_samples: int = 4096) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
         """
         Mean and standard deviation of each latent site under the posterior, in
         constrained space: ``{site: (loc, scale)}``. Exact for real-valued sites (a
@@ -478,7 +479,7 @@ class NaturalGradientVI:
             result[name] = (draws[name].mean(0), draws[name].std(0))
         return result
 
-    def init_strategy(self):
+    def init_strategy(self) -> Callable:
         """
         A Pyro ``init_strategy`` drawing each latent site from the posterior, e.g. to start
         SG-MCMC particles: ``SGLD(model, ..., init_strategy=vi.init_strategy())`` (each

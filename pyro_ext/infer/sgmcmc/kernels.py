@@ -1,7 +1,7 @@
 """Stochastic-gradient MCMC kernels for :class:`pyro.infer.MCMC`."""
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import torch
 from pyro.infer.mcmc.mcmc_kernel import MCMCKernel
@@ -132,16 +132,16 @@ class SGMCMCKernel(MCMCKernel):
 
     def __init__(
         self,
-        model,
-        step_size,
-        num_particles=1,
-        repulsion=None,
-        temperature=1.0,
-        init_strategy=None,
-        jit_compile=False,
-        compile_mode=None,
-        vectorize="auto",
-        divergence_check_every=None,
+        model: Callable,
+        step_size: float | Callable[[int], float],
+        num_particles: int = 1,
+        repulsion: str | SteinKernel | None = None,
+        temperature: float = 1.0,
+        init_strategy: Callable | None = None,
+        jit_compile: bool | str = False,
+        compile_mode: str | None = None,
+        vectorize: str = "auto",
+        divergence_check_every: int | None = None,
     ):
         if not callable(model):
             raise TypeError("model must be a callable Pyro model")
@@ -197,7 +197,7 @@ class SGMCMCKernel(MCMCKernel):
         self.divergence = None
 
     # -- framework wiring ------------------------------------------------------------
-    def setup(self, warmup_steps, *args, **kwargs):
+    def setup(self, warmup_steps: int, *args, **kwargs) -> None:
         self._warmup_steps = warmup_steps
         self._step = 0
         self.potential = ParticlePotential(self.model, args, kwargs, vectorize=self.vectorize)
@@ -229,7 +229,7 @@ class SGMCMCKernel(MCMCKernel):
                 self.compile_mode,
             )
 
-    def set_data(self, *args, **kwargs):
+    def set_data(self, *args, **kwargs) -> None:
         """
         Run the next steps on new model arguments (e.g. the next minibatch, or new data),
         without touching the particles or the sampler state. Call after :meth:`setup`.
@@ -247,7 +247,7 @@ class SGMCMCKernel(MCMCKernel):
         return {}
 
     @property
-    def compile_seconds(self):
+    def compile_seconds(self) -> float:
         """Seconds spent tracing and compiling the step so far (0 when eager)."""
         if self._compiled is None:
             return 0.0
@@ -264,7 +264,7 @@ class SGMCMCKernel(MCMCKernel):
         self._initial_params = params
 
     @property
-    def particles(self):
+    def particles(self) -> torch.Tensor:
         """The current flat unconstrained particles, shape ``(L, D)``."""
         return self._state.z
 
@@ -289,7 +289,7 @@ class SGMCMCKernel(MCMCKernel):
         return False
 
     @property
-    def verified_steps(self):
+    def verified_steps(self) -> int:
         """Steps whose results are known to be finite (all of them but unread compiled ones)."""
         return self._step - len(self._pending_ok)
 
@@ -297,7 +297,7 @@ class SGMCMCKernel(MCMCKernel):
         cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
         self._snapshot = (self._step, self._state, torch.get_rng_state(), cuda)
 
-    def verify(self):
+    def verify(self) -> bool:
         """
         Read the finiteness flags of the compiled steps not yet checked (one device
         synchronisation). Returns ``True`` when they were all finite. Otherwise the chain
@@ -492,7 +492,13 @@ class SGHMC(SGMCMCKernel):
 
     sampler_name = "sghmc"
 
-    def __init__(self, model, step_size, friction=0.1, **kwargs):
+    def __init__(
+        self,
+        model: Callable,
+        step_size: float | Callable[[int], float],
+        friction: float = 0.1,
+        **kwargs,
+    ):
         if isinstance(friction, bool) or not isinstance(friction, (int, float)):
             raise TypeError(f"friction must be a number, got {type(friction).__name__}")
         if not 0 < friction <= 1:
@@ -525,7 +531,13 @@ class AdamSGLD(SGMCMCKernel):
     sampler_name = "adam"
 
     def __init__(
-        self, model, step_size, betas=(0.9, 0.999), eps=1e-8, adapt_after_warmup=False, **kwargs
+        self,
+        model: Callable,
+        step_size: float | Callable[[int], float],
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        adapt_after_warmup: bool = False,
+        **kwargs,
     ):
         if not (
             isinstance(betas, (tuple, list))
@@ -559,6 +571,6 @@ class AdamSGLD(SGMCMCKernel):
 KERNELS = {kernel.sampler_name: kernel for kernel in (SGLD, SGHMC, AdamSGLD)}
 
 
-def get_kernel(name: str):
+def get_kernel(name: str) -> type[SGMCMCKernel]:
     """The kernel class registered as ``name`` (``"sgld"``, ``"sghmc"`` or ``"adam"``)."""
     return lookup(KERNELS, name, "kernel")

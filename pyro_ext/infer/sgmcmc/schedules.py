@@ -14,10 +14,10 @@ def _check_positive(name, value):
 class ConstantStepSize:
     """A fixed step size, the practical choice of thesis section 2.3.3."""
 
-    def __init__(self, step_size):
+    def __init__(self, step_size: float):
         self.step_size = _check_positive("step_size", step_size)
 
-    def __call__(self, t):
+    def __call__(self, t: int) -> float:
         return self.step_size
 
     def __repr__(self):
@@ -35,14 +35,14 @@ class PolynomialDecay:
     [0.1, 0.05, 0.01]
     """
 
-    def __init__(self, a, b=1.0, gamma=0.55):
+    def __init__(self, a: float, b: float = 1.0, gamma: float = 0.55):
         self.a = _check_positive("a", a)
         self.b = _check_positive("b", b)
         self.gamma = _check_positive("gamma", gamma)
         if self.gamma > 1:
             raise ValueError(f"gamma must lie in (0, 1], got {gamma}")
 
-    def __call__(self, t):
+    def __call__(self, t: int) -> float:
         return self.a * (self.b + t) ** (-self.gamma)
 
     def __repr__(self):
@@ -60,7 +60,7 @@ class CyclicalStepSize:
     [0.1, 0.05, 0.1]
     """
 
-    def __init__(self, step_size, num_cycles, num_steps):
+    def __init__(self, step_size: float, num_cycles: int, num_steps: int):
         self.step_size = _check_positive("step_size", step_size)
         if not (isinstance(num_cycles, int) and isinstance(num_steps, int)):
             raise TypeError("num_cycles and num_steps must be integers")
@@ -71,7 +71,7 @@ class CyclicalStepSize:
             )
         self.cycle_length = math.ceil(num_steps / num_cycles)
 
-    def __call__(self, t):
+    def __call__(self, t: int) -> float:
         phase = (t % self.cycle_length) / self.cycle_length
         return 0.5 * self.step_size * (math.cos(math.pi * phase) + 1.0)
 
