@@ -400,3 +400,18 @@ def test_vogn_reaches_the_mean_field_optimum_and_refuses_unknown_likelihoods():
 
     with pytest.raises(ValueError, match="Poisson.*method='ivon'"):
         NaturalGradientVI(poisson, method="vogn").step(torch.ones(8))
+
+
+def test_compiled_update_equals_the_eager_one():
+    x, y, noise = linear_data(torch.device("cpu"))
+    states = []
+    for jit_compile in (False, True):
+        pyro.set_rng_seed(5)
+        vi = NaturalGradientVI(linear_model, ess=len(x), mc_samples=2, jit_compile=jit_compile)
+        for _ in range(5):
+            vi.step(x, y, noise)
+        states.append(vi.state)
+    for eager, compiled in zip(*states):
+        assert torch.allclose(eager, compiled, rtol=1e-5, atol=1e-6)
+    with pytest.raises(TypeError, match="jit_compile must be None or a bool"):
+        NaturalGradientVI(linear_model, jit_compile="yes")

@@ -14,7 +14,8 @@ from ..sgmcmc.potential import LogJointMessenger, ParticlePotential
 from .updates import init_state, ngvi_update, posterior_scale, price_hessian
 
 METHODS = ("ivon", "vogn", "von")
-_HALF_LOG_2PI = 0.5 * math.log(2 * math.pi)
+#: with ``jit_compile=None``, the update is compiled from this many parameters on
+_COMPILE_FROM = 2**16
 
 
 class NGVIDivergenceError(FloatingPointError):
@@ -118,6 +119,10 @@ class NaturalGradientVI:
         coordinate.
     :param str vectorize: how the ``mc_samples`` draws are evaluated together (see
         :class:`~pyro_ext.infer.sgmcmc.ParticlePotential`).
+    :param jit_compile: compile the update's elementwise arithmetic into one loop with
+        :func:`torch.compile` (a few seconds, once). ``None`` (default): from 65,536
+        parameters on, where it is most of a step's cost; ``True``/``False`` force it.
+        The compiled update equals the eager one up to float32 round-off.
     """
 
     def __init__(
@@ -135,6 +140,7 @@ class NaturalGradientVI:
         rescale_lr: bool = True,
         init_loc_fn: Callable | None = None,
         vectorize: str = "auto",
+        jit_compile: bool | None = None,
     ):
         if not callable(model):
             raise TypeError(f"model must be a callable Pyro model, got {type(model).__name__}")
@@ -162,6 +168,10 @@ class NaturalGradientVI:
         self.clip_radius = float(clip_radius)
         self.rescale_lr = bool(rescale_lr)
         self.init_loc_fn = init_loc_fn
+        if jit_compile is not None and not isinstance(jit_compile, bool):
+            raise TypeError(f"jit_compile must be None or a bool, got {type(jit_compile).__name__}")
+        self.jit_compile = jit_compile
+        self._compiled_update = None
         self.vectorize = vectorize
         self.potential = None
         self.state = None
@@ -204,6 +214,12 @@ class NaturalGradientVI:
                 )
             self.prior_precision = torch.full_like(mean, self.weight_decay)
             self.prior_mean = torch.zeros_like(mean)
+        # The fixed Normal priors enter through delta, exactly: the potential leaves them out.
+        potential.exclude_log_prob = frozenset(
+            name
+            for name, layout in potential.layout.items()
+            if self._gaussian_columns[layout.start : layout.end].all()
+        )
         self.potential = potential
         self.state = init_state(mean, self.hess_init)
 
@@ -248,17 +264,10 @@ class NaturalGradientVI:
         self._gaussian_columns = gaussian
 
     # -- one step ----------------------------------------------------------------------
-    def _gaussian_log_prior(self, theta):
-        """The model's fixed-Normal part of the log prior at draws ``theta`` ``(S, D)``."""
-        mask, precision = self._gaussian_columns, self._model_precision
-        terms = -0.5 * precision * (theta - self._model_mean).square()
-        terms = terms + 0.5 * torch.where(mask, precision, 1.0).log() - _HALF_LOG_2PI
-        return torch.where(mask, terms, 0.0).sum(-1)
-
     def _exact_hessian_diagonal(self, theta, subsamples):
         """
-        Diagonals ``(S, D)`` of the Hessians of the full loss ``-log p / ess`` at draws
-        ``theta`` ``(S, D)``. The summed loss is separable across draws, so one
+        Diagonals ``(S, D)`` of the Hessians of the loss ``-log p / ess`` (fixed Normal
+        priors left out, as in the potential) at draws ``theta`` ``(S, D)``. The summed loss is separable across draws, so one
         Hessian-vector product with coordinate ``i`` set in every draw gives all ``S``
         entries ``(i, i)``: ``D`` products in all, vectorised.
         """
@@ -275,6 +284,40 @@ class NaturalGradientVI:
         with pyro.validation_enabled(False):
             columns = torch.func.vmap(hessian_column, chunk_size=256)(eye)  # (D, S, D)
         return columns.diagonal(dim1=0, dim2=2)
+
+    def _update(self, state, grads, noise, hess_estimate):
+        """The update from the draws' gradients ``(S, D)`` and noise (a pure function)."""
+        if hess_estimate is None:
+            hess_estimate = price_hessian(grads, noise, state, self.ess, self.prior_precision)
+        return ngvi_update(
+            state,
+            grads.mean(0),
+            hess_estimate,
+            self.lr,
+            self.prior_precision,
+            self.prior_mean,
+            beta1=self.beta1,
+            beta2=self.beta2,
+            hess_init=self.hess_init,
+            clip_radius=self.clip_radius,
+            rescale_lr=self.rescale_lr,
+        )
+
+    def _update_fn(self):
+        """
+        The update, compiled into one fused loop when ``jit_compile`` says so: a step's
+        elementwise arithmetic over ``D`` parameters is some twenty passes over memory
+        eagerly (11.8 ms for the 478,410 weights of a 784-400-400-10 network on one CPU
+        thread, 0.7 ms compiled).
+        """
+        if self._compiled_update is None:
+            compile_it = self.jit_compile
+            if compile_it is None:
+                compile_it = self.potential.dim >= _COMPILE_FROM
+            self._compiled_update = (
+                torch.compile(self._update, dynamic=False) if compile_it else self._update
+            )
+        return self._compiled_update
 
     def _pseudo_outputs(self, theta, subsamples):
         """
@@ -359,8 +402,10 @@ class NaturalGradientVI:
     def step(self, *args, **kwargs) -> float:
         """
         One natural-gradient step on the model's arguments (the data, or the next
-        minibatch). Returns the Monte Carlo estimate of the average loss at the draws,
-        as :meth:`pyro.infer.SVI.step` returns its loss.
+        minibatch). Returns the Monte Carlo estimate of the average loss at the draws, as
+        :meth:`pyro.infer.SVI.step` returns its loss: the negative log-likelihood per
+        datum, plus the prior terms other than the fixed Normal ones, which enter through
+        ``delta`` (as a network optimiser's loss leaves out its weight decay).
         """
         if self.potential is None:
             self._setup(args, kwargs)
@@ -374,32 +419,16 @@ class NaturalGradientVI:
         theta = state.mean + noise
         subsamples = self.potential.draw_subsamples(theta.device)
         log_density, grad = self.potential.log_density_and_grad(theta, subsamples)
-        # The fixed-Normal priors enter through delta: take them out of the loss.
-        gaussian_grad = self._model_precision * (theta - self._model_mean)
-        grads = -(grad + gaussian_grad) / ess  # gaussian_grad is 0 off the fixed-Normal sites
-        losses = -(log_density - self._gaussian_log_prior(theta.detach())) / ess
-        if self.method == "ivon":
-            hess_estimate = price_hessian(grads, noise, state, ess, self.prior_precision)
-        elif self.method == "vogn":
+        grads = -grad / ess
+        losses = -log_density / ess
+        hess_estimate = None  # IVON's is computed inside the (compiled) update
+        if self.method == "vogn":
             hess_estimate = torch.stack(
                 [self._gauss_newton_diagonal(point, subsamples) for point in theta.detach()]
             ).mean(0)
-        else:
+        elif self.method == "von":
             hess_estimate = self._exact_hessian_diagonal(theta.detach(), subsamples).mean(0)
-            hess_estimate = hess_estimate - self._model_precision / ess
-        new_state = ngvi_update(
-            state,
-            grads.mean(0),
-            hess_estimate,
-            self.lr,
-            self.prior_precision,
-            self.prior_mean,
-            beta1=self.beta1,
-            beta2=self.beta2,
-            hess_init=self.hess_init,
-            clip_radius=self.clip_radius,
-            rescale_lr=self.rescale_lr,
-        )
+        new_state = self._update_fn()(state, grads, noise, hess_estimate)
         loss = losses.mean()
         if not bool(torch.isfinite(loss + new_state.mean.sum() + new_state.hess.sum())):
             what = "the loss" if not torch.isfinite(loss) else "the posterior mean or Hessian"

@@ -124,12 +124,17 @@ class LogJointMessenger(Messenger):
     :param bool strict: a latent site missing from ``values`` is an error (a model whose
         latent structure changed); otherwise it is sampled and scored as in the model.
     :param bool block: hide the model's sites from outer handlers (e.g. an ELBO's trace).
+    :param exclude: latent sites whose log density is left out of the sum (a caller that
+        accounts for their prior analytically; they are still conditioned on ``values``).
     :ivar log_joint: the accumulated log joint.
     :ivar dict scales: site name -> the scale Pyro's plates gave it.
     """
 
-    def __init__(self, values, subsamples=None, particle_dims=None, strict=True, block=True):
+    def __init__(
+        self, values, subsamples=None, particle_dims=None, strict=True, block=True, exclude=()
+    ):
         super().__init__()
+        self.exclude = frozenset(exclude)
         self.values = values
         self.subsamples = {} if subsamples is None else subsamples
         self.particle_dims = particle_dims
@@ -166,7 +171,7 @@ class LogJointMessenger(Messenger):
         if name in self.scales:
             raise RuntimeError(f"Multiple sample sites named {name!r}")
         self.scales[name] = msg["scale"]
-        if site_is_subsample(msg) or msg["infer"].get("_deterministic"):
+        if site_is_subsample(msg) or msg["infer"].get("_deterministic") or name in self.exclude:
             return
         log_prob = msg["fn"].log_prob(msg["value"], *msg["args"], **msg["kwargs"])
         log_prob = scale_and_mask(log_prob, msg["scale"], msg["mask"])
@@ -216,6 +221,10 @@ class ParticlePotential:
         self.model_args = tuple(model_args)
         self.model_kwargs = {} if model_kwargs is None else dict(model_kwargs)
         self.vectorize = None if vectorize == "auto" else vectorize
+        #: latent sites whose prior log density the potential leaves out, for a caller that
+        #: adds it analytically (:class:`~pyro_ext.infer.NaturalGradientVI` does, for fixed
+        #: Normal priors); empty by default
+        self.exclude_log_prob = frozenset()
         self._read_structure()
 
     def _read_structure(self):
@@ -433,7 +442,7 @@ class ParticlePotential:
         on the model arguments ``args``/``kwargs`` (default: the current data).
         """
         values, log_jacobian = self._constrain(z)
-        with LogJointMessenger(values, subsamples) as joint:
+        with LogJointMessenger(values, subsamples, exclude=self.exclude_log_prob) as joint:
             self._run_model(args, kwargs)
         return joint.log_joint + log_jacobian
 
@@ -455,7 +464,9 @@ class ParticlePotential:
                 )
             pad = (1,) * (nesting - len(s.batch_shape))
             values[name] = values[name].reshape((num_particles,) + pad + values[name].shape[1:])
-        with LogJointMessenger(values, subsamples, particle_dims=nesting) as joint:
+        with LogJointMessenger(
+            values, subsamples, particle_dims=nesting, exclude=self.exclude_log_prob
+        ) as joint:
             with pyro.plate("_pyro_ext_particles", num_particles, dim=-nesting - 1):
                 self._run_model(args, kwargs)
         return joint.log_joint.reshape(-1).expand(num_particles) + log_jacobian
