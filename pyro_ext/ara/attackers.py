@@ -23,6 +23,9 @@ intractable, so ``log_prob`` is not available, but ``pyro.sample("x_attacked",
 LangevinAttacker(...))`` runs inside any Pyro program.
 """
 
+import math
+import numbers
+
 import torch
 from pyro.distributions import TorchDistribution
 from torch.distributions import constraints
@@ -77,6 +80,45 @@ def langevin_attack(
     :returns: detached attacked inputs, same shape as ``x``.
     :rtype: torch.Tensor
     """
+    _check_langevin_arguments(x, eps, steps, noise_scale, norm)
+    return _langevin_attack(predict_logits, x, y, eps, steps, noise_scale, loss, norm, clip)
+
+
+def _check_langevin_arguments(x, eps, steps, noise_scale, norm):
+    if isinstance(noise_scale, bool) or not isinstance(noise_scale, numbers.Real):
+        raise TypeError(f"noise_scale must be a number >= 0, got {noise_scale!r}")
+    if not (math.isfinite(noise_scale) and noise_scale >= 0):
+        raise ValueError(
+            f"noise_scale must be a finite number >= 0 (it multiplies the noise variance "
+            f"2 eps), got {noise_scale!r}"
+        )
+    if norm not in _NORMS:
+        raise ValueError(f"norm must be one of {_NORMS}, got {norm!r}")
+    if not torch.is_tensor(x) or x.dim() < 1:
+        raise TypeError(f"x must be a tensor of shape (N, ...), got {type(x).__name__}")
+    num = x.shape[0]
+    for name, value in (("eps", eps), ("steps", steps)):
+        if not torch.is_tensor(value):
+            raise TypeError(
+                f"{name} must be a tensor of per-example values of shape ({num},), "
+                f"got {type(value).__name__}"
+            )
+        if tuple(value.shape) != (num,) and value.numel() != 1:
+            raise ValueError(
+                f"{name} must have shape ({num},) (or one value for all), got {tuple(value.shape)}"
+            )
+    flat = eps.reshape(-1).to(x.dtype if x.is_floating_point() else torch.get_default_dtype())
+    bad = ~(torch.isfinite(flat) & (flat >= 0))
+    if bool(bad.any()):
+        i = int(bad.nonzero()[0, 0])
+        raise ValueError(
+            f"eps must hold finite step sizes >= 0 (the noise sd is sqrt(2 eps noise_scale)), "
+            f"got eps[{i}] = {float(flat[i]):g}"
+        )
+
+
+def _langevin_attack(predict_logits, x, y, eps, steps, noise_scale, loss, norm, clip):
+    """:func:`langevin_attack` without the argument checks (done once by the caller)."""
     x_t = x.detach()
     step_scale = _per_example(eps.to(x.dtype), x)
     noise_sd = (2.0 * noise_scale * step_scale).sqrt()
@@ -246,7 +288,8 @@ class LangevinAttacker(TorchDistribution):
         x = self.x.expand(sample_shape + self.x.shape).reshape((-1,) + self.x.shape[1:])
         y = self.y.expand(sample_shape + self.y.shape).reshape(-1)
         options = self._options
-        x_attacked = langevin_attack(
+        # The arguments were checked by the constructor; eps >= 0 by construction.
+        x_attacked = _langevin_attack(
             self.predict_logits,
             x,
             y,

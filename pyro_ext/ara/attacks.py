@@ -164,6 +164,29 @@ def _input_grad(predict_logits, x, y, loss, eot_samples):
     return grad / eot_samples, value / eot_samples, probs.argmax(-1) != y
 
 
+def _check_attack_values(value, grad):
+    """
+    The attack loss and its input gradient must not be NaN: ``sign(NaN) = 0`` would leave
+    the input where it is, and a NaN loss never wins the best-iterate comparison, so the
+    attack would silently return ``x``. One host sync (two on the error path).
+    """
+    if not bool(torch.isnan(value).any() | torch.isnan(grad).any()):
+        return
+    bad = torch.isnan(value)
+    if bool(bad.any()):
+        i = int(bad.nonzero()[0, 0])
+        raise ValueError(
+            f"predict_logits returned NaN logits (the attack loss is NaN) for example {i} "
+            f"of x, and for {int(bad.sum())} examples in all: the attack cannot move them. "
+            "Check the model for NaN parameters or outputs"
+        )
+    i = int(torch.isnan(grad).flatten(1).any(1).nonzero()[0, 0])
+    raise ValueError(
+        f"the input gradient of the attack loss is NaN for example {i} of x: check that "
+        "predict_logits is differentiable in x without NaN gradients"
+    )
+
+
 @torch.no_grad()
 def _loss_and_fooled(predict_logits, x, y, loss, eot_samples):
     """Mean attack loss over ``eot_samples`` calls, and whether the mean softmax errs."""
@@ -226,7 +249,8 @@ def fgsm(predict_logits, x, y, eps, clip=(0, 1), loss="ce", eot_samples=1):
     :rtype: torch.Tensor
     """
     _check_inputs(x, y, eps, clip, loss, eot_samples)
-    grad, _, _ = _input_grad(predict_logits, x, y, loss, eot_samples)
+    grad, value, _ = _input_grad(predict_logits, x, y, loss, eot_samples)
+    _check_attack_values(value, grad)
     return _clamp(x.detach() + eps * grad.sign(), clip)
 
 
@@ -301,12 +325,16 @@ def pgd(
     x = x.detach()
     batch_shape = (-1,) + (1,) * (x.dim() - 1)
     best = None
+    checked = False
     for _ in range(restarts):
         delta = _random_start(x, eps, norm, generator) if random_start else torch.zeros_like(x)
         x_adv = _clamp(x + delta, clip)
         for step in range(steps + 1):
             if step < steps:
                 grad, value, fooled = _input_grad(predict_logits, x_adv, y, loss, eot_samples)
+                if not checked:  # once, at the start: not a sync per step
+                    _check_attack_values(value, grad)
+                    checked = True
             else:
                 value, fooled = _loss_and_fooled(predict_logits, x_adv, y, loss, eot_samples)
             if best is None:

@@ -79,9 +79,24 @@ def security_evaluation_curve(defense, attack, epsilons, x, y, num_repeats=1, ba
     _positive_int(num_repeats, "num_repeats")
     if batch_size is not None:
         _positive_int(batch_size, "batch_size")
+    for name, fn in (("defense", defense), ("attack", attack)):
+        if not callable(fn):
+            raise TypeError(f"{name} must be a callable, got {fn!r}")
+    for name, value in (("x", x), ("y", y)):
+        if not torch.is_tensor(value):
+            raise TypeError(f"{name} must be a tensor, got {type(value).__name__}")
     if y.shape != x.shape[:1]:
         raise ValueError(f"y must have shape ({x.shape[0]},), got {tuple(y.shape)}")
     num_rows = x.shape[0]
+    # Labels are checked once here and against the number of classes at the first
+    # prediction: a label no class can match would silently count as an error.
+    label_range = None
+    if num_rows:
+        if y.is_complex() or (y.is_floating_point() and not bool((y == y.round()).all())):
+            raise ValueError("y must hold integer class labels")
+        label_range = int(y.min()), int(y.max())
+        if label_range[0] < 0:
+            raise ValueError(f"y must hold class labels >= 0, got min(y) = {label_range[0]}")
     batch_size = batch_size or max(num_rows, 1)
     correct = torch.zeros(len(epsilons), num_repeats, dtype=torch.float64)
     for start in range(0, num_rows, batch_size):
@@ -90,7 +105,17 @@ def security_evaluation_curve(defense, attack, epsilons, x, y, num_repeats=1, ba
             x_adv = x_batch if eps == 0 else attack(defense, x_batch, y_batch, eps)
             with torch.no_grad():
                 for r in range(num_repeats):
-                    hits = defense(x_adv).argmax(-1) == y_batch
+                    logits = defense(x_adv)
+                    if label_range is not None:
+                        num_classes = logits.shape[-1]
+                        if label_range[1] >= num_classes:
+                            raise ValueError(
+                                f"y has labels up to {label_range[1]} but defense returns "
+                                f"logits for {num_classes} classes: labels must lie in "
+                                f"[0, {num_classes})"
+                            )
+                        label_range = None
+                    hits = logits.argmax(-1) == y_batch
                     correct[i, r] += hits.sum().item()
     accuracy = correct / max(num_rows, 1)
     sd = accuracy.std(-1) if num_repeats > 1 else torch.zeros(len(epsilons), dtype=torch.float64)

@@ -1,5 +1,8 @@
 """Bernoulli naive Bayes, the generative classifier of the spam experiments of thesis chapter 3."""
 
+import math
+import numbers
+
 import torch
 
 __all__ = ["BernoulliNaiveBayes", "check_binary", "check_labels"]
@@ -32,12 +35,22 @@ class BernoulliNaiveBayes:
     training phase), with :math:`\\theta_{yd} = (N_{yd} + \\alpha) / (N_y + 2\\alpha)`. It matches
     :class:`sklearn.naive_bayes.BernoulliNB` with the same ``alpha`` (empirical class prior).
 
-    :param float alpha: Additive smoothing pseudo-count, ``>= 0``.
+    :param float alpha: Additive smoothing pseudo-count, ``> 0``. ``alpha = 0`` (maximum
+        likelihood) is refused: a word never seen in one class gets probability 0 there,
+        and a message with it has log-likelihood ``-inf`` in that class (``0 * -inf =
+        NaN`` in the matrix product, and ``NaN`` log-odds when both classes are ruled
+        out). sklearn clips ``alpha`` to ``1e-10``; pass such a small value instead.
     """
 
     def __init__(self, alpha=1.0):
-        if not alpha >= 0:
-            raise ValueError(f"alpha must be >= 0, got {alpha}")
+        if isinstance(alpha, bool) or not isinstance(alpha, numbers.Real):
+            raise TypeError(f"alpha must be a positive number, got {alpha!r}")
+        if not (alpha > 0 and math.isfinite(alpha)):
+            raise ValueError(
+                f"alpha must be a finite number > 0, got {alpha!r}: with alpha = 0 a word "
+                "never seen in one class gives NaN probabilities; use a small value such as "
+                "1e-10 (what sklearn's BernoulliNB clips alpha to)"
+            )
         self.alpha = float(alpha)
         self.log_prior = None
 

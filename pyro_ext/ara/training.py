@@ -56,6 +56,14 @@ def _check_data(x, y, num_classes=None):
         raise ValueError(f"y must hold integer class labels, got dtype {y.dtype}")
     if x.shape[0] == 0:
         raise ValueError("x holds no examples")
+    # Once per fit, on the whole data set (one host sync), not per minibatch.
+    finite = torch.isfinite(x)
+    if not bool(finite.all()):
+        index = tuple(int(i) for i in (~finite).nonzero()[0])
+        raise ValueError(
+            f"x must be finite: x[{', '.join(map(str, index))}] is {float(x[index])} (first of "
+            f"{int((~finite).sum())} NaN or infinite values); remove or impute those examples"
+        )
     if num_classes is not None and (int(y.min()) < 0 or int(y.max()) >= num_classes):
         raise ValueError(
             f"labels must lie in [0, {num_classes}), got range [{int(y.min())}, {int(y.max())}]"

@@ -69,7 +69,7 @@ def load_marketing_mix(name="robyn", device=None, dtype=None):
         raise ValueError(f"name must be one of {tuple(_SPECS)}, got {name!r}")
     dtype = float_dtype(dtype)
     spec = _SPECS[name]
-    with open(get_data_path(spec.path), newline="", encoding="utf-8") as f:
+    with open(get_data_path(spec.path, verify=True), newline="", encoding="utf-8") as f:
         header, *rows = [row for row in csv.reader(f) if row]
     table = dict(zip(header, zip(*rows)))
     dates = [
@@ -105,7 +105,9 @@ def load_prophet_holidays(country=None):
         order.
     :rtype: list
     """
-    with open(get_data_path("mmm/dt_prophet_holidays.csv"), newline="", encoding="utf-8") as f:
+    with open(
+        get_data_path("mmm/dt_prophet_holidays.csv", verify=True), newline="", encoding="utf-8"
+    ) as f:
         reader = csv.reader(f)
         header = next(reader)
         ds, holiday, code = (header.index(c) for c in ("ds", "holiday", "country"))

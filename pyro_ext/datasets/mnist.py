@@ -49,8 +49,12 @@ def _read_idx(path, magic):
 def _load(folder, split, device, dtype, binarize, flatten):
     dtype = float_dtype(dtype)
     prefix = _prefix(split)
-    images = _read_idx(get_data_path(f"{folder}/{prefix}-images-idx3-ubyte.gz"), _IMAGES_MAGIC)
-    labels = _read_idx(get_data_path(f"{folder}/{prefix}-labels-idx1-ubyte.gz"), _LABELS_MAGIC)
+    images = _read_idx(
+        get_data_path(f"{folder}/{prefix}-images-idx3-ubyte.gz", verify=True), _IMAGES_MAGIC
+    )
+    labels = _read_idx(
+        get_data_path(f"{folder}/{prefix}-labels-idx1-ubyte.gz", verify=True), _LABELS_MAGIC
+    )
     if images.shape[1:] != (28, 28) or len(images) != len(labels):
         raise ValueError(f"{folder} {split}: got images {images.shape}, labels {labels.shape}")
     x = torch.from_numpy(images).to(device)
@@ -116,5 +120,5 @@ def load_fashion_mnist_labels(split="train", device=None):
         class.
     :rtype: torch.Tensor
     """
-    path = get_data_path(f"fashion-mnist/{_prefix(split)}-labels-idx1-ubyte.gz")
+    path = get_data_path(f"fashion-mnist/{_prefix(split)}-labels-idx1-ubyte.gz", verify=True)
     return as_long(_read_idx(path, _LABELS_MAGIC), device)

@@ -28,12 +28,12 @@ def load_spambase(binarized=False, device=None, dtype=None):
         raise ValueError(f"binarized must be a bool, got {binarized!r}")
     dtype = float_dtype(dtype)
     if binarized:
-        path = get_data_path("spam/uciData.csv")
+        path = get_data_path("spam/uciData.csv", verify=True)
         with open(path, newline="") as f:
             header = next(csv.reader(f))
         if header[-1] != "spam" or len(header) != 55:
             raise ValueError(f"{path}: expected 54 feature columns and 'spam', got {header}")
         data = np.loadtxt(path, delimiter=",", skiprows=1, ndmin=2)
     else:
-        data = np.loadtxt(get_data_path("spam/spambase.data"), delimiter=",", ndmin=2)
+        data = np.loadtxt(get_data_path("spam/spambase.data", verify=True), delimiter=",", ndmin=2)
     return as_float(data[:, :-1], dtype, device), as_long(data[:, -1], device)

@@ -49,8 +49,10 @@ def load_co2(source="noaa", device=None, dtype=None):
         raise ValueError(f"source must be 'noaa' or 'vis', got {source!r}")
     dtype = float_dtype(dtype)
     if source == "vis":
-        return as_float(np.loadtxt(get_data_path("co2/co2_vis.csv"), ndmin=1), dtype, device)
-    columns = _read_columns(get_data_path("timeseries/co2_mm_mlo.csv"))
+        return as_float(
+            np.loadtxt(get_data_path("co2/co2_vis.csv", verify=True), ndmin=1), dtype, device
+        )
+    columns = _read_columns(get_data_path("timeseries/co2_mm_mlo.csv", verify=True))
     return CO2(
         time=as_float(columns["decimal date"], dtype, device),
         ppm=as_float(columns["average"], dtype, device),
@@ -75,7 +77,7 @@ def load_earthquakes(device=None, dtype=None):
     :rtype: tuple(torch.Tensor, torch.Tensor)
     """
     dtype = float_dtype(dtype)
-    columns = _read_columns(get_data_path("timeseries/earthquakes.csv"))
+    columns = _read_columns(get_data_path("timeseries/earthquakes.csv", verify=True))
     return as_long(columns["year"], device), as_float(columns["count"], dtype, device)
 
 
@@ -94,5 +96,5 @@ def load_nile(device=None, dtype=None):
     :rtype: tuple(torch.Tensor, torch.Tensor)
     """
     dtype = float_dtype(dtype)
-    columns = _read_columns(get_data_path("timeseries/nile.csv"))
+    columns = _read_columns(get_data_path("timeseries/nile.csv", verify=True))
     return as_long(columns["year"], device), as_float(columns["volume"], dtype, device)

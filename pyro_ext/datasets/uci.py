@@ -54,7 +54,9 @@ def uci_num_splits(name):
 
 
 def _read_ints(name, file):
-    return np.loadtxt(get_data_path(f"uci/{name}/data/{file}"), dtype=np.int64, ndmin=1)
+    return np.loadtxt(
+        get_data_path(f"uci/{name}/data/{file}", verify=True), dtype=np.int64, ndmin=1
+    )
 
 
 def load_uci(name, split=0, device=None, dtype=None):
@@ -85,7 +87,7 @@ def load_uci(name, split=0, device=None, dtype=None):
     split = int(split)
     dtype = float_dtype(dtype)
 
-    data = np.loadtxt(get_data_path(f"uci/{name}/data/data.txt"), ndmin=2)
+    data = np.loadtxt(get_data_path(f"uci/{name}/data/data.txt", verify=True), ndmin=2)
     features = _read_ints(name, "index_features.txt")
     target = _read_ints(name, "index_target.txt")
     train = _read_ints(name, f"index_train_{split}.txt")

@@ -163,22 +163,59 @@ def _download(rel, url, target):
                 f"expected {expected}. The partial file was deleted. {note}"
             )
         os.replace(tmp, target)
+        _VERIFIED.add(_stat_key(rel, target))
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)
 
 
+#: Files whose checksum matched, keyed by ``(rel, path, size, mtime_ns, expected digest)``:
+#: a file is hashed again only when it is replaced or modified, so repeated loads stay cheap.
+_VERIFIED = set()
+
+
+def _stat_key(rel, path):
+    stat = os.stat(path)
+    return rel, str(Path(path).resolve()), stat.st_size, stat.st_mtime_ns, _expected_digest(rel)
+
+
+def _fix_hint(rel, path):
+    """What to do about a local file with the wrong checksum, by where it was found."""
+    root = os.environ.get(DATA_ENV_VAR)
+    url = _url(rel)
+    if root and Path(path).resolve().is_relative_to(Path(root).resolve()):
+        return (
+            f"The file comes from ${DATA_ENV_VAR}={root}: restore it from the original data "
+            f"(it should be a copy of the shared data folder), or point ${DATA_ENV_VAR} at a "
+            "folder with intact files"
+            + (
+                f"; unset ${DATA_ENV_VAR} to use the cache, downloading {url}."
+                if url is not None
+                else "."
+            )
+        )
+    if url is not None:
+        return f"Delete {path} to download it again from {url} on the next load."
+    return f"Delete {path} and copy an intact file there, or set ${DATA_ENV_VAR}."
+
+
 def _verify(rel, path):
+    """Check ``path`` against the published checksum of ``rel`` (cached by size and mtime)."""
     expected = _expected_digest(rel)
     if expected is None:
+        return
+    key = _stat_key(rel, path)
+    if key in _VERIFIED:
         return
     algorithm, digest = expected
     actual = _file_digest(path, algorithm)
     if actual != digest:
+        note = _CHECKSUM_NOTES.get(rel, "The file is corrupted or was modified.")
         raise DatasetChecksumError(
             f"Checksum mismatch for '{rel}' at {path}: {algorithm} is {actual}, expected "
-            f"{digest}. {_CHECKSUM_NOTES.get(rel, 'Delete or replace the file.')}"
+            f"{digest}. {note} {_fix_hint(rel, path)}"
         )
+    _VERIFIED.add(key)
 
 
 def get_data_path(relative_path, verify=False):
@@ -187,8 +224,10 @@ def get_data_path(relative_path, verify=False):
 
     The file is looked for under ``$PYRO_EXT_DATA``, then in :func:`cache_dir`, and is finally
     downloaded from its canonical public URL into the cache. Downloads are checked against the
-    published sha256 (md5 for the Fashion-MNIST images); files found locally are only checked
-    when ``verify=True``, since hashing MNIST on every load is slow.
+    published sha256 (md5 for the Fashion-MNIST images); files found locally are checked when
+    ``verify=True``, as every loader of this package does. A successful check is remembered
+    for the file's path, size and modification time, so a file is hashed again only after it
+    changes.
 
     :param relative_path: Path relative to the data root, e.g. ``"uci/yacht/data/data.txt"``.
     :type relative_path: str or os.PathLike

@@ -311,6 +311,12 @@ class VIS:
         gaussian_scale=0.1,
         name="vis",
     ):
+        for arg, value, what in (
+            ("model", model, "the Pyro model"),
+            ("base_guide", base_guide, "the initial guide q0, e.g. an AutoGuide"),
+        ):
+            if not callable(value):
+                raise TypeError(f"{arg} must be a callable ({what}), got {value!r}")
         for arg, value, choices in (
             ("sampler", sampler, SAMPLERS),
             ("entropy", entropy, ENTROPIES),
@@ -620,6 +626,10 @@ class VIS:
             num_steps = self.num_steps
         if isinstance(num_steps, bool) or not isinstance(num_steps, int) or num_steps < 0:
             raise ValueError(f"num_steps must be an integer >= 0, got {num_steps!r}")
+        if isinstance(num_samples, bool) or not isinstance(num_samples, int):
+            raise TypeError(f"num_samples must be an integer >= 1, got {num_samples!r}")
+        if num_samples < 1:
+            raise ValueError(f"num_samples must be an integer >= 1, got {num_samples!r}")
         if self._prototype is None:
             self._setup(args, kwargs)
         with (

@@ -435,6 +435,14 @@ def _draws(net, samples, x, chunk_size):
     """Yield (output, precision) for chunks of draws: output (S_c, N[, out]), precision (S_c, 1)."""
     if not isinstance(net, BayesianMLP):
         raise ValueError(f"net must be a BayesianMLP, got {type(net).__name__}")
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int):
+        raise TypeError(
+            f"chunk_size must be a positive integer (draws evaluated at a time), got {chunk_size!r}"
+        )
+    if chunk_size < 1:
+        raise ValueError(
+            f"chunk_size must be a positive integer (draws evaluated at a time), got {chunk_size!r}"
+        )
     net._check_data(x, None)
     names = _latent_names(net, x)
     missing = [n for n in names if n not in samples]
@@ -545,6 +553,29 @@ def expected_calibration_error(probs, labels, num_bins=15):
         raise ValueError(f"labels must be a tensor of shape ({probs.shape[0]},)")
     if isinstance(num_bins, bool) or not isinstance(num_bins, int) or num_bins < 1:
         raise ValueError(f"num_bins must be a positive integer, got {num_bins!r}")
+    # Value checks follow the validation switch (see pyro_ext.ops.validation).
+    if values_checked():
+        eps = torch.finfo(probs.dtype).eps if probs.is_floating_point() else 0.0
+        # Averages of softmaxes land a few ulps outside [0, 1]: that is round-off, not misuse.
+        slack = 100 * eps
+        outside = ~((probs >= -slack) & (probs <= 1 + slack))
+        if bool(outside.any()):
+            index = tuple(int(i) for i in outside.nonzero()[0])
+            raise ValueError(
+                f"probs must be probabilities in [0, 1], got {float(probs[index])} at index "
+                f"{index[0] if len(index) == 1 else index}"
+            )
+        if probs.dim() == 2:
+            total = probs.sum(-1)
+            tol = max(1e-3, 10 * probs.shape[-1] * eps)
+            bad = ((total - 1).abs() > tol).nonzero()
+            if bad.numel():
+                row = int(bad[0])
+                raise ValueError(
+                    f"each row of probs (N, K) must sum to 1, got {float(total[row]):.6g} in "
+                    f"row {row}: pass class probabilities (e.g. softmax(logits, -1)), not "
+                    "logits, or an (N,) tensor of P(class 1) for a binary classifier"
+                )
     if probs.dim() == 1:
         probs = torch.stack([1 - probs, probs], -1)
     confidence, prediction = probs.max(-1)

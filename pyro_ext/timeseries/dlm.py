@@ -17,6 +17,7 @@ Robust (Student-t) observations, thesis "Robustness", use the exact scale mixtur
 """
 
 import math
+import numbers
 from abc import ABC, abstractmethod
 from typing import NamedTuple
 
@@ -27,6 +28,7 @@ from pyro.distributions import constraints
 from torch.distributions import Distribution
 
 from .kalman import (
+    _check_num_steps,
     _check_tensor,
     _prepare,
     _simulate_prior,
@@ -72,7 +74,13 @@ class _Block(NamedTuple):
 
 
 def _scale(x, name, allow_zero=True):
-    x = torch.as_tensor(x, dtype=torch.get_default_dtype()) if not torch.is_tensor(x) else x
+    if not torch.is_tensor(x):
+        try:
+            x = torch.as_tensor(x, dtype=torch.get_default_dtype())
+        except (TypeError, ValueError, RuntimeError):
+            raise TypeError(
+                f"{name} must be a number or a real tensor of scales, got {x!r}"
+            ) from None
     _check_tensor(x, name)
     if not x.is_floating_point():
         x = x.to(torch.get_default_dtype())
@@ -84,6 +92,28 @@ def _scale(x, name, allow_zero=True):
             if not allow_zero and bool((x == 0).any()):
                 raise ValueError(f"{name} must be positive")
     return x
+
+
+def _init_scale(value):
+    """``init_scale``: a finite non-negative number or a tensor (checked with ``init_cov``)."""
+    if torch.is_tensor(value):
+        return value
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"init_scale must be a number or a tensor, got {value!r}")
+    if not (math.isfinite(value) and value >= 0):
+        raise ValueError(f"init_scale must be a finite non-negative number, got {value!r}")
+    return value
+
+
+def _integer(value, name):
+    """An integral number (``12`` or ``12.0``), else TypeError/ValueError naming ``name``."""
+    if torch.is_tensor(value) and value.numel() == 1:
+        value = value.item()
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be an integer, got {value!r}")
+    if not (math.isfinite(value) and int(value) == value):
+        raise ValueError(f"{name} must be an integer, got {value!r}")
+    return int(value)
 
 
 def _diag(scales):
@@ -132,7 +162,7 @@ class LocalLevel(Component):
 
     def __init__(self, level_scale, init_scale=10.0):
         self.level_scale = _scale(level_scale, "level_scale")
-        self.init_scale = init_scale
+        self.init_scale = _init_scale(init_scale)
         self.state_dim, self.state_names = 1, ["level"]
 
     def block(self, num_steps):
@@ -148,7 +178,7 @@ class LocalLinearTrend(Component):
     def __init__(self, level_scale, slope_scale, init_scale=10.0):
         self.level_scale = _scale(level_scale, "level_scale")
         self.slope_scale = _scale(slope_scale, "slope_scale")
-        self.init_scale = init_scale
+        self.init_scale = _init_scale(init_scale)
         self.state_dim, self.state_names = 2, ["level", "slope"]
 
     def block(self, num_steps):
@@ -173,15 +203,15 @@ class Seasonal(Component):
     name = "seasonal"
 
     def __init__(self, period, scale, harmonics=None, form="dummy", init_scale=10.0):
-        if int(period) != period or period < 2:
+        if _integer(period, "period") < 2:
             raise ValueError(f"period must be an integer >= 2, got {period}")
         if form not in ("dummy", "cyclic"):
             raise ValueError(f"form must be 'dummy' or 'cyclic', got {form!r}")
-        if harmonics is not None and not 1 <= int(harmonics) <= period // 2:
-            raise ValueError(f"harmonics must be in 1..{period // 2}, got {harmonics}")
+        if harmonics is not None and not 1 <= _integer(harmonics, "harmonics") <= period // 2:
+            raise ValueError(f"harmonics must be in 1..{int(period) // 2}, got {harmonics}")
         self.period, self.harmonics, self.form = int(period), harmonics, form
         self.scale = _scale(scale, "scale")
-        self.init_scale = init_scale
+        self.init_scale = _init_scale(init_scale)
         if harmonics is not None:
             sizes = [1 if 2 * j == period else 2 for j in range(1, int(harmonics) + 1)]
             self._sizes = sizes
@@ -229,7 +259,7 @@ class Regression(Component):
             raise ValueError(f"X must have shape (..., T, num_covariates), got {tuple(X.shape)}")
         self.X = X if X.is_floating_point() else X.to(torch.get_default_dtype())
         self.coef_scale = None if coef_scale is None else _scale(coef_scale, "coef_scale")
-        self.init_scale = init_scale
+        self.init_scale = _init_scale(init_scale)
         self.state_dim = X.shape[-1]
         self.state_names = [f"coef{k}" for k in range(self.state_dim)]
 
@@ -264,7 +294,7 @@ class Autoregressive(Component):
             raise ValueError(f"coefs must have shape (..., p) with p >= 1, got {coefs.shape}")
         self.coefs = coefs if coefs.is_floating_point() else coefs.to(torch.get_default_dtype())
         self.scale = _scale(scale, "scale")
-        self.init_scale = init_scale
+        self.init_scale = _init_scale(init_scale)
         self.state_dim = coefs.shape[-1]
         self.state_names = [f"lag{k}" for k in range(self.state_dim)]
 
@@ -392,13 +422,31 @@ class DLM:
     def __init__(self, components, observation_scale, observation_df=None):
         if isinstance(components, Component):
             components = [components]
-        components = list(components)
-        if not components or not all(isinstance(c, Component) for c in components):
+        try:
+            components = list(components)
+        except TypeError:
+            raise TypeError(
+                f"components must be a Component or a list of them, got {components!r}"
+            ) from None
+        if not components:
             raise ValueError("components must be a non-empty list of Component instances")
+        for c in components:
+            if not isinstance(c, Component):
+                raise TypeError(
+                    "components must be a non-empty list of Component instances "
+                    f"(LocalLevel, Seasonal, ...), got an element {c!r}"
+                )
         self.components = components
         self.observation_scale = _scale(observation_scale, "observation_scale", False)
-        if observation_df is not None and not float(observation_df) > 0:
-            raise ValueError(f"observation_df must be positive, got {observation_df}")
+        if observation_df is not None:
+            if isinstance(observation_df, bool) or not isinstance(
+                observation_df, (numbers.Real, torch.Tensor)
+            ):
+                raise TypeError(
+                    f"observation_df must be None or a positive number, got {observation_df!r}"
+                )
+            if not float(observation_df) > 0:
+                raise ValueError(f"observation_df must be positive, got {observation_df}")
         self.observation_df = observation_df
         names, seen = [], {}
         for c in components:
@@ -492,6 +540,7 @@ class DLM:
         their future inputs (future ``X`` for :class:`Regression`, ``(G, F, W)`` for a
         time-varying :class:`LinearGaussian`).
         """
+        num_steps = _check_num_steps(num_steps)
         covariates = covariates or {}
         unknown = set(covariates) - set(self.names)
         if unknown:
@@ -529,10 +578,8 @@ class DLMDistribution(dist.TorchDistribution):
 
     def __init__(self, dlm, num_steps, observation_precision=None, validate_args=None):
         if not isinstance(dlm, DLM):
-            raise ValueError("dlm must be a DLM")
-        if int(num_steps) < 1:
-            raise ValueError(f"num_steps must be >= 1, got {num_steps}")
-        self.dlm, self.num_steps = dlm, int(num_steps)
+            raise TypeError(f"dlm must be a DLM, got {type(dlm).__name__}")
+        self.dlm, self.num_steps = dlm, _check_num_steps(num_steps)
         self.observation_precision = observation_precision
         mats, _, batch = dlm._assemble(self.num_steps, observation_precision)
         self._dtype = mats.transition_matrix.dtype

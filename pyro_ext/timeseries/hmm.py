@@ -35,8 +35,9 @@ import numbers
 
 import torch
 from pyro.distributions import TorchDistribution, constraints
-from torch.distributions import Distribution, transform_to
+from torch.distributions import transform_to
 
+from ..ops.validation import values_checked
 from . import semiring
 
 __all__ = [
@@ -95,6 +96,54 @@ def _check_no_nan_or_posinf(name, x):
         raise ValueError(f"{name} contains +inf")
 
 
+def _check_some_state_possible(name, x):
+    """Every row of log-probabilities ``x`` ``(..., K)`` allows at least one state."""
+    dead = torch.isneginf(x).all(-1)
+    if bool(dead.any()):
+        index = tuple(int(i) for i in dead.nonzero()[0])
+        if name == "init_logits":
+            where = f"init_logits[{', '.join(map(str, index))}]" if index else "init_logits"
+            raise ValueError(
+                f"{where} is -inf for every state: the first hidden state must have at least "
+                "one possible value (a row of -inf logits cannot be normalised)"
+            )
+        raise ValueError(
+            f"trans_logits[{', '.join(map(str, index))}] is -inf for every next state: each "
+            f"from-state (here state {index[-1]}) needs at least one possible transition (a row "
+            "of -inf logits cannot be normalised); give it a finite logit, e.g. 0 for a "
+            "self-transition"
+        )
+
+
+def _check_evidence(problem, log_norm, log_norms=None):
+    """
+    Raise if the observations have probability zero, which leaves posterior queries
+    undefined. ``log_norm`` ``(...)`` is the final log normaliser (or Viterbi score);
+    ``log_norms`` ``(T, ...)``, the filter's running ones, locate the first impossible time
+    step (computed here if not given). Follows the validation switch.
+    """
+    if not values_checked() or not bool(torch.isneginf(log_norm).any()):
+        return
+    if log_norms is None:
+        log_norms = problem.forward()[1]
+    impossible = torch.isneginf(log_norms)  # once -inf, -inf at every later step
+    first = (~impossible).sum(0).flatten()  # first impossible step per batch element
+    flat = int(first.argmin())
+    step = int(first[flat])
+    if step >= problem.duration:  # underflow in one pass only; report the last step
+        step = problem.duration - 1
+    batch = ""
+    if len(problem.batch_shape):
+        index = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), problem.batch_shape))
+        batch = f" of batch element {index}"
+    raise ValueError(
+        f"obs_log_probs: the observation at time step {step} (0-based){batch} is impossible "
+        "under every state the chain can be in at that step (the observations up to it have "
+        "probability 0), so the posterior over the hidden states is undefined; check the "
+        "emission parameters and trans_logits, or mark the observation missing with mask=False"
+    )
+
+
 class _Problem:
     """Validated, normalised inputs in the engine's time-first layout."""
 
@@ -132,10 +181,12 @@ class _Problem:
         # Checks on tensor values follow torch.distributions' global validation switch
         # (``pyro.enable_validation``): they branch on data, which torch.func.vmap cannot
         # trace, so vectorised samplers turn validation off while they evaluate.
-        check_values = Distribution._validate_args
+        check_values = values_checked()
         if check_values:
             _check_no_nan_or_posinf("init_logits", init_logits)
             _check_no_nan_or_posinf("trans_logits", trans_logits)
+            _check_some_state_possible("init_logits", init_logits)
+            _check_some_state_possible("trans_logits", trans_logits)
             if bool(torch.isposinf(obs_log_probs).any()):
                 raise ValueError("obs_log_probs contains +inf")
         shapes = [init_logits.shape[:-1], trans_logits.shape[: -3 if self.time_varying else -2]]
@@ -364,7 +415,9 @@ def hmm_log_likelihood(init_logits, trans_logits, obs_log_probs, mask=None):
 def hmm_filter(init_logits, trans_logits, obs_log_probs, mask=None):
     """Filtered probabilities :math:`p(z_t \\mid x_{1:t})`, shape ``(..., T, K)``."""
     problem = _Problem(init_logits, trans_logits, obs_log_probs, mask)
-    return problem.forward()[0].movedim(0, -2)
+    filtered, log_norms = problem.forward()
+    _check_evidence(problem, log_norms[-1], log_norms)
+    return filtered.movedim(0, -2)
 
 
 def hmm_smooth(init_logits, trans_logits, obs_log_probs, mask=None):
@@ -373,7 +426,8 @@ def hmm_smooth(init_logits, trans_logits, obs_log_probs, mask=None):
     prefix scan times a backward (suffix) scan, ``alpha_t * beta_t`` renormalised.
     """
     problem = _Problem(init_logits, trans_logits, obs_log_probs, mask)
-    filtered = problem.forward()[0]
+    filtered, log_norms = problem.forward()
+    _check_evidence(problem, log_norms[-1], log_norms)
     # beta_t^T = 1^T X_T^T ... X_{t+1}^T: a prefix scan over the reversed, transposed factors.
     backward_factors = problem.log_factors().transpose(-1, -2).flip(0)
     uniform = torch.zeros_like(problem.log_init)
@@ -408,6 +462,7 @@ def hmm_viterbi(init_logits, trans_logits, obs_log_probs, mask=None):
         delta = delta.flatten(0, 1)[:num_factors]
         pointers = pointers.flatten(0, 1)[:num_factors]
         log_score = first_shift + shifts.flatten(0, 1)[:num_factors].sum(0)
+        _check_evidence(problem, log_score)
         path = semiring.compose_maps(delta[-1].argmax(-1), pointers.flip(0)).flip(0)
         return path.movedim(0, -1), log_score
     delta, offset = semiring.vector_scan(
@@ -418,6 +473,7 @@ def hmm_viterbi(init_logits, trans_logits, obs_log_probs, mask=None):
     )
     # Each delta_t is shifted to max 0, so the final offset is the best path's score.
     log_score = offset[-1]
+    _check_evidence(problem, log_score)
     backpointers = (delta[:-1].unsqueeze(-1) + problem.log_trans).argmax(-2)
     last = delta[-1].argmax(-1)
     path = semiring.compose_maps(last, backpointers.flip(0)).flip(0)
@@ -449,7 +505,9 @@ def hmm_sample_paths(init_logits, trans_logits, obs_log_probs, num_samples, mask
     """
     num_samples = _check_count("num_samples", num_samples)
     problem = _Problem(init_logits, trans_logits, obs_log_probs, mask)
-    log_filtered = torch.log(problem.forward()[0])
+    filtered, log_norms = problem.forward()
+    _check_evidence(problem, log_norms[-1], log_norms)
+    log_filtered = torch.log(filtered)
     # (T-1, *batch, K_next, K_prev): conditional over z_t given z_{t+1} = row.
     logits = (log_filtered[:-1].unsqueeze(-1) + problem.log_trans).transpose(-1, -2)
     batch = problem.batch_shape
@@ -477,12 +535,13 @@ def hmm_predict(init_logits, trans_logits, obs_log_probs, num_steps, mask=None):
     problem = _Problem(init_logits, trans_logits, obs_log_probs, mask)
     if problem.time_varying:
         raise ValueError("hmm_predict needs time-homogeneous trans_logits (..., K, K)")
-    last, _ = semiring.vector_reduce(
+    last, log_norm = semiring.vector_reduce(
         semiring.scaled_vector(problem.log_first()),
         semiring.scaled_matrix(problem.log_factors()),
         semiring.scaled_vec_mat,
         semiring.scaled_mat_mat,
     )
+    _check_evidence(problem, log_norm)
     trans = torch.exp(problem.log_trans)
     steps = trans.expand((num_steps,) + trans.shape)
     pred = semiring.vector_scan((last,), (steps,), _lin_vec_mat, _lin_mat_mat)[0][1:]
@@ -567,6 +626,9 @@ class HiddenMarkovDistribution(TorchDistribution):
         self._duration = lengths.pop() if lengths else None
         event_shape = (self._duration or 1,) + tuple(observation_dist.event_shape)
         super().__init__(batch_shape, torch.Size(event_shape), validate_args=validate_args)
+        if self._validate_args:
+            _check_some_state_possible("init_logits", init_logits)
+            _check_some_state_possible("trans_logits", trans_logits)
 
     @property
     def duration(self):

@@ -34,6 +34,7 @@ Conventions
 """
 
 import math
+import operator
 from typing import NamedTuple
 
 import torch
@@ -107,9 +108,22 @@ def _sym(x):
 
 def _check_tensor(x, name):
     if not isinstance(x, torch.Tensor):
-        raise ValueError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
     if not (x.is_floating_point() or x.dtype in (torch.bool, torch.int32, torch.int64)):
-        raise ValueError(f"{name} must be a real tensor, got dtype {x.dtype}")
+        raise TypeError(f"{name} must be a real tensor, got dtype {x.dtype}")
+
+
+def _check_num_steps(value, name="num_steps", low=1):
+    """A count: an integer >= ``low`` (NumPy and 0-dim integer tensors too; not bool)."""
+    try:
+        if isinstance(value, bool):
+            raise TypeError
+        count = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name} must be an integer >= {low}, got {value!r}") from None
+    if count < low:
+        raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+    return count
 
 
 def _split(x, name, core, num_batch, num_steps, time_ok=True):
@@ -743,6 +757,7 @@ def kalman_sample(
 
     :returns: ``(num_samples, ..., T, S)``.
     """
+    num_samples = _check_num_steps(num_samples, "num_samples", low=0)
     ssm = _prepare(
         y,
         transition_matrix,
@@ -798,8 +813,7 @@ def kalman_forecast(
     """
     if not isinstance(filter_result, KalmanFilterResult):
         raise ValueError("filter_result must be a KalmanFilterResult from kalman_filter")
-    if int(num_steps) < 1:
-        raise ValueError(f"num_steps must be >= 1, got {num_steps}")
+    num_steps = _check_num_steps(num_steps)
     m = filter_result.filtered_means[..., -1, :]
     P = filter_result.filtered_covs[..., -1, :, :]
     S, nb = m.shape[-1], m.dim() - 1
@@ -813,6 +827,9 @@ def kalman_forecast(
     ]
     for x, name in [(W, "transition_cov"), (V, "observation_cov")]:
         _check_covariance(x, name)
+    # The same value check as kalman_filter's (it follows the validation switch).
+    if values_checked() and not (bool(torch.isfinite(G).all()) and bool(torch.isfinite(F).all())):
+        raise ValueError("transition_matrix and observation_matrix must be finite")
     means, covs = [], []
     for k in range(num_steps):
         m = _mv(G[..., k, :, :], m)

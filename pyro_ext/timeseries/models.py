@@ -16,6 +16,8 @@ inside :func:`pyro.contrib.funsor.vectorized_markov`, to be run with
 with other enumerated variables, and is much slower (funsor's per-call overhead).
 """
 
+import numbers
+
 import pyro
 import pyro.distributions as dist
 import torch
@@ -30,9 +32,19 @@ _EMISSIONS = ("categorical", "poisson", "gaussian")
 
 
 def _positive(name, value):
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a positive number, got {value!r}")
+    if not value > 0:
         raise ValueError(f"{name} must be a positive number, got {value!r}")
     return float(value)
+
+
+def _count(name, value, why=""):
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an integer >= 1{why}, got {value!r}")
+    if value < 1:
+        raise ValueError(f"{name} must be an integer >= 1{why}, got {value!r}")
+    return int(value)
 
 
 class HiddenMarkovModel(PyroModule):
@@ -71,18 +83,19 @@ class HiddenMarkovModel(PyroModule):
         backend="scan",
     ):
         super().__init__()
-        if isinstance(num_states, bool) or not isinstance(num_states, int) or num_states < 1:
-            raise ValueError(f"num_states must be an integer >= 1, got {num_states!r}")
+        num_states = _count("num_states", num_states)
+        if not callable(emission) and not isinstance(emission, str):
+            raise TypeError(f"emission must be one of {_EMISSIONS} or a callable, got {emission!r}")
         if not callable(emission) and emission not in _EMISSIONS:
             raise ValueError(
                 f"emission must be one of {_EMISSIONS} or a callable, got {emission!r}"
             )
         if emission == "categorical":
-            if isinstance(num_symbols, bool) or not isinstance(num_symbols, int) or num_symbols < 1:
+            if num_symbols is None:
                 raise ValueError(
-                    "num_symbols must be an integer >= 1 for categorical emissions, "
-                    f"got {num_symbols!r}"
+                    "num_symbols must be an integer >= 1 for categorical emissions, got None"
                 )
+            num_symbols = _count("num_symbols", num_symbols, " for categorical emissions")
         if backend not in ("scan", "funsor"):
             raise ValueError(f"backend must be 'scan' or 'funsor', got {backend!r}")
         K = num_states

@@ -2,8 +2,10 @@ import gzip
 import hashlib
 import io
 import os
+import shutil
 import urllib.error
 import urllib.request
+from pathlib import PurePosixPath
 
 import pytest
 import torch
@@ -30,6 +32,7 @@ from pyro_ext.datasets import (
     standardize_split,
     uci_num_splits,
 )
+from pyro_ext.datasets import utils as data_utils
 from pyro_ext.datasets._checksums import SHA256
 
 NILE = "timeseries/nile.csv"
@@ -83,6 +86,12 @@ def serve(monkeypatch, payload):
     return urls
 
 
+def accept_checksum(monkeypatch, path, rel):
+    """Register the sha256 of the test's own stand-in file ``path`` for ``rel``: loaders
+    verify every file they read."""
+    monkeypatch.setitem(SHA256, rel, hashlib.sha256(path.read_bytes()).hexdigest())
+
+
 def files_under(folder):
     return [p for p in folder.rglob("*") if p.is_file()] if folder.exists() else []
 
@@ -109,6 +118,7 @@ def test_env_var_takes_precedence_over_cache(tmp_path, cache, monkeypatch):
     (cache / "timeseries").mkdir(parents=True)
     (cache / NILE).write_text("year,volume\n2000,5\n")
     monkeypatch.setenv("PYRO_EXT_DATA", str(env))
+    accept_checksum(monkeypatch, env / NILE, NILE)
     assert get_data_path(NILE) == env / NILE
     years, volume = load_nile()
     assert years.tolist() == [2000, 2001]
@@ -119,6 +129,7 @@ def test_cache_used_when_env_var_unset(cache, monkeypatch, offline):
     (cache / "timeseries").mkdir(parents=True)
     (cache / NILE).write_text("year,volume\n1999,7\n")
     monkeypatch.delenv("PYRO_EXT_DATA")
+    accept_checksum(monkeypatch, cache / NILE, NILE)
     assert cache_dir() == cache
     assert get_data_path(NILE) == cache / NILE
     assert load_nile()[1].tolist() == [7.0]
@@ -391,6 +402,7 @@ def test_mnist_bad_magic(tmp_path, monkeypatch):
     for name in ["t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"]:
         with gzip.open(tmp_path / "mnist" / name, "wb") as f:
             f.write((2049).to_bytes(4, "big") + (1).to_bytes(4, "big") + b"\x00")
+        accept_checksum(monkeypatch, tmp_path / "mnist" / name, f"mnist/{name}")
     monkeypatch.setenv("PYRO_EXT_DATA", str(tmp_path))
     with pytest.raises(ValueError, match="magic number 2051"):
         load_mnist("test")
@@ -507,3 +519,79 @@ def test_prophet_holidays():
     assert len(load_prophet_holidays()) == 87651
     with pytest.raises(ValueError, match="country"):
         load_prophet_holidays("XX")
+
+
+# --------------------------------------------------------------------------- local checksums
+
+
+def _corrupt_copy(root, rel, folder):
+    """Copy ``folder`` of the shared data into ``root`` and change one byte of ``rel``."""
+    shared = get_data_path(rel).parents[len(PurePosixPath(rel).parts) - 1]
+    shutil.copytree(shared / folder, root / folder)
+    data = bytearray((root / rel).read_bytes())
+    data[len(data) // 2] ^= 1
+    (root / rel).write_bytes(bytes(data))
+    return hashlib.sha256(bytes(data)).hexdigest()
+
+
+CORRUPTED = [
+    (NILE, "timeseries", load_nile),
+    ("timeseries/earthquakes.csv", "timeseries", load_earthquakes),
+    ("uci/yacht/data/data.txt", "uci/yacht", lambda: load_uci("yacht")),
+    ("uci/yacht/data/index_test_3.txt", "uci/yacht", lambda: load_uci("yacht", split=3)),
+    ("spam/spambase.data", "spam", load_spambase),
+    ("mnist/t10k-labels-idx1-ubyte.gz", "mnist", lambda: load_mnist("test")),
+    ("mmm/dt_prophet_holidays.csv", "mmm", load_prophet_holidays),
+]
+
+
+@pytest.mark.parametrize("rel, folder, load", CORRUPTED, ids=[c[0] for c in CORRUPTED])
+def test_loaders_verify_files_under_the_env_var(rel, folder, load, tmp_path, cache, monkeypatch):
+    root = tmp_path / "data"
+    actual = _corrupt_copy(root, rel, folder)
+    monkeypatch.setenv("PYRO_EXT_DATA", str(root))
+    with pytest.raises(DatasetChecksumError) as info:
+        load()
+    message = str(info.value)
+    assert f"'{rel}' at {root / rel}" in message
+    assert f"sha256 is {actual}, expected {SHA256[rel]}" in message
+    assert f"comes from $PYRO_EXT_DATA={root}" in message
+    assert "restore it from the original data" in message
+
+
+@pytest.mark.parametrize("rel, folder, load", CORRUPTED[:3], ids=[c[0] for c in CORRUPTED[:3]])
+def test_loaders_verify_files_in_the_cache(rel, folder, load, cache, monkeypatch, offline):
+    actual = _corrupt_copy(cache, rel, folder)
+    monkeypatch.delenv("PYRO_EXT_DATA")
+    with pytest.raises(DatasetChecksumError, match=f"sha256 is {actual}") as info:
+        load()
+    assert f"at {cache / rel}" in str(info.value)
+    if rel == "timeseries/earthquakes.csv":
+        assert "copy an intact file there" in str(info.value)
+    else:
+        assert f"Delete {cache / rel} to download it again from https://" in str(info.value)
+    assert not offline  # nothing is downloaded behind the user's back
+
+
+def test_verification_is_cached_by_size_and_mtime(tmp_path, monkeypatch):
+    root = tmp_path / "data"
+    shutil.copytree(get_data_path(NILE).parent, root / "timeseries")
+    monkeypatch.setenv("PYRO_EXT_DATA", str(root))
+    calls = []
+    digest = data_utils._file_digest
+    monkeypatch.setattr(
+        data_utils, "_file_digest", lambda *args: calls.append(args) or digest(*args)
+    )
+    expected = load_nile()
+    for _ in range(3):
+        assert torch.equal(load_nile()[1], expected[1])
+    assert len(calls) == 1  # hashed once, then remembered
+    # A modified file (new mtime) is hashed again and refused.
+    path = root / NILE
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 1
+    path.write_bytes(bytes(data))
+    os.utime(path, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns + 10**9))
+    with pytest.raises(DatasetChecksumError, match="Checksum mismatch for 'timeseries/nile.csv'"):
+        load_nile()
+    assert len(calls) == 2

@@ -442,6 +442,29 @@ def test_bad_arguments(kwargs, match):
         VIS(gauss_model, off_guide(), **kwargs)
 
 
+@pytest.mark.parametrize(
+    "model, base_guide, match",
+    [
+        (gauss_model, None, "base_guide must be a callable"),
+        (gauss_model, "AutoNormal", "base_guide must be a callable"),
+        (None, lambda x: None, "model must be a callable"),
+    ],
+)
+def test_model_and_base_guide_must_be_callables(model, base_guide, match):
+    with pytest.raises(TypeError, match=match):
+        VIS(model, base_guide)
+
+
+@pytest.mark.parametrize(
+    "num_samples, error",
+    [(0, ValueError), (-3, ValueError), (2.5, TypeError), (True, TypeError), ("10", TypeError)],
+)
+def test_sample_posterior_num_samples(num_samples, error):
+    guide = VIS(gauss_model, off_guide())
+    with pytest.raises(error, match="num_samples must be an integer >= 1"):
+        guide.sample_posterior(gauss_data("cpu"), num_samples=num_samples)
+
+
 @pytest.mark.parametrize("kwargs", [dict(sampler="svgd"), dict(entropy="fokker_planck")])
 def test_interacting_samplers_need_particles(kwargs):
     guide = VIS(gauss_model, off_guide(), **kwargs)

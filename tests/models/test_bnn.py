@@ -369,6 +369,49 @@ def test_validation_errors():
         rmse(BayesianMLP(D, likelihood="bernoulli"), {}, x, torch.zeros(N))
 
 
+@pytest.mark.parametrize(
+    "helper", [predictive_moments, log_predictive_density, rmse], ids=lambda f: f.__name__
+)
+@pytest.mark.parametrize(
+    "chunk_size, error",
+    [(0, ValueError), (-2, ValueError), (2.5, TypeError), (None, TypeError), (True, TypeError)],
+)
+def test_chunk_size_is_checked(helper, chunk_size, error):
+    x, y = _data("gaussian", 1, "cpu")
+    net = BayesianMLP(D, hidden=(4,))
+    samples = _prior_samples(net, x, 3)
+    args = (x,) if helper is predictive_moments else (x, y)
+    with pytest.raises(error, match="chunk_size must be a positive integer"):
+        helper(net, samples, *args, chunk_size=chunk_size)
+
+
+@pytest.mark.parametrize(
+    "probs, match",
+    [
+        (
+            torch.tensor([[0.9, 0.9, 0.9], [0.2, 0.3, 0.5]]),
+            "row of probs .* sum to 1, got 2.7 in row 0",
+        ),
+        (torch.tensor([[0.2, 0.8], [0.5, 0.6]]), "row of probs .* sum to 1, got 1.1 in row 1"),
+        (torch.tensor([[2.0, -1.0], [0.5, 0.5]]), r"probs must be probabilities in \[0, 1\]"),
+        (torch.tensor([0.2, 1.3]), r"probs must be probabilities in \[0, 1\].*index 1"),
+        (torch.tensor([0.2, float("nan")]), r"probs must be probabilities in \[0, 1\], got nan"),
+    ],
+)
+def test_expected_calibration_error_refuses_non_probabilities(probs, match):
+    labels = torch.zeros(probs.shape[0], dtype=torch.long)
+    with pytest.raises(ValueError, match=match):
+        expected_calibration_error(probs, labels)
+    with pyro.validation_enabled(False):  # value checks follow the validation switch
+        expected_calibration_error(probs, labels)
+
+
+def test_expected_calibration_error_takes_averaged_softmaxes():
+    """A mean of softmaxes lands an ulp above 1: round-off, accepted."""
+    probs = torch.tensor([[1.0 + 1.2e-7, 0.0], [0.3, 0.7]])
+    assert 0 <= float(expected_calibration_error(probs, torch.tensor([0, 1]))) <= 1
+
+
 @pytest.mark.parametrize("hierarchical", [False, True])
 def test_compiled_step_runs_the_bayesian_mlp_as_eager(hierarchical):
     """A PyroModule's cached priors check their samples; the traced step must not trip on it."""

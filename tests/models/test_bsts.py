@@ -289,6 +289,55 @@ def test_errors():
         m.coefficients()
 
 
+def _sales_with(weeks, values):
+    sales = simulate_retail(num_weeks=20).sales.clone()
+    sales[weeks] = torch.tensor(values, dtype=sales.dtype)
+    return sales
+
+
+@pytest.mark.parametrize(
+    "sales, standardize, match",
+    [
+        (_sales_with([7], [math.inf]), True, r"sales must be finite.*sales\[7\] is inf"),
+        (_sales_with([3, 9], [-math.inf, math.inf]), True, r"sales\[3\] is -inf \(first of 2"),
+        (_sales_with(slice(None), [math.nan]), True, "sales has 0 observed"),
+        (_sales_with(slice(None), [math.nan]), False, "sales has 0 observed"),
+        (_sales_with(slice(1, None), [math.nan]), True, "sales has 1 observed .* at least 2"),
+    ],
+)
+def test_fit_refuses_sales_it_cannot_handle(sales, standardize, match):
+    d = simulate_retail(num_weeks=20)
+    with pytest.raises(ValueError, match=match):
+        RetailBSTS().fit(sales, d.spend, d.covariates, standardize=standardize)
+
+
+def test_fit_with_missing_sales_stays_finite():
+    # NaN marks a missing week, marginalised by the Kalman filter: it must still fit.
+    d = simulate_retail(num_weeks=30, seed=1, noise="gaussian")
+    sales = d.sales.clone()
+    sales[::3] = math.nan
+    m = RetailBSTS(variant="B", noise="gaussian", seasonal_harmonics=0)
+    m.fit(
+        sales,
+        d.spend,
+        d.covariates,
+        num_samples=4,
+        warmup_steps=4,
+        num_particles=2,
+        map_init_steps=0,
+        rhat_target=None,
+    )
+    assert torch.isfinite(m.coefficients()["q"]["mean"]).all()
+
+
+def test_one_step_predictions_refuse_infinite_sales(fitted, short_data):
+    d = short_data
+    sales = d.sales.clone()
+    sales[5] = math.inf
+    with pytest.raises(ValueError, match=r"sales\[5\] is inf"):
+        fitted.one_step_predictions(sales, d.spend, d.covariates, max_draws=1)
+
+
 @pytest.mark.slow
 def test_recovery_sgld():
     d = simulate_retail(num_weeks=234, seed=0, noise="gaussian")

@@ -494,6 +494,17 @@ class RetailBSTS:
             raise ValueError(f"{name} must have {dim} dims, got shape {tuple(x.shape)}")
         return x.detach().to(torch.float64)
 
+    @staticmethod
+    def _check_sales(y, name="sales"):
+        """NaN marks a missing week (the Kalman filter marginalises it); +-inf cannot be."""
+        infinite = torch.isinf(y)
+        if bool(infinite.any()):
+            t = int(infinite.nonzero()[0, 0])
+            raise ValueError(
+                f"{name} must be finite, with NaN for missing weeks: {name}[{t}] is "
+                f"{float(y[t])} (first of {int(infinite.sum())} infinite values)"
+            )
+
     def _check_spend(self, spend, name="spend"):
         if torch.isnan(spend).any() or not torch.isfinite(spend).all():
             raise ValueError(f"{name} must be finite (no NaN)")
@@ -623,7 +634,17 @@ class RetailBSTS:
                 raise ValueError("covariates must be finite")
         if y.shape[0] < 4:
             raise ValueError("sales needs at least 4 weeks")
+        self._check_sales(y)
         obs = y[~torch.isnan(y)]
+        # Missing weeks (NaN) are marginalised, but the fit needs observed ones, and the
+        # standardisation their mean and sd.
+        needed = 2 if standardize else 1
+        if obs.numel() < needed:
+            raise ValueError(
+                f"sales has {obs.numel()} observed (non-NaN) weeks out of {y.shape[0]}; "
+                f"fitting needs at least {needed}"
+                + (" (standardize=True estimates their mean and sd)" if standardize else "")
+            )
         if standardize:
             self._y_loc, self._y_scale = obs.mean(), obs.std().clamp(min=1e-12)
             self._u_scale = u.mean(0).where(u.mean(0) > 0, torch.ones_like(u[0]))
@@ -1182,7 +1203,9 @@ class RetailBSTS:
             raise ValueError("one_step_predictions needs noise='gaussian'")
         draws = self._draw_subset(max_draws)
         params = {n: v for n, v in draws.items() if n != "obs_precision"}
-        y = (torch.as_tensor(sales, dtype=torch.float64) - self._y_loc) / self._y_scale
+        sales = torch.as_tensor(sales, dtype=torch.float64)
+        self._check_sales(sales)
+        y = (sales - self._y_loc) / self._y_scale
         u = torch.as_tensor(spend, dtype=torch.float64) / self._u_scale
         X = torch.zeros(y.shape[0], self._p, dtype=torch.float64)
         if covariates is not None:
