@@ -351,10 +351,23 @@ def vis(quick=False):
     print("    (thesis figure 2.7 at iteration 30: 1.011 for T=0, 0.667 for T=1)")
 
 
+def _print_bnn_scores(name, net, samples, data, y_std, timing):
+    """Test RMSE and log-likelihood of posterior draws, in the targets' original units."""
+    from pyro_ext.models import log_predictive_density, rmse
+
+    with torch.no_grad():
+        ll = float(log_predictive_density(net, samples, data.x_test, data.y_test))
+        err = float(rmse(net, samples, data.x_test, data.y_test))
+    print(
+        f"    {name:8s} test RMSE {err * float(y_std):.2f}  test LL "
+        f"{ll - math.log(float(y_std)):6.2f}  ({timing})"
+    )
+
+
 def bnn(quick=False):
     """Thesis 2.3.3: a 50-unit Bayesian neural network on a UCI regression split."""
     from pyro_ext.datasets import load_uci, standardize_split
-    from pyro_ext.models import BayesianMLP, log_predictive_density, rmse
+    from pyro_ext.models import BayesianMLP
 
     print("== Chapter: Bayesian neural networks (thesis 1.3, 2.3.3) ==")
     data, _, y_std = standardize_split(load_uci("yacht", 0))
@@ -396,14 +409,7 @@ def bnn(quick=False):
         start = time.perf_counter()
         mcmc.run(x, y, subsample_size=100)
         elapsed = time.perf_counter() - start
-        samples = mcmc.get_samples()
-        with torch.no_grad():
-            ll = float(log_predictive_density(net, samples, data.x_test, data.y_test))
-            err = float(rmse(net, samples, data.x_test, data.y_test))
-        print(
-            f"    {name:8s} test RMSE {err * float(y_std):.2f}  test LL "
-            f"{ll - math.log(float(y_std)):6.2f}  ({elapsed:.1f} s)"
-        )
+        _print_bnn_scores(name, net, mcmc.get_samples(), data, y_std, f"{elapsed:.1f} s")
     print(
         "    (thesis table 2.3/2.4, 20 splits: SGLD 0.94 / -1.21, SGLD+R 0.89 / -1.17; "
         "results/uci.md has all nine data sets)"
@@ -414,7 +420,7 @@ def ngvi(quick=False):
     """Natural-gradient VI (IVON, VOGN) for the BNN of the ``bnn`` chapter, beside SGLD."""
     from pyro_ext.datasets import load_uci, standardize_split
     from pyro_ext.infer import NaturalGradientVI
-    from pyro_ext.models import BayesianMLP, log_predictive_density, rmse
+    from pyro_ext.models import BayesianMLP
 
     print("== Chapter: natural-gradient variational inference (IVON, VOGN) ==")
     data, _, y_std = standardize_split(load_uci("yacht", 0))
@@ -436,15 +442,8 @@ def ngvi(quick=False):
         for _ in range(steps):
             vi.step(x, y, subsample_size=100)
         elapsed = time.perf_counter() - start
-        samples = vi.sample_posterior(100)
-        with torch.no_grad():
-            ll = float(log_predictive_density(net, samples, data.x_test, data.y_test))
-            err = float(rmse(net, samples, data.x_test, data.y_test))
-        print(
-            f"    {name:5s} test RMSE {err * float(y_std):.2f}  test LL "
-            f"{ll - math.log(float(y_std)):6.2f}  ({elapsed:.1f} s, "
-            f"{elapsed / steps * 1e3:.2f} ms per step)"
-        )
+        timing = f"{elapsed:.1f} s, {elapsed / steps * 1e3:.2f} ms per step"
+        _print_bnn_scores(name, net, vi.sample_posterior(100), data, y_std, timing)
     print("    (the bnn chapter samples the same network with SGLD, SGLD+R and Adam+NR)")
 
 
