@@ -51,16 +51,18 @@ The tables are printed and written to ``benchmarks/results/ara_scalable.md`` (``
 import argparse
 import functools
 import math
-import os
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-os.environ.setdefault("PYRO_EXT_DATA", str(REPO.parent / "shared" / "data"))
-
 import pyro  # noqa: E402
 import torch  # noqa: E402
-from _report import command_line_args, markdown, mean_sd, write_report  # noqa: E402
+from _common import (  # noqa: E402
+    REPO,  # importing _common also sets $PYRO_EXT_DATA's default
+    command_line_args,
+    markdown,
+    mean_sd,
+    write_report,
+)
 
 from pyro_ext.ara.attackers import LangevinAttacker  # noqa: E402
 from pyro_ext.ara.attacks import fgsm, pgd  # noqa: E402

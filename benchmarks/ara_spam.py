@@ -48,7 +48,7 @@ from pathlib import Path
 import numpy as np
 import sklearn
 import torch
-from _report import command_line_args, markdown, mean_sd, write_report
+from _common import command_line_args, markdown, mean_sd, write_report
 from sklearn.ensemble import RandomForestClassifier
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.linear_model import LogisticRegression

@@ -57,17 +57,17 @@ The tables are printed and written to ``benchmarks/results/bsts.md``.
 
 import argparse
 import math
-import os
 import statistics
 import time
 import warnings
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-os.environ.setdefault("PYRO_EXT_DATA", str(REPO.parent / "shared" / "data"))
-
 import torch  # noqa: E402
-from _report import markdown, write_report  # noqa: E402
+from _common import (  # noqa: E402
+    REPO,  # importing _common also sets $PYRO_EXT_DATA's default
+    markdown,
+    write_report,
+)
 
 from pyro_ext.datasets import load_marketing_mix  # noqa: E402
 from pyro_ext.infer import SamplerDivergenceError  # noqa: E402

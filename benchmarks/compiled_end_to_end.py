@@ -53,30 +53,26 @@ The tables are printed and written to ``benchmarks/results/compiled_end_to_end.m
 """
 
 import argparse
-import atexit
 import math
 import os
 import platform
 import re
-import shutil
 import statistics
-import tempfile
 import time
 import traceback
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-os.environ.setdefault("PYRO_EXT_DATA", str(REPO.parent / "shared" / "data"))
+from _common import REPO, fresh_inductor_cache  # noqa: E402  (sets $PYRO_EXT_DATA's default)
+
 # A fresh inductor cache (before torch or sgmcmc_speed is imported), so that every compile
 # time below is a cold one. Removed at exit.
-if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
-    os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="compiled_e2e_inductor_")
-    atexit.register(shutil.rmtree, os.environ["TORCHINDUCTOR_CACHE_DIR"], ignore_errors=True)
+fresh_inductor_cache("compiled_e2e_inductor_")
 
 import pyro  # noqa: E402
 import torch  # noqa: E402
 import uci  # noqa: E402
-from _report import command_line_args, markdown, write_report  # noqa: E402
+from _common import command_line_args, markdown, write_report  # noqa: E402
+from _common import spread as timing_spread  # noqa: E402
 from ara_scalable import LANGEVIN, MNIST_HIDDEN, accuracy  # noqa: E402
 from sgmcmc_speed import KERNELS, fmt_us, kin8nm, spread  # noqa: E402
 
@@ -115,12 +111,7 @@ BSTS_KERNELS = (None, "sgld")  # None: fit's default kernel (preconditioned SGHM
 
 def seconds_spread(values):
     """median / mean / p90 / max of ``values`` (seconds), as sgmcmc_speed's ``spread``."""
-    ordered = sorted(values)
-    p90 = ordered[min(len(ordered) - 1, int(math.ceil(0.9 * len(ordered))) - 1)]
-    return " / ".join(
-        f"{v:.2f}"
-        for v in (statistics.median(ordered), statistics.fmean(ordered), p90, ordered[-1])
-    )
+    return timing_spread(values, fmt="{:.2f}")
 
 
 def ratio(compiled, eager):

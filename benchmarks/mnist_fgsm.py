@@ -50,16 +50,17 @@ The tables are printed and written to ``benchmarks/results/mnist_fgsm.md`` (``--
 import argparse
 import functools
 import math
-import os
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-os.environ.setdefault("PYRO_EXT_DATA", str(REPO.parent / "shared" / "data"))
-
 import pyro  # noqa: E402
 import torch  # noqa: E402
-from _report import command_line_args, markdown, write_report  # noqa: E402
+from _common import (  # noqa: E402
+    REPO,  # importing _common also sets $PYRO_EXT_DATA's default
+    command_line_args,
+    markdown,
+    write_report,
+)
 
 from pyro_ext.ara.attacks import fgsm, predictive_logits  # noqa: E402
 from pyro_ext.datasets import load_mnist  # noqa: E402

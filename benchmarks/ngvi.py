@@ -88,13 +88,16 @@ import time
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-os.environ.setdefault("PYRO_EXT_DATA", str(REPO.parent / "shared" / "data"))
-
 import pyro  # noqa: E402
 import torch  # noqa: E402
 import uci  # noqa: E402
-from _report import command_line_args, markdown, write_report  # noqa: E402
+from _common import (  # noqa: E402
+    REPO,  # importing _common also sets $PYRO_EXT_DATA's default
+    command_line_args,
+    markdown,
+    write_report,
+)
+from _common import spread as timing_spread  # noqa: E402
 from pyro.infer import SVI, Trace_ELBO  # noqa: E402
 from pyro.infer.autoguide import AutoNormal  # noqa: E402
 
@@ -580,10 +583,7 @@ def mnist_torch(method, x, y, xt, yt, start, cfg):
 
 
 def _ms_spread(times):
-    ordered = sorted(times)
-    p90 = ordered[min(len(ordered) - 1, int(math.ceil(0.9 * len(ordered))) - 1)]
-    values = (statistics.median(ordered), statistics.fmean(ordered), p90, ordered[-1])
-    return " / ".join(f"{1e3 * v:.1f}" for v in values)
+    return timing_spread(times, scale=1e3, fmt="{:.1f}")
 
 
 def _profile(step, steps):

@@ -44,32 +44,27 @@ The tables are printed and written to ``benchmarks/results/sgmcmc_speed.md`` (CU
 """
 
 import argparse
-import atexit
 import math
-import os
-import shutil
 import statistics
-import tempfile
 import time
 import warnings
 from importlib.metadata import version
 from pathlib import Path
 from typing import NamedTuple
 
-REPO = Path(__file__).resolve().parents[1]
-os.environ.setdefault("PYRO_EXT_DATA", str(REPO.parent / "shared" / "data"))
+from _common import REPO, fresh_inductor_cache  # noqa: E402  (sets $PYRO_EXT_DATA's default)
+
 # A fresh inductor cache, so that the first compilation of this run is a cold one (what a
 # user meets the first time); later ones of the same graph hit the on-disk cache. Removed
 # at exit.
-if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
-    os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="sgmcmc_speed_inductor_")
-    atexit.register(shutil.rmtree, os.environ["TORCHINDUCTOR_CACHE_DIR"], ignore_errors=True)
+fresh_inductor_cache("sgmcmc_speed_inductor_")
 
 import numpy as np  # noqa: E402
 import pyro  # noqa: E402
 import pyro.distributions as dist  # noqa: E402
 import torch  # noqa: E402
-from _report import markdown, write_report  # noqa: E402
+from _common import markdown, write_report  # noqa: E402
+from _common import spread as timing_spread  # noqa: E402
 from pyro.infer.svgd import RBFSteinKernel  # noqa: E402
 
 from pyro_ext.datasets import load_mnist, load_uci, standardize_split  # noqa: E402
@@ -401,9 +396,7 @@ def fmt_us(seconds):
 
 def spread(steps):
     """median / mean / p90 / max of per-step times, in microseconds."""
-    ordered = sorted(steps)
-    p90 = ordered[min(len(ordered) - 1, int(math.ceil(0.9 * len(ordered))) - 1)]
-    return f"{fmt_us(statistics.median(ordered))} / {fmt_us(statistics.fmean(ordered))} / {fmt_us(p90)} / {fmt_us(ordered[-1])}"
+    return timing_spread(steps, scale=1e6)
 
 
 def verdict(value, target):

@@ -67,7 +67,7 @@ import numpy as np
 import pyro
 import pyro.distributions as dist
 import torch
-from _report import markdown, write_report
+from _common import markdown, mean_sd, write_report
 from pyro.ops.stats import effective_sample_size
 
 from pyro_ext.infer import MCMC, SGLD
@@ -251,11 +251,6 @@ def example_estimates(temperature, seed):
     pooled = mcmc.get_samples()["z"]
     std = pooled.std(0)
     return pooled.mean(0).norm().item(), std[0].item(), std[1].item()
-
-
-def mean_sd(values, digits):
-    sd = np.std(values, ddof=1) if len(values) > 1 else 0.0
-    return f"{np.mean(values):.{digits}f} ± {sd:.{digits}f}"
 
 
 def median_iqr(values, digits):

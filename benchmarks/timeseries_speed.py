@@ -45,12 +45,15 @@ from pathlib import Path
 import numpy as np
 import pyro.distributions as dist
 import torch
-from _report import markdown, write_report
+from _common import (
+    REPO,  # noqa: E402
+    markdown,
+    write_report,
+)
 
 from pyro_ext.timeseries.hmm import HiddenMarkovDistribution, hmm_log_likelihood, hmm_viterbi
 from pyro_ext.timeseries.kalman import kalman_filter, kalman_log_likelihood
 
-REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results" / "timeseries_speed.md"
 PERIOD = 12
 

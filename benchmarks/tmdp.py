@@ -50,7 +50,7 @@ import time
 from pathlib import Path
 
 import torch
-from _report import markdown, write_report
+from _common import markdown, mean_sd, write_report
 
 from pyro_ext.rl import (
     ApproximateLevel2QLearner,
@@ -83,12 +83,6 @@ SEED = 0
 
 def fmt(x, digits=2):
     return f"{x:.{digits}f}"
-
-
-def mean_sd(values, digits=2):
-    values = [float(v) for v in values]
-    sd = statistics.stdev(values) if len(values) > 1 else 0.0
-    return f"{statistics.fmean(values):.{digits}f} ± {sd:.{digits}f}"
 
 
 def tail_means(curves, last):

@@ -52,18 +52,18 @@ The tables are printed and written to ``benchmarks/results/uci.md`` (``--output`
 
 import argparse
 import math
-import os
 import statistics
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-os.environ.setdefault("PYRO_EXT_DATA", str(REPO.parent / "shared" / "data"))
-
 import pyro  # noqa: E402
 import torch  # noqa: E402
-from _report import markdown, write_report  # noqa: E402
+from _common import (  # noqa: E402
+    REPO,  # importing _common also sets $PYRO_EXT_DATA's default
+    markdown,
+    write_report,
+)
 
 from pyro_ext.datasets import (  # noqa: E402
     UCI_DATASETS,

@@ -35,7 +35,7 @@ from pathlib import Path
 
 import pyro
 import torch
-from _report import command_line_args, markdown, write_report
+from _common import command_line_args, markdown, write_report
 from pyro.infer import SVI, Trace_ELBO
 from torch.utils.flop_counter import FlopCounterMode
 

@@ -43,7 +43,7 @@ from pathlib import Path
 
 import pyro
 import torch
-from _report import command_line_args, markdown, mean_sd, write_report
+from _common import command_line_args, markdown, mean_sd, write_report
 from vis_vae import BATCH, make_guide, train
 
 from pyro_ext.datasets import load_mnist

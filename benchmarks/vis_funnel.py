@@ -46,7 +46,7 @@ from pathlib import Path
 import pyro
 import pyro.distributions as dist
 import torch
-from _report import markdown, mean_sd, write_report
+from _common import markdown, mean_sd, write_report
 from pyro.infer import SVI, Trace_ELBO
 from pyro.infer.autoguide import AutoNormal
 from pyro.infer.autoguide.initialization import init_to_value

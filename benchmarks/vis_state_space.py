@@ -36,18 +36,19 @@ The tables are printed and written to ``benchmarks/results/vis_state_space.md``.
 
 import argparse
 import math
-import os
 import statistics
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-os.environ.setdefault("PYRO_EXT_DATA", str(REPO.parent / "shared" / "data"))
-
 import pyro  # noqa: E402
 import pyro.distributions as dist  # noqa: E402
 import torch  # noqa: E402
-from _report import markdown, mean_sd, write_report  # noqa: E402
+from _common import (  # noqa: E402
+    REPO,  # importing _common also sets $PYRO_EXT_DATA's default
+    markdown,
+    mean_sd,
+    write_report,
+)
 from pyro.infer import SVI, Trace_ELBO  # noqa: E402
 from pyro.infer.autoguide import AutoDelta  # noqa: E402
 

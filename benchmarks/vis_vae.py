@@ -47,22 +47,23 @@ The tables are printed and written to ``benchmarks/results/vis_vae.md``.
 """
 
 import argparse
-import os
 import statistics
 import time
 from pathlib import Path
 
 import pyro
 import torch
-from _report import command_line_args, markdown, write_report
+from _common import (
+    command_line_args,
+    markdown,
+    write_report,
+)
 from pyro.infer import SVI, Trace_ELBO
 
 from pyro_ext.datasets import DatasetNotFoundError, load_fashion_mnist, load_mnist
 from pyro_ext.infer.vis import VIS
 from pyro_ext.models.vae import VAE, refined_mean_proposal
 
-REPO = Path(__file__).resolve().parents[1]
-os.environ.setdefault("PYRO_EXT_DATA", str(REPO.parent / "shared" / "data"))
 RESULTS = Path(__file__).resolve().parent / "results" / "vis_vae.md"
 BATCH, LR, STEP_SIZE, T_TRAIN, T_INF = 100, 1e-3, 1e-3, 5, 10
 THESIS = {  # table 2.7, mean +- sd
