@@ -73,13 +73,11 @@ import torch  # noqa: E402
 import uci  # noqa: E402
 from _common import command_line_args, markdown, write_report  # noqa: E402
 from _common import spread as timing_spread  # noqa: E402
-from ara_scalable import LANGEVIN, MNIST_HIDDEN, accuracy  # noqa: E402
+from ara_scalable import accuracy, ara_defense  # noqa: E402
 from sgmcmc_speed import KERNELS, fmt_us, kin8nm, spread  # noqa: E402
 
-from pyro_ext.ara.training import ARATrainer  # noqa: E402
 from pyro_ext.datasets import load_mnist, load_uci, standardize_split  # noqa: E402
 from pyro_ext.infer import SGLD, ModelNotTraceableError, SamplerDivergenceError  # noqa: E402
-from pyro_ext.models import BayesianMLP  # noqa: E402
 from pyro_ext.models.bsts import RetailBSTS, simulate_retail  # noqa: E402
 
 RESULTS = REPO / "benchmarks" / "results" / "compiled_end_to_end.md"
@@ -121,18 +119,7 @@ def ratio(compiled, eager):
 # -- 1. ARA training ------------------------------------------------------------------------
 def ara_run(x, y, x_test, y_test, epochs, jit):
     """The ARA defence of ara_scalable.py; seconds and compile seconds of every epoch."""
-    pyro.set_rng_seed(0)
-    net = BayesianMLP(784, (MNIST_HIDDEN,) * 2, 10, likelihood="categorical", full_output=False)
-    trainer = ARATrainer(
-        net,
-        LANGEVIN,
-        step_size=0.01 / x.shape[0],
-        kernel="sghmc",
-        friction=0.5,
-        num_particles=5,
-        batch_size=32,
-        jit_compile=jit,
-    )
+    trainer = ara_defense(x.shape[0], jit)
     compile_seconds = []
     for epoch in range(epochs):
         before = 0.0 if trainer.kernel is None else trainer.kernel.compile_seconds
