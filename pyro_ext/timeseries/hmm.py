@@ -393,7 +393,12 @@ def _speculative_viterbi(problem, max_fixups=4):
 # ---------------------------------------------------------------- functional floor
 
 
-def hmm_log_likelihood(init_logits, trans_logits, obs_log_probs, mask=None):
+def hmm_log_likelihood(
+    init_logits: torch.Tensor,
+    trans_logits: torch.Tensor,
+    obs_log_probs: torch.Tensor,
+    mask: torch.Tensor | None = None,
+) -> torch.Tensor:
     """
     :math:`\\log p(x_{1:T})`, shape ``(...)``: products of ``~sqrt(T)`` chunks of factors,
     all chunks advanced together, then a pairwise tree reduction (the tree alone for short
@@ -412,7 +417,12 @@ def hmm_log_likelihood(init_logits, trans_logits, obs_log_probs, mask=None):
     return log_norm
 
 
-def hmm_filter(init_logits, trans_logits, obs_log_probs, mask=None):
+def hmm_filter(
+    init_logits: torch.Tensor,
+    trans_logits: torch.Tensor,
+    obs_log_probs: torch.Tensor,
+    mask: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Filtered probabilities :math:`p(z_t \\mid x_{1:t})`, shape ``(..., T, K)``."""
     problem = _Problem(init_logits, trans_logits, obs_log_probs, mask)
     filtered, log_norms = problem.forward()
@@ -420,7 +430,12 @@ def hmm_filter(init_logits, trans_logits, obs_log_probs, mask=None):
     return filtered.movedim(0, -2)
 
 
-def hmm_smooth(init_logits, trans_logits, obs_log_probs, mask=None):
+def hmm_smooth(
+    init_logits: torch.Tensor,
+    trans_logits: torch.Tensor,
+    obs_log_probs: torch.Tensor,
+    mask: torch.Tensor | None = None,
+) -> torch.Tensor:
     """
     Posterior marginals :math:`p(z_t \\mid x_{1:T})`, shape ``(..., T, K)``: a forward
     prefix scan times a backward (suffix) scan, ``alpha_t * beta_t`` renormalised.
@@ -442,7 +457,12 @@ def hmm_smooth(init_logits, trans_logits, obs_log_probs, mask=None):
     return post.movedim(0, -2)
 
 
-def hmm_viterbi(init_logits, trans_logits, obs_log_probs, mask=None):
+def hmm_viterbi(
+    init_logits: torch.Tensor,
+    trans_logits: torch.Tensor,
+    obs_log_probs: torch.Tensor,
+    mask: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """
     Most probable path and its log joint :math:`\\log p(x_{1:T}, z^*_{1:T})`.
 
@@ -493,7 +513,13 @@ def _categorical(logits, shape):
     return (logits - torch.log(-torch.log(u))).argmax(-1)
 
 
-def hmm_sample_paths(init_logits, trans_logits, obs_log_probs, num_samples, mask=None):
+def hmm_sample_paths(
+    init_logits: torch.Tensor,
+    trans_logits: torch.Tensor,
+    obs_log_probs: torch.Tensor,
+    num_samples: int,
+    mask: torch.Tensor | None = None,
+) -> torch.Tensor:
     """
     Exact posterior draws of :math:`z_{1:T} \\mid x_{1:T}` by forward-filter
     backward-sample, shape ``(num_samples, ..., T)`` long.
@@ -526,7 +552,13 @@ def _lin_mat_mat(a, b):
     return (torch.matmul(a[0], b[0]),)
 
 
-def hmm_predict(init_logits, trans_logits, obs_log_probs, num_steps, mask=None):
+def hmm_predict(
+    init_logits: torch.Tensor,
+    trans_logits: torch.Tensor,
+    obs_log_probs: torch.Tensor,
+    num_steps: int,
+    mask: torch.Tensor | None = None,
+) -> torch.Tensor:
     """
     Predictive state probabilities :math:`p(z_{T+h} \\mid x_{1:T})`, ``h = 1..num_steps``,
     shape ``(..., num_steps, K)``; requires time-homogeneous ``trans_logits``.

@@ -613,8 +613,14 @@ def _to_external(x, core_dims):
 
 
 def kalman_filter(
-    y, transition_matrix, observation_matrix, transition_cov, observation_cov, init_mean, init_cov
-):
+    y: torch.Tensor,
+    transition_matrix: torch.Tensor,
+    observation_matrix: torch.Tensor,
+    transition_cov: torch.Tensor,
+    observation_cov: torch.Tensor,
+    init_mean: torch.Tensor,
+    init_cov: torch.Tensor,
+) -> KalmanFilterResult:
     r"""Filtered moments and exact log-likelihood :math:`\log p(y_{1:T})`.
 
     :param y: ``(..., T, obs_dim)`` observations, ``NaN`` where missing.
@@ -642,15 +648,15 @@ def kalman_filter(
 
 
 def kalman_log_likelihood(
-    y,
-    transition_matrix,
-    observation_matrix,
-    transition_cov,
-    observation_cov,
-    init_mean,
-    init_cov,
-    block_size=None,
-):
+    y: torch.Tensor,
+    transition_matrix: torch.Tensor,
+    observation_matrix: torch.Tensor,
+    transition_cov: torch.Tensor,
+    observation_cov: torch.Tensor,
+    init_mean: torch.Tensor,
+    init_cov: torch.Tensor,
+    block_size: int | None = None,
+) -> torch.Tensor:
     r"""Exact log-likelihood :math:`\log p(y_{1:T})` only; arguments as :func:`kalman_filter`.
 
     Much faster than ``kalman_filter(...).log_likelihood`` for static matrices: ``B``
@@ -694,8 +700,14 @@ def kalman_log_likelihood(
 
 
 def kalman_smoother(
-    y, transition_matrix, observation_matrix, transition_cov, observation_cov, init_mean, init_cov
-):
+    y: torch.Tensor,
+    transition_matrix: torch.Tensor,
+    observation_matrix: torch.Tensor,
+    transition_cov: torch.Tensor,
+    observation_cov: torch.Tensor,
+    init_mean: torch.Tensor,
+    init_cov: torch.Tensor,
+) -> KalmanSmootherResult:
     """Rauch-Tung-Striebel smoothed moments of ``x_t | y_{1:T}``.
 
     Arguments as :func:`kalman_filter`; needs invertible predicted covariances.
@@ -740,15 +752,15 @@ def _simulate_prior(ssm, num_samples):
 
 
 def kalman_sample(
-    y,
-    transition_matrix,
-    observation_matrix,
-    transition_cov,
-    observation_cov,
-    init_mean,
-    init_cov,
-    num_samples=1,
-):
+    y: torch.Tensor,
+    transition_matrix: torch.Tensor,
+    observation_matrix: torch.Tensor,
+    transition_cov: torch.Tensor,
+    observation_cov: torch.Tensor,
+    init_mean: torch.Tensor,
+    init_cov: torch.Tensor,
+    num_samples: int = 1,
+) -> torch.Tensor:
     r"""Exact joint draws of ``x_{1:T} | y_{1:T}`` (Durbin & Koopman 2002 simulation smoother).
 
     Draw ``(x^+, y^+)`` from the prior and return ``x^+ + E[x | y] - E[x | y^+]``; because the
@@ -794,13 +806,13 @@ def _future(x, name, core, num_batch, num_steps):
 
 
 def kalman_forecast(
-    filter_result,
-    num_steps,
-    transition_matrix,
-    observation_matrix,
-    transition_cov,
-    observation_cov,
-):
+    filter_result: KalmanFilterResult,
+    num_steps: int,
+    transition_matrix: torch.Tensor,
+    observation_matrix: torch.Tensor,
+    transition_cov: torch.Tensor,
+    observation_cov: torch.Tensor,
+) -> KalmanForecast:
     r"""Predictive moments ``num_steps`` ahead, propagating the last filtered moments.
 
     :math:`m_{T+k} = G m_{T+k-1}`, :math:`P_{T+k} = G P G^\top + W`, and
@@ -840,7 +852,9 @@ def kalman_forecast(
     return KalmanForecast(_mv(F, m), _sym(F @ P @ F.mT + V), m, P)
 
 
-def forecast_interval(means, covs, level=0.95):
+def forecast_interval(
+    means: torch.Tensor, covs: torch.Tensor, level: float = 0.95
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Central ``level`` marginal intervals ``(lower, upper)`` from Gaussian moments."""
     if not 0 < level < 1:
         raise ValueError(f"level must be in (0, 1), got {level}")
