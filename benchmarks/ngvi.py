@@ -420,7 +420,7 @@ def uci_section(args, cfg, sgmcmc_cfg):
                     f"{len(rs) - failed} ({failed} failed)" if failed else f"{len(rs)}",
                     uci._mean_se([r["ll"] for r in rs]),
                     uci._mean_se([r["rmse"] for r in rs]),
-                    f"{statistics.median(seconds):.1f}" if seconds else "-",
+                    timing_spread(seconds, fmt="{:.1f}") if seconds else "-",
                     setting,
                 ]
             )
@@ -437,7 +437,15 @@ def uci_section(args, cfg, sgmcmc_cfg):
                     f"{tune_seconds.get((name, method), 0.0):.0f}",
                 ]
             )
-    header = ["data set", "method", "splits", "test LL", "test RMSE", "s per run", "setting"]
+    header = [
+        "data set",
+        "method",
+        "splits",
+        "test LL",
+        "test RMSE",
+        "s per run: median / mean / p90 / max",
+        "setting",
+    ]
     text = (
         f"## 1. UCI regression (BNN in-50-1)\n\nData sets: {', '.join(datasets)}; splits "
         f"0-{num_splits - 1} of each. {cfg['iterations']} steps of batch {cfg['batch']} for every "
@@ -446,7 +454,7 @@ def uci_section(args, cfg, sgmcmc_cfg):
         f"{(sgmcmc_cfg['iterations'] - sgmcmc_cfg['burnin']) // sgmcmc_cfg['thinning'] * sgmcmc_cfg['particles']} "
         f"draws; VI: {cfg['draws']} posterior draws), {args.jobs} worker process(es) of one "
         f"thread; wall time of the section {total:.0f} s. Test LL and RMSE in original units, "
-        "mean ± standard error over splits; s per run: median seconds of one fit (SG-MCMC: "
+        "mean ± standard error over splits; s per run: median / mean / p90 / max seconds of one fit over the splits (SG-MCMC: "
         "`MCMC.run`; a worker process compiles a sampler once per data set, so one run of "
         "each carries the compilation). Setting: "
         "the VI hyper-parameters chosen on split 0's "
