@@ -239,7 +239,7 @@ class NaturalGradientVI:
             pyro.poutine.trace() as tracer,
             LogJointMessenger(values, subsamples, block=False),
         ):
-            potential._run_model(None, None)
+            potential.run_model(None, None)
         for name, layout in potential.layout.items():
             site = tracer.trace.nodes[name]
             fn = site["fn"]
@@ -330,7 +330,7 @@ class NaturalGradientVI:
             pyro.poutine.trace() as tracer,
             LogJointMessenger(values, subsamples, block=False),
         ):
-            self.potential._run_model(None, None)
+            self.potential.run_model(None, None)
         outputs = []
         for name, site in tracer.trace.nodes.items():
             if (

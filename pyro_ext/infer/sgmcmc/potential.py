@@ -312,7 +312,8 @@ class ParticlePotential:
         if reshaped:
             self._read_structure()
 
-    def _run_model(self, args, kwargs):
+    def run_model(self, args=None, kwargs=None):
+        """Run the model on ``args``/``kwargs`` (default: the current data), under the caller's handlers."""
         if args is None:
             args, kwargs = self.model_args, self.model_kwargs
         self.model(*args, **kwargs)
@@ -443,7 +444,7 @@ class ParticlePotential:
         """
         values, log_jacobian = self._constrain(z)
         with LogJointMessenger(values, subsamples, exclude=self.exclude_log_prob) as joint:
-            self._run_model(args, kwargs)
+            self.run_model(args, kwargs)
         return joint.log_joint + log_jacobian
 
     def log_density_plate(
@@ -468,7 +469,7 @@ class ParticlePotential:
             values, subsamples, particle_dims=nesting, exclude=self.exclude_log_prob
         ) as joint:
             with pyro.plate("_pyro_ext_particles", num_particles, dim=-nesting - 1):
-                self._run_model(args, kwargs)
+                self.run_model(args, kwargs)
         return joint.log_joint.reshape(-1).expand(num_particles) + log_jacobian
 
     def nonfinite_sites(self, z: torch.Tensor, subsamples) -> list:
@@ -484,7 +485,7 @@ class ParticlePotential:
                 ).all():
                     bad.append(name)
             with pyro.poutine.trace() as tracer, LogJointMessenger(values, subsamples, block=False):
-                self._run_model(None, None)
+                self.run_model(None, None)
             for name, site in tracer.trace.nodes.items():
                 if site["type"] == "sample" and not site_is_subsample(site):
                     log_prob = site["fn"].log_prob(site["value"], *site["args"], **site["kwargs"])
