@@ -39,7 +39,7 @@ def test_reexported():
     import pyro_ext.ops
 
     assert kernel_stein_discrepancy is from_module
-    assert pyro_ext.ops.__all__ == ["kernel_stein_discrepancy"]
+    assert pyro_ext.ops.__all__ == ["hessian_diagonal", "kernel_stein_discrepancy"]
 
 
 # The device fixture is a constant per test, so reusing it across examples is safe.

@@ -10,6 +10,7 @@ import torch
 from pyro.infer.autoguide.initialization import init_to_uniform
 from pyro.poutine.util import site_is_subsample
 
+from ...ops.curvature import hessian_diagonal
 from ..sgmcmc.potential import LogJointMessenger, ParticlePotential
 from .updates import init_state, ngvi_update, posterior_scale, price_hessian
 
@@ -225,65 +226,24 @@ class NaturalGradientVI:
 
     def _read_gaussian_priors(self, potential, mean):
         """Precision and mean of the sites with a fixed Normal prior; 0 elsewhere."""
-        precision, prior_mean = torch.zeros_like(mean), torch.zeros_like(mean)
-        gaussian = torch.zeros_like(mean, dtype=torch.bool)
-        z = mean.detach().requires_grad_()
-        values = potential.constrain(z)
-        subsamples = {
-            name: torch.arange(subsample_size, device=mean.device)
-            for name, (_, subsample_size) in potential.subsample_sizes.items()
-        }
-        with (
-            torch.enable_grad(),
-            pyro.validation_enabled(False),
-            pyro.poutine.trace() as tracer,
-            LogJointMessenger(values, subsamples, block=False),
-        ):
-            potential.run_model(None, None)
-        for name, layout in potential.layout.items():
-            site = tracer.trace.nodes[name]
-            fn = site["fn"]
-            while isinstance(fn, torch.distributions.Independent):
-                fn = fn.base_dist
-            fixed_normal = (
-                isinstance(fn, torch.distributions.Normal)
-                and layout.is_real
-                and not (fn.loc.requires_grad or fn.scale.requires_grad)
-                and isinstance(site["scale"], numbers.Real)
-                and site["scale"] == 1
-                and site["mask"] is None
-            )
-            if not fixed_normal:
-                continue
-            shape = layout.unconstrained_shape
-            columns = slice(layout.start, layout.end)
-            precision[columns] = fn.scale.detach().expand(shape).reshape(-1).pow(-2)
-            prior_mean[columns] = fn.loc.detach().expand(shape).reshape(-1)
-            gaussian[columns] = True
-        self._model_precision, self._model_mean = precision, prior_mean
-        self._gaussian_columns = gaussian
+        priors = potential.fixed_normal_priors(mean)
+        self._model_precision, self._model_mean = priors.precision, priors.mean
+        self._gaussian_columns = priors.columns
 
     # -- one step ----------------------------------------------------------------------
     def _exact_hessian_diagonal(self, theta, subsamples):
         """
         Diagonals ``(S, D)`` of the Hessians of the loss ``-log p / ess`` (fixed Normal
-        priors left out, as in the potential) at draws ``theta`` ``(S, D)``. The summed loss is separable across draws, so one
-        Hessian-vector product with coordinate ``i`` set in every draw gives all ``S``
-        entries ``(i, i)``: ``D`` products in all, vectorised.
+        priors left out, as in the potential) at draws ``theta`` ``(S, D)``; the summed loss
+        is separable across draws (see :func:`~pyro_ext.ops.curvature.hessian_diagonal`).
         """
         potential, ess = self.potential, self.ess
 
         def loss(points):
             return -potential.log_density_all(points, subsamples).sum() / ess
 
-        def hessian_column(direction):
-            tangent = direction.expand_as(theta)
-            return torch.func.jvp(torch.func.grad(loss), (theta,), (tangent,))[1]
-
-        eye = torch.eye(theta.shape[-1], dtype=theta.dtype, device=theta.device)
         with pyro.validation_enabled(False):
-            columns = torch.func.vmap(hessian_column, chunk_size=256)(eye)  # (D, S, D)
-        return columns.diagonal(dim1=0, dim2=2)
+            return hessian_diagonal(loss, theta)
 
     def _update(self, state, grads, noise, hess_estimate):
         """The update from the draws' gradients ``(S, D)`` and noise (a pure function)."""

@@ -8,6 +8,7 @@ from the plates, and all particles are evaluated in one :func:`torch.func.vmap` 
 shares one fresh subsample per plate and step.
 """
 
+import numbers
 import warnings
 from typing import NamedTuple
 
@@ -89,6 +90,17 @@ class SupportMap(NamedTuple):
         return sum_rightmost(
             log_det, self.unconstrained_event_dim - self.transform.domain.event_dim
         )
+
+
+class GaussianPriors(NamedTuple):
+    """Per-coordinate fixed Normal priors of a model (see :meth:`ParticlePotential.fixed_normal_priors`)."""
+
+    #: ``(D,)`` prior precision, 0 where the prior is not a fixed Normal
+    precision: torch.Tensor
+    #: ``(D,)`` prior mean, 0 where the prior is not a fixed Normal
+    mean: torch.Tensor
+    #: ``(D,)`` bool, where the prior is a fixed Normal
+    columns: torch.Tensor
 
 
 class _SiteLayout(NamedTuple):
@@ -317,6 +329,50 @@ class ParticlePotential:
         if args is None:
             args, kwargs = self.model_args, self.model_kwargs
         self.model(*args, **kwargs)
+
+    def fixed_normal_priors(self, point: torch.Tensor) -> "GaussianPriors":
+        """
+        The prior precision and mean of every coordinate whose site has a fixed Normal
+        prior (``Normal(loc, scale)``, possibly expanded and ``.to_event``, with parameters
+        that depend on no latent, unscaled and unmasked); 0 elsewhere. Read by running the
+        model once at the flat unconstrained ``point`` ``(D,)`` (the other sites' values
+        there decide whether a site's parameters depend on them).
+        """
+        precision, prior_mean = torch.zeros_like(point), torch.zeros_like(point)
+        gaussian = torch.zeros_like(point, dtype=torch.bool)
+        values = self.constrain(point.detach().requires_grad_())
+        subsamples = {
+            name: torch.arange(subsample_size, device=point.device)
+            for name, (_, subsample_size) in self.subsample_sizes.items()
+        }
+        with (
+            torch.enable_grad(),
+            pyro.validation_enabled(False),
+            pyro.poutine.trace() as tracer,
+            LogJointMessenger(values, subsamples, block=False),
+        ):
+            self.run_model(None, None)
+        for name, layout in self.layout.items():
+            site = tracer.trace.nodes[name]
+            fn = site["fn"]
+            while isinstance(fn, torch.distributions.Independent):
+                fn = fn.base_dist
+            fixed_normal = (
+                isinstance(fn, torch.distributions.Normal)
+                and layout.is_real
+                and not (fn.loc.requires_grad or fn.scale.requires_grad)
+                and isinstance(site["scale"], numbers.Real)
+                and site["scale"] == 1
+                and site["mask"] is None
+            )
+            if not fixed_normal:
+                continue
+            shape = layout.unconstrained_shape
+            columns = slice(layout.start, layout.end)
+            precision[columns] = fn.scale.detach().expand(shape).reshape(-1).pow(-2)
+            prior_mean[columns] = fn.loc.detach().expand(shape).reshape(-1)
+            gaussian[columns] = True
+        return GaussianPriors(precision, prior_mean, gaussian)
 
     @property
     def transforms(self) -> dict[str, torch.distributions.Transform]:

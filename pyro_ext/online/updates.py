@@ -1,0 +1,347 @@
+r"""
+Pure updates of a Gaussian belief :math:`q(\theta) = \mathcal N(\mu, \Sigma)` over ``D``
+flat unconstrained parameters: the steps of the four online variational rules of Jones,
+Chang & Murphy (2024), "Bayesian online natural gradient" (BONG), for three families.
+
+Every rule moves the belief towards the expected log-likelihood of one observation (or
+minibatch) :math:`L(q) = E_q[\log p(y_t \mid \theta)]`, through its expected gradient
+:math:`g = E_q[\nabla_\theta \log p]` and expected Hessian :math:`G = E_q[\nabla^2_\theta
+\log p]`. The Hessian is passed as the *precision increment* :math:`-G`: either a factor
+``A`` ``(P, D)`` with :math:`-G = A^\top A` (the linearised Hessian :math:`H^\top R^{-1}
+H` and the empirical Fisher are of this form), or, for the Monte Carlo Hessian, the dense
+matrix (``"full"``) or its diagonal (``"diag"``). Starting from the predicted belief
+:math:`(\mu_0, \Lambda_0 = \Sigma_0^{-1})`, one inner step with rate :math:`\alpha` is
+
+* natural (BLR; BONG is its single step from :math:`q_0`, where the KL term vanishes):
+
+  .. math::
+      \Lambda_i &= (1 - \alpha)\Lambda_{i-1} + \alpha(\Lambda_0 - G_{i-1}), \\
+      \mu_i &= \mu_{i-1} + \alpha \Lambda_i^{-1}\big(g_{i-1} - \Lambda_0(\mu_{i-1} - \mu_0)\big);
+
+* Euclidean in the moments :math:`(\mu, \Sigma)` (BBB; BOG is its single step from
+  :math:`q_0`), using :math:`\nabla_\Sigma L = \tfrac12 G` and :math:`\nabla_\Sigma
+  (-\mathrm{KL}) = \tfrac12(\Sigma^{-1} - \Sigma_0^{-1})`:
+
+  .. math::
+      \mu_i &= \mu_{i-1} + \alpha\big(g_{i-1} - \Lambda_0(\mu_{i-1} - \mu_0)\big), \\
+      \Sigma_i &= \Sigma_{i-1} + \tfrac{\alpha}{2}\big(G_{i-1} + \Sigma_{i-1}^{-1} - \Lambda_0\big).
+
+For a linear-Gaussian likelihood one natural step with :math:`\alpha = 1` is Bayes' rule
+(the Kalman update), whatever the family's restriction allows.
+
+The families (the slides' table, ``../shared/reference/murphy-bong-slides.md``):
+
+* :class:`FullBelief`: :math:`(\mu, \Lambda)`, :math:`O(D^3)` per step;
+* :class:`DiagBelief`: :math:`(\mu, \lambda)` with :math:`\Lambda = \mathrm{diag}(\lambda)`;
+  the natural step keeps the diagonal of :math:`-G` (the variational diagonal EKF);
+* :class:`DLRBelief`: :math:`\Lambda = \mathrm{diag}(\upsilon) + W W^\top` with ``W``
+  ``(D, L)`` (LoFi, Chang et al. 2023): the natural step forms :math:`[W, A^\top]` and
+  keeps its top ``L`` singular directions, adding the discarded ones' diagonal to
+  :math:`\upsilon` (so the diagonal of the precision is kept exactly). Every operation is
+  :math:`O(D (L + P)^2)` time and :math:`O(D (L + P))` memory.
+"""
+
+from typing import NamedTuple
+
+import torch
+
+
+class FullBelief(NamedTuple):
+    """A Gaussian with a dense precision matrix."""
+
+    #: ``(D,)``
+    mean: torch.Tensor
+    #: ``(D, D)``
+    precision: torch.Tensor
+
+
+class DiagBelief(NamedTuple):
+    """A Gaussian with a diagonal precision."""
+
+    #: ``(D,)``
+    mean: torch.Tensor
+    #: ``(D,)``, positive
+    precision: torch.Tensor
+
+
+class DLRBelief(NamedTuple):
+    r"""A Gaussian with precision :math:`\mathrm{diag}(\upsilon) + W W^\top` (LoFi)."""
+
+    #: ``(D,)``
+    mean: torch.Tensor
+    #: :math:`\upsilon`, ``(D,)``, positive
+    diagonal: torch.Tensor
+    #: ``W``, ``(D, L)``
+    low_rank: torch.Tensor
+
+
+Belief = FullBelief | DiagBelief | DLRBelief
+
+
+class NotPositiveDefiniteError(FloatingPointError):
+    """A step left the precision (or covariance) without a Cholesky factor."""
+
+
+def _cholesky(matrix, what):
+    factor, info = torch.linalg.cholesky_ex(matrix)
+    if bool(info.any()):
+        raise NotPositiveDefiniteError(f"the {what} is not positive definite")
+    return factor
+
+
+def _sym(matrix):
+    return 0.5 * (matrix + matrix.transpose(-1, -2))
+
+
+# -- dense and diagonal-plus-low-rank algebra ----------------------------------------------
+def _dlr_capacitance(belief: DLRBelief):
+    r"""Cholesky factor of :math:`C = I + W^\top \Upsilon^{-1} W` ``(L, L)``."""
+    W = belief.low_rank
+    scaled = W / belief.diagonal.unsqueeze(-1)
+    eye = torch.eye(W.shape[-1], dtype=W.dtype, device=W.device)
+    return _cholesky(eye + W.transpose(-1, -2) @ scaled, "low-rank capacitance"), scaled
+
+
+def dlr_solve(belief: DLRBelief, rhs: torch.Tensor) -> torch.Tensor:
+    r"""
+    :math:`\Lambda^{-1} r` for :math:`\Lambda = \Upsilon + W W^\top` by Woodbury:
+    :math:`\Upsilon^{-1} r - \Upsilon^{-1} W C^{-1} W^\top \Upsilon^{-1} r`. ``rhs`` is
+    ``(D,)`` or ``(D, K)``.
+    """
+    vector = rhs.dim() == 1
+    r = rhs.unsqueeze(-1) if vector else rhs
+    chol, scaled = _dlr_capacitance(belief)
+    first = r / belief.diagonal.unsqueeze(-1)
+    inner = torch.cholesky_solve(scaled.transpose(-1, -2) @ r, chol)
+    out = first - scaled @ inner
+    return out.squeeze(-1) if vector else out
+
+
+def dlr_matvec(diagonal, low_rank, vector):
+    """:math:`(\\Upsilon + W W^T) v`."""
+    return diagonal * vector + low_rank @ (low_rank.transpose(-1, -2) @ vector)
+
+
+def precision_matvec(belief: Belief, vector: torch.Tensor) -> torch.Tensor:
+    """The precision times ``vector`` ``(D,)``."""
+    if isinstance(belief, FullBelief):
+        return belief.precision @ vector
+    if isinstance(belief, DiagBelief):
+        return belief.precision * vector
+    return dlr_matvec(belief.diagonal, belief.low_rank, vector)
+
+
+def covariance_solve(belief: Belief, vector: torch.Tensor) -> torch.Tensor:
+    """The covariance times ``vector`` ``(D,)`` (a solve with the precision)."""
+    if isinstance(belief, FullBelief):
+        chol = _cholesky(belief.precision, "precision")
+        return torch.cholesky_solve(vector.unsqueeze(-1), chol).squeeze(-1)
+    if isinstance(belief, DiagBelief):
+        return vector / belief.precision
+    return dlr_solve(belief, vector)
+
+
+def covariance(belief: Belief) -> torch.Tensor:
+    """The dense covariance ``(D, D)`` (``O(D^2)`` memory whatever the family)."""
+    if isinstance(belief, FullBelief):
+        return torch.cholesky_inverse(_cholesky(belief.precision, "precision"))
+    if isinstance(belief, DiagBelief):
+        return torch.diag(belief.precision.reciprocal())
+    eye = torch.eye(belief.mean.shape[-1], dtype=belief.mean.dtype, device=belief.mean.device)
+    return _sym(dlr_solve(belief, eye))
+
+
+def marginal_variance(belief: Belief) -> torch.Tensor:
+    """The diagonal of the covariance ``(D,)``, in ``O(D L^2)`` for the low-rank family."""
+    if isinstance(belief, FullBelief):
+        return covariance(belief).diagonal()
+    if isinstance(belief, DiagBelief):
+        return belief.precision.reciprocal()
+    chol, scaled = _dlr_capacitance(belief)
+    # diag(U^-1 W C^-1 W^T U^-1) = row sums of (U^-1 W L^-T)^2 with C = L L^T.
+    whitened = torch.linalg.solve_triangular(chol, scaled.transpose(-1, -2), upper=False)
+    return belief.diagonal.reciprocal() - whitened.square().sum(0)
+
+
+def quadratic_diagonal(belief: Belief, rows: torch.Tensor) -> torch.Tensor:
+    r"""The diagonal of :math:`H \Sigma H^\top` for ``rows`` ``H`` ``(P, D)``: ``(P,)``."""
+    if isinstance(belief, DiagBelief):
+        return (rows.square() / belief.precision).sum(-1)
+    solved = covariance_solve_rows(belief, rows)
+    return (rows * solved).sum(-1)
+
+
+def covariance_solve_rows(belief: Belief, rows: torch.Tensor) -> torch.Tensor:
+    """:math:`(\\Sigma H^T)^T` for ``rows`` ``H`` ``(P, D)``."""
+    if isinstance(belief, FullBelief):
+        chol = _cholesky(belief.precision, "precision")
+        return torch.cholesky_solve(rows.transpose(-1, -2), chol).transpose(-1, -2)
+    if isinstance(belief, DiagBelief):
+        return rows / belief.precision
+    return dlr_solve(belief, rows.transpose(-1, -2)).transpose(-1, -2)
+
+
+def sample(belief: Belief, num_samples: int, generator=None) -> torch.Tensor:
+    r"""
+    ``num_samples`` draws ``(S, D)``. The low-rank family draws exactly in
+    :math:`O(D L^2)`: with :math:`V = \Upsilon^{-1/2} W = Q S R^\top` (thin SVD),
+    :math:`\theta = \mu + \Upsilon^{-1/2}\big(I + Q((1 + S^2)^{-1/2} - 1) Q^\top\big)
+    \epsilon` has covariance :math:`\Upsilon^{-1/2} (I + V V^\top)^{-1} \Upsilon^{-1/2} =
+    \Lambda^{-1}`.
+    """
+    mean = belief.mean
+    eps = torch.randn(
+        (num_samples,) + mean.shape, dtype=mean.dtype, device=mean.device, generator=generator
+    )
+    if isinstance(belief, FullBelief):
+        chol = _cholesky(belief.precision, "precision")
+        # Lambda = L L^T, so L^-T eps has covariance Lambda^-1.
+        z = torch.linalg.solve_triangular(chol.transpose(-1, -2), eps.transpose(-1, -2), upper=True)
+        return mean + z.transpose(-1, -2)
+    if isinstance(belief, DiagBelief):
+        return mean + eps * belief.precision.rsqrt()
+    root = belief.diagonal.rsqrt()
+    q, s, _ = torch.linalg.svd(belief.low_rank * root.unsqueeze(-1), full_matrices=False)
+    shrink = (1 + s.square()).rsqrt() - 1
+    eps = eps + ((eps @ q) * shrink) @ q.transpose(-1, -2)
+    return mean + eps * root
+
+
+# -- prediction: a random-walk drift of the parameters -------------------------------------
+def predict_random_walk(belief: Belief, q: torch.Tensor) -> Belief:
+    r"""
+    The predicted belief after :math:`\theta_t = \theta_{t-1} + \mathcal N(0, q I)`:
+    :math:`\Sigma \leftarrow \Sigma + q I`. Exact for every family; for the low-rank one,
+    :math:`\Upsilon' = \Upsilon / (1 + q\Upsilon)` and :math:`W' = (\Upsilon'/\Upsilon) W
+    L` with :math:`L L^\top = (I + q W^\top (1 + q\Upsilon)^{-1} W)^{-1}` (Woodbury twice),
+    so the rank stays ``L``.
+    """
+    if isinstance(belief, FullBelief):
+        cov = covariance(belief)
+        eye = torch.eye(cov.shape[-1], dtype=cov.dtype, device=cov.device)
+        chol = _cholesky(_sym(cov + q * eye), "predicted covariance")
+        return FullBelief(belief.mean, _sym(torch.cholesky_inverse(chol)))
+    if isinstance(belief, DiagBelief):
+        return DiagBelief(belief.mean, belief.precision / (1 + q * belief.precision))
+    ups, W = belief.diagonal, belief.low_rank
+    shrink = 1 / (1 + q * ups)
+    eye = torch.eye(W.shape[-1], dtype=W.dtype, device=W.device)
+    inner = eye + q * W.transpose(-1, -2) @ (W * shrink.unsqueeze(-1))
+    # L L^T = inner^-1: L = chol(inner)^-T (any square root works: only W W^T matters).
+    root = torch.linalg.solve_triangular(
+        _cholesky(_sym(inner), "low-rank drift"), eye, upper=False
+    ).transpose(-1, -2)
+    return DLRBelief(belief.mean, ups * shrink, (W * shrink.unsqueeze(-1)) @ root)
+
+
+# -- the steps --------------------------------------------------------------------------------
+def project_low_rank(
+    diagonal: torch.Tensor, columns: torch.Tensor, rank: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    r"""
+    The best rank-``rank`` part of :math:`\mathrm{diag}(\upsilon) + C C^\top` (LoFi's
+    projection): the top singular directions of ``C`` ``(D, K)`` scaled by their singular
+    values; the discarded directions' diagonal is added to :math:`\upsilon`. Returns
+    ``(diagonal, W)`` with ``W`` ``(D, rank)`` (zero-padded when ``K < rank``).
+    """
+    u, s, _ = torch.linalg.svd(columns, full_matrices=False)
+    kept = min(rank, s.shape[-1])
+    W = u[:, :kept] * s[:kept]
+    if kept < s.shape[-1]:
+        rest = u[:, kept:] * s[kept:]
+        diagonal = diagonal + rest.square().sum(-1)
+    if kept < rank:
+        W = torch.cat([W, W.new_zeros(W.shape[0], rank - kept)], dim=-1)
+    return diagonal, W
+
+
+def natural_step(
+    current: Belief,
+    prior: Belief,
+    grad: torch.Tensor,
+    factor: torch.Tensor | None,
+    hessian: torch.Tensor | None,
+    lr: float,
+    rank: int | None = None,
+) -> Belief:
+    r"""
+    One natural-gradient (BLR) step from ``current`` towards the ELBO with KL to ``prior``
+    (BONG: ``current is prior``). ``factor`` ``A`` ``(P, D)`` gives :math:`-G = A^\top
+    A`; otherwise ``hessian`` is :math:`G` itself (dense ``(D, D)`` for the full family,
+    its diagonal ``(D,)`` for the diagonal one).
+    """
+    first = current is prior
+    offset = current.mean - prior.mean
+    if isinstance(current, FullBelief):
+        increment = factor.transpose(-1, -2) @ factor if factor is not None else -hessian
+        if first:
+            precision = prior.precision + lr * increment
+        else:
+            precision = (1 - lr) * current.precision + lr * (prior.precision + increment)
+        precision = _sym(precision)
+        direction = grad if first else grad - prior.precision @ offset
+        chol = _cholesky(precision, "updated precision")
+        step = torch.cholesky_solve(direction.unsqueeze(-1), chol).squeeze(-1)
+        return FullBelief(current.mean + lr * step, precision)
+    if isinstance(current, DiagBelief):
+        increment = factor.square().sum(0) if factor is not None else -hessian
+        if first:
+            precision = prior.precision + lr * increment
+        else:
+            precision = (1 - lr) * current.precision + lr * (prior.precision + increment)
+        if not bool((precision > 0).all()):
+            raise NotPositiveDefiniteError("the updated diagonal precision is not positive")
+        direction = grad if first else grad - prior.precision * offset
+        return DiagBelief(current.mean + lr * direction / precision, precision)
+    # diagonal plus low rank: stack the precision's low-rank columns, then project
+    if factor is None:
+        raise ValueError("the low-rank family needs a factored Hessian (hessian='lin' or 'ef')")
+    rank = current.low_rank.shape[-1] if rank is None else rank
+    scaled_factor = factor.transpose(-1, -2) * lr**0.5
+    if first:
+        diagonal = prior.diagonal
+        columns = torch.cat([prior.low_rank, scaled_factor], dim=-1)
+    else:
+        diagonal = (1 - lr) * current.diagonal + lr * prior.diagonal
+        columns = torch.cat(
+            [(1 - lr) ** 0.5 * current.low_rank, lr**0.5 * prior.low_rank, scaled_factor], dim=-1
+        )
+    direction = grad if first else grad - dlr_matvec(prior.diagonal, prior.low_rank, offset)
+    # The mean moves with the precision before the projection (exact Bayes in the
+    # conjugate case, as LoFi's gain); the belief keeps the projected one.
+    unprojected = DLRBelief(current.mean, diagonal, columns)
+    mean = current.mean + lr * dlr_solve(unprojected, direction)
+    diagonal, W = project_low_rank(diagonal, columns, rank)
+    return DLRBelief(mean, diagonal, W)
+
+
+def euclidean_step(
+    current: Belief,
+    prior: Belief,
+    grad: torch.Tensor,
+    factor: torch.Tensor | None,
+    hessian: torch.Tensor | None,
+    lr: float,
+) -> Belief:
+    r"""
+    One gradient step in the moments :math:`(\mu, \Sigma)` (BBB; BOG from ``prior``),
+    full and diagonal families. The covariance must stay positive definite: a step that
+    breaks it raises :class:`NotPositiveDefiniteError` (lower the learning rate).
+    """
+    offset = current.mean - prior.mean
+    if isinstance(current, FullBelief):
+        G = -(factor.transpose(-1, -2) @ factor) if factor is not None else hessian
+        cov = covariance(current)
+        direction = grad - prior.precision @ offset
+        new_cov = _sym(cov + 0.5 * lr * (G + current.precision - prior.precision))
+        chol = _cholesky(new_cov, "updated covariance")
+        return FullBelief(current.mean + lr * direction, _sym(torch.cholesky_inverse(chol)))
+    if isinstance(current, DiagBelief):
+        G = -factor.square().sum(0) if factor is not None else hessian
+        variance = current.precision.reciprocal()
+        direction = grad - prior.precision * offset
+        new_variance = variance + 0.5 * lr * (G + current.precision - prior.precision)
+        if not bool((new_variance > 0).all()):
+            raise NotPositiveDefiniteError("the updated diagonal variance is not positive")
+        return DiagBelief(current.mean + lr * direction, new_variance.reciprocal())
+    raise ValueError("the Euclidean (BOG/BBB) steps have the full and diagonal families only")
