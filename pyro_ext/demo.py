@@ -7,6 +7,7 @@ prints its results. Chapters so far:
 - ``sgmcmc``: stochastic-gradient MCMC with repulsion (thesis section 2.3).
 - ``bnn``: Bayesian neural networks on UCI regression (thesis 1.3, 2.3.3).
 - ``ngvi``: natural-gradient variational inference (IVON, VOGN) for a BNN.
+- ``online``: online variational Bayes (BONG, LoFi, WoLF) on streams.
 - ``vis``: variationally inferred sampling (thesis section 2.4).
 - ``timeseries``: exact HMM and dynamic linear model inference (thesis 2.4.2, 1.2.2).
 - ``bsts``: the retail structural time series and budget allocation (thesis chapter 1.2).
@@ -447,6 +448,84 @@ def ngvi(quick=False):
     print("    (the bnn chapter samples the same network with SGLD, SGLD+R and Adam+NR)")
 
 
+def online(quick=False):
+    """Online variational Bayes: BONG / LoFi filters on a stream, WoLF against outliers."""
+    from pyro_ext.online import BONG, LoFi, WoLF
+
+    print("== Chapter: online Bayesian learning (BONG, LoFi, WoLF) ==")
+    generator = torch.Generator().manual_seed(0)
+
+    def two_moons(n):
+        label = torch.randint(2, (n,), generator=generator)
+        angle = torch.rand(n, generator=generator) * math.pi
+        x = torch.stack([torch.cos(angle), torch.sin(angle)], -1)
+        x = torch.where(label.unsqueeze(-1) == 1, torch.tensor([1.0, 0.5]) - x, x)
+        return x + 0.15 * torch.randn(n, 2, generator=generator), label.float()
+
+    hidden = 16
+
+    def mlp(x, y=None):
+        w1 = pyro.sample("w1", dist.Normal(0.0, 1.0).expand([2, hidden]).to_event(2))
+        b1 = pyro.sample("b1", dist.Normal(0.0, 1.0).expand([hidden]).to_event(1))
+        w2 = pyro.sample("w2", dist.Normal(0.0, 1.0).expand([hidden]).to_event(1))
+        b2 = pyro.sample("b2", dist.Normal(0.0, 1.0))
+        with pyro.plate("data", x.shape[0]):
+            logits = torch.tanh(x @ w1 + b1) @ w2 + b2
+            pyro.sample("y", dist.Bernoulli(logits=logits), obs=y)
+
+    num = 300 if quick else 1000
+    x, y = two_moons(num)
+    x_test, y_test = two_moons(1000)
+    checkpoints = (10, 100, num)
+    print(
+        f"  two moons streamed one point at a time through a 2-{hidden}-1 tanh BNN "
+        f"({2 * hidden + 2 * hidden + 1} weights, N(0, 1) priors); test error of the "
+        "linearised predictive on 1000 points after"
+    )
+    filters = {
+        "BONG full": lambda: BONG(mlp),
+        "BONG diag": lambda: BONG(mlp, family="diag"),
+        "LoFi rank 10": lambda: LoFi(mlp, rank=10),
+    }
+    for name, make in filters.items():
+        pyro.set_rng_seed(0)
+        belief = make()
+        errors = []
+        start = time.perf_counter()
+        for t in range(num):
+            belief.update(x[t : t + 1], y[t : t + 1])
+            if t + 1 in checkpoints:
+                probs, _ = belief.predictive(x_test)
+                errors.append(((probs > 0.5).float() != y_test).float().mean().item())
+        elapsed = (time.perf_counter() - start) / num * 1e3
+        row = ", ".join(f"{n} points {e:.3f}" for n, e in zip(checkpoints, errors))
+        print(f"    {name:>12}: {row} ({elapsed:.1f} ms per point)")
+
+    dim, noise, n = 5, 0.3, 300 if quick else 1000
+    w = torch.randn(dim, generator=generator)
+    x = torch.randn(n, dim, generator=generator)
+    y = x @ w + noise * torch.randn(n, generator=generator)
+    outlier = torch.rand(n, generator=generator) < 0.15
+    y = torch.where(outlier, torch.rand(n, generator=generator) * 100 - 50, y)
+
+    def regression(x, y=None):
+        weights = pyro.sample("w", dist.Normal(torch.zeros(dim), 1.0).to_event(1))
+        with pyro.plate("data", x.shape[0]):
+            pyro.sample("y", dist.Normal(x @ weights, noise), obs=y)
+
+    print(
+        f"  linear regression streamed with {int(outlier.sum())} of {n} targets replaced by "
+        "uniform draws in (-50, 50): error of the posterior mean weights, |mean - truth|"
+    )
+    for name, belief in {
+        "Kalman (BONG)": BONG(regression),
+        "WoLF, c = 4 sd": WoLF(regression, c=4 * noise),
+    }.items():
+        for t in range(n):
+            belief.update(x[t : t + 1], y[t : t + 1])
+        print(f"    {name:>14}: {(belief.mean - w).norm().item():.3f}")
+
+
 def bsts(quick=False):
     """Thesis chapter 1.2: the retail structural model, its forecast and a budget frontier."""
     from pyro_ext.models.bsts import RetailBSTS, allocate_budget, pareto_frontier, simulate_retail
@@ -598,6 +677,7 @@ CHAPTERS = {
     "sgmcmc": sgmcmc,
     "bnn": bnn,
     "ngvi": ngvi,
+    "online": online,
     "vis": vis,
     "timeseries": timeseries,
     "bsts": bsts,
