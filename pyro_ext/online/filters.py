@@ -320,6 +320,7 @@ class BONG:
         self.belief = None
         self.observed_sites = None
         self.num_updates = 0
+        self._loaded_state = None
 
     # -- set-up --------------------------------------------------------------------------
     def _setup(self, args, kwargs):
@@ -377,6 +378,9 @@ class BONG:
         else:
             self.belief = DLRBelief(point, precision, point.new_zeros(dim, self.rank))
         self.potential = potential
+        if self._loaded_state is not None:
+            self._restore(self._loaded_state)
+            self._loaded_state = None
 
     # -- the model's observed sites ---------------------------------------------------------
     def _run(self, theta, outputs=()):
@@ -511,6 +515,60 @@ class BONG:
         return grad, None, hessian
 
     # -- the public interface ---------------------------------------------------------------
+    def setup(self, *args, **kwargs) -> "BONG":
+        """
+        Read the model on its arguments and set the prior belief (the first :meth:`update`
+        does it otherwise); draws the initial mean, so it consumes random numbers.
+        """
+        self._setup(args, kwargs)
+        return self
+
+    def state_dict(self) -> dict:
+        """
+        The belief and the update count, to checkpoint a long stream (``torch.save``);
+        :meth:`load_state_dict` on a filter built with the same arguments resumes it.
+        """
+        self._require_belief()
+        return {
+            "family": self.family,
+            "belief": {k: v.detach().clone() for k, v in self.belief._asdict().items()},
+            "num_updates": self.num_updates,
+            "observed_sites": self.observed_sites,
+        }
+
+    def load_state_dict(self, state: dict) -> "BONG":
+        """
+        Resume from :meth:`state_dict`. The model is read at the next :meth:`setup` or
+        :meth:`update` (it needs the model's arguments), which then starts from this belief.
+        """
+        if not isinstance(state, dict) or "belief" not in state:
+            raise TypeError("state must be a dict from BONG.state_dict()")
+        if state.get("family") != self.family:
+            raise ValueError(
+                f"the state is of family {state.get('family')!r}, this filter's is {self.family!r}"
+            )
+        if self.potential is None:
+            self._loaded_state = state
+        else:
+            self._restore(state)
+        return self
+
+    def _restore(self, state):
+        template = self.belief
+        values = {
+            name: state["belief"][name].to(dtype=value.dtype, device=value.device)
+            for name, value in template._asdict().items()
+        }
+        for name, value in values.items():
+            if value.shape != getattr(template, name).shape:
+                raise ValueError(
+                    f"the state's {name} has shape {tuple(value.shape)}, this model's belief "
+                    f"needs {tuple(getattr(template, name).shape)}"
+                )
+        self.belief = type(template)(**values)
+        self.num_updates = int(state["num_updates"])
+        self.observed_sites = state.get("observed_sites")
+
     def update(self, *args, **kwargs) -> "BONG":
         """
         Condition the belief on one batch of data: the model's arguments, with the observed
@@ -538,6 +596,12 @@ class BONG:
             current = prior
             for _ in range(self.num_iters):
                 grad, factor, hessian = self._expectations(current, weights)
+                if not bool(torch.isfinite(grad).all()):
+                    raise OnlineDivergenceError(
+                        self.num_updates,
+                        "the expected gradient of the log-likelihood is not finite (NaN or "
+                        "inf in the inputs, or a model that overflows at the current belief)",
+                    )
                 if self.method in ("bong", "blr"):
                     current = updates.natural_step(
                         current, prior, grad, factor, hessian, self.learning_rate, self.rank

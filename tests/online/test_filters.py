@@ -441,3 +441,32 @@ def test_bad_models_and_data_are_rejected():
         BONG(student).update(torch.ones(()), torch.ones(()))
     with pytest.raises(RuntimeError, match="update"):
         BONG(logistic_model).covariance()
+
+
+def test_state_dict_resumes_a_stream(tmp_path, float64):
+    dim, noise = 3, 0.5
+    x, y, _ = linear_data(20, dim, noise)
+    model = linear_model(dim, 1.0, noise)
+    whole = BONG(model, family="dlr", rank=2, init_strategy=init_to_mean)
+    first = BONG(model, family="dlr", rank=2, init_strategy=init_to_mean)
+    for t in range(20):
+        whole.update(x[t : t + 1], y[t : t + 1])
+        if t < 10:
+            first.update(x[t : t + 1], y[t : t + 1])
+    torch.save(first.state_dict(), tmp_path / "belief.pt")
+    resumed = BONG(model, family="dlr", rank=2).load_state_dict(torch.load(tmp_path / "belief.pt"))
+    for t in range(10, 20):
+        resumed.update(x[t : t + 1], y[t : t + 1])
+    assert resumed.num_updates == 20
+    torch.testing.assert_close(resumed.mean, whole.mean, atol=1e-12, rtol=0)
+    torch.testing.assert_close(resumed.covariance(), whole.covariance(), atol=1e-12, rtol=0)
+    with pytest.raises(ValueError, match="family"):
+        BONG(model).load_state_dict(first.state_dict())
+
+
+def test_nan_inputs_are_reported_with_the_step():
+    f = BONG(logistic_model)
+    f.update(torch.ones(1, 2), torch.ones(1))
+    with pytest.raises(OnlineDivergenceError, match="update 1.*not finite"):
+        f.update(torch.tensor([[float("nan"), 1.0]]), torch.ones(1))
+    assert f.num_updates == 1 and torch.isfinite(f.mean).all()
