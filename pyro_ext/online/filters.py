@@ -43,8 +43,8 @@ class OnlineDivergenceError(FloatingPointError):
         self.step = step
         super().__init__(
             f"online update {step} failed: {what}. The belief is the one before this "
-            "update; lower learning_rate, use hessian='lin' (never indefinite), or "
-            "method='bong'."
+            "update. For BOG/BBB lower learning_rate; for hessian='mc' use 'lin' or 'ef' "
+            "(never indefinite); check the data for NaN or inf inputs."
         )
 
 
@@ -372,7 +372,7 @@ class BONG:
                 f"rank must be at most the number of parameters D = {dim}, got {self.rank}"
             )
         if self.family == "full":
-            self.belief = FullBelief(point, torch.diag(precision))
+            self.belief = FullBelief(point, torch.diag(precision).to(torch.float64))
         elif self.family == "diag":
             self.belief = DiagBelief(point, precision)
         else:
@@ -451,9 +451,8 @@ class BONG:
         e = torch.cat([x.reshape(-1) for x in residuals])
         return u, (e.detach(), torch.cat(examples), torch.cat(squared).detach())
 
-    def _example_weights(self, theta):
-        """Per-example weights at the predicted mean: missing, masked, WoLF's IMQ."""
-        sites = self._run(theta)
+    def _example_weights(self, sites):
+        """Per-example weights from the sites at the predicted mean: missing, masked, IMQ."""
         weights = []
         for site in sites.values():
             fn, value = site["fn"], site["value"]
@@ -592,7 +591,7 @@ class BONG:
                 )
             if self.observed_sites is None:
                 self.observed_sites = tuple(sites)
-            weights = self._example_weights(prior.mean)
+            weights = self._example_weights(sites)
             current = prior
             for _ in range(self.num_iters):
                 grad, factor, hessian = self._expectations(current, weights)
@@ -664,15 +663,19 @@ class BONG:
             result[name] = (draws[name].mean(0), draws[name].std(0))
         return result
 
-    def predictive(self, *args, num_samples: int | None = None, **kwargs):
+    def predictive(self, *args, num_samples: int | None = None, noise: bool = True, **kwargs):
         """
         Predictive mean and variance of the observed site at new inputs (e.g.
         ``predictive(x)``): ``(mean, variance)`` shaped as the site's mean (a Categorical:
         class probabilities ``(..., C)`` and their variances). ``num_samples=None``
         linearises, :math:`h(\\mu)` and :math:`\\mathrm{diag}(H \\Sigma H^\\top) + R`;
         otherwise the mean and variance over ``num_samples`` draws of the belief (total
-        variance). A model with several observed sites gives ``{site: (mean, variance)}``.
+        variance). ``noise=False`` leaves out the observation noise (:math:`R`, the
+        draws' own variances): the variance of the mean alone, what a UCB bonus needs. A
+        model with several observed sites gives ``{site: (mean, variance)}``.
         """
+        if not isinstance(noise, bool):
+            raise TypeError(f"noise must be a bool, got {type(noise).__name__}")
         self._require_belief()
         if num_samples is not None:
             _check_int("num_samples", num_samples, 1)
@@ -680,12 +683,12 @@ class BONG:
         args_before, kwargs_before = self.potential.model_args, self.potential.model_kwargs
         self.potential.model_args, self.potential.model_kwargs = tuple(args), dict(kwargs)
         try:
-            result = self._predict(outputs, num_samples)
+            result = self._predict(outputs, num_samples, noise)
         finally:
             self.potential.model_args, self.potential.model_kwargs = args_before, kwargs_before
         return result if len(result) > 1 else next(iter(result.values()))
 
-    def _predict(self, outputs, num_samples):
+    def _predict(self, outputs, num_samples, noise):
         def moments(theta):
             sites = self._run(theta, outputs)
             means, variances = {}, {}
@@ -706,7 +709,8 @@ class BONG:
                 for name in per_draw[0][0]:
                     m = torch.stack([d[0][name] for d in per_draw])
                     v = torch.stack([d[1][name] for d in per_draw])
-                    result[name] = (m.mean(0), v.mean(0) + m.var(0, unbiased=False))
+                    spread = m.var(0, unbiased=False)
+                    result[name] = (m.mean(0), v.mean(0) + spread if noise else spread)
                 return result
         mean = self.belief.mean
         means, variances = moments(mean)
@@ -719,7 +723,8 @@ class BONG:
 
             jacobian = torch.func.jacrev(flat_mean, chunk_size=self.jacobian_chunk_size)(mean)
             spread = updates.quadratic_diagonal(self.belief, jacobian).reshape(shape)
-            result[name] = (means[name].detach(), (variances[name] + spread).detach())
+            variance = variances[name] + spread if noise else spread
+            result[name] = (means[name].detach(), variance.detach())
         return result
 
 

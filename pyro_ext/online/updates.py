@@ -51,7 +51,8 @@ class FullBelief(NamedTuple):
 
     #: ``(D,)``
     mean: torch.Tensor
-    #: ``(D, D)``
+    #: ``(D, D)``, float64 whatever the mean's dtype: a network's precision has a condition
+    #: number that float32 round-off turns indefinite within a few dozen updates
     precision: torch.Tensor
 
 
@@ -83,10 +84,32 @@ class NotPositiveDefiniteError(FloatingPointError):
 
 
 def _cholesky(matrix, what):
-    factor, info = torch.linalg.cholesky_ex(matrix)
+    """
+    The Cholesky factor of ``matrix``, computed in float64 whatever its dtype: a
+    network's precisions span orders of magnitude, and a float32 factorisation of a
+    matrix that is positive definite on paper fails on round-off. Consumers solve with the
+    float64 factor and cast back (:func:`_solve`, :func:`_inverse`).
+    """
+    factor, info = torch.linalg.cholesky_ex(matrix.to(torch.float64))
     if bool(info.any()):
-        raise NotPositiveDefiniteError(f"the {what} is not positive definite")
+        raise NotPositiveDefiniteError(
+            f"the {what} is not positive definite"
+            + (" (even in float64)" if matrix.dtype != torch.float64 else "")
+        )
     return factor
+
+
+def _solve(factor, rhs):
+    """``(L L^T)^{-1} rhs`` in float64, returned in ``rhs``'s dtype."""
+    return torch.cholesky_solve(rhs.to(factor.dtype), factor).to(rhs.dtype)
+
+
+def _inverse(factor, dtype):
+    return torch.cholesky_inverse(factor).to(dtype)
+
+
+def _triangular_solve(factor, rhs, upper=False):
+    return torch.linalg.solve_triangular(factor, rhs.to(factor.dtype), upper=upper).to(rhs.dtype)
 
 
 def _sym(matrix):
@@ -99,7 +122,8 @@ def _dlr_capacitance(belief: DLRBelief):
     W = belief.low_rank
     scaled = W / belief.diagonal.unsqueeze(-1)
     eye = torch.eye(W.shape[-1], dtype=W.dtype, device=W.device)
-    return _cholesky(eye + W.transpose(-1, -2) @ scaled, "low-rank capacitance"), scaled
+    capacitance = eye.double() + scaled.transpose(-1, -2).double() @ W.double()
+    return _cholesky(capacitance, "low-rank capacitance"), scaled
 
 
 def dlr_solve(belief: DLRBelief, rhs: torch.Tensor) -> torch.Tensor:
@@ -112,7 +136,7 @@ def dlr_solve(belief: DLRBelief, rhs: torch.Tensor) -> torch.Tensor:
     r = rhs.unsqueeze(-1) if vector else rhs
     chol, scaled = _dlr_capacitance(belief)
     first = r / belief.diagonal.unsqueeze(-1)
-    inner = torch.cholesky_solve(scaled.transpose(-1, -2) @ r, chol)
+    inner = _solve(chol, scaled.transpose(-1, -2) @ r)
     out = first - scaled @ inner
     return out.squeeze(-1) if vector else out
 
@@ -125,7 +149,7 @@ def dlr_matvec(diagonal, low_rank, vector):
 def precision_matvec(belief: Belief, vector: torch.Tensor) -> torch.Tensor:
     """The precision times ``vector`` ``(D,)``."""
     if isinstance(belief, FullBelief):
-        return belief.precision @ vector
+        return (belief.precision @ vector.to(belief.precision.dtype)).to(vector.dtype)
     if isinstance(belief, DiagBelief):
         return belief.precision * vector
     return dlr_matvec(belief.diagonal, belief.low_rank, vector)
@@ -135,7 +159,7 @@ def covariance_solve(belief: Belief, vector: torch.Tensor) -> torch.Tensor:
     """The covariance times ``vector`` ``(D,)`` (a solve with the precision)."""
     if isinstance(belief, FullBelief):
         chol = _cholesky(belief.precision, "precision")
-        return torch.cholesky_solve(vector.unsqueeze(-1), chol).squeeze(-1)
+        return _solve(chol, vector.unsqueeze(-1)).squeeze(-1)
     if isinstance(belief, DiagBelief):
         return vector / belief.precision
     return dlr_solve(belief, vector)
@@ -144,7 +168,7 @@ def covariance_solve(belief: Belief, vector: torch.Tensor) -> torch.Tensor:
 def covariance(belief: Belief) -> torch.Tensor:
     """The dense covariance ``(D, D)`` (``O(D^2)`` memory whatever the family)."""
     if isinstance(belief, FullBelief):
-        return torch.cholesky_inverse(_cholesky(belief.precision, "precision"))
+        return _inverse(_cholesky(belief.precision, "precision"), belief.mean.dtype)
     if isinstance(belief, DiagBelief):
         return torch.diag(belief.precision.reciprocal())
     eye = torch.eye(belief.mean.shape[-1], dtype=belief.mean.dtype, device=belief.mean.device)
@@ -159,7 +183,7 @@ def marginal_variance(belief: Belief) -> torch.Tensor:
         return belief.precision.reciprocal()
     chol, scaled = _dlr_capacitance(belief)
     # diag(U^-1 W C^-1 W^T U^-1) = row sums of (U^-1 W L^-T)^2 with C = L L^T.
-    whitened = torch.linalg.solve_triangular(chol, scaled.transpose(-1, -2), upper=False)
+    whitened = _triangular_solve(chol, scaled.transpose(-1, -2))
     return belief.diagonal.reciprocal() - whitened.square().sum(0)
 
 
@@ -175,7 +199,7 @@ def covariance_solve_rows(belief: Belief, rows: torch.Tensor) -> torch.Tensor:
     """:math:`(\\Sigma H^T)^T` for ``rows`` ``H`` ``(P, D)``."""
     if isinstance(belief, FullBelief):
         chol = _cholesky(belief.precision, "precision")
-        return torch.cholesky_solve(rows.transpose(-1, -2), chol).transpose(-1, -2)
+        return _solve(chol, rows.transpose(-1, -2)).transpose(-1, -2)
     if isinstance(belief, DiagBelief):
         return rows / belief.precision
     return dlr_solve(belief, rows.transpose(-1, -2)).transpose(-1, -2)
@@ -196,7 +220,7 @@ def sample(belief: Belief, num_samples: int, generator=None) -> torch.Tensor:
     if isinstance(belief, FullBelief):
         chol = _cholesky(belief.precision, "precision")
         # Lambda = L L^T, so L^-T eps has covariance Lambda^-1.
-        z = torch.linalg.solve_triangular(chol.transpose(-1, -2), eps.transpose(-1, -2), upper=True)
+        z = _triangular_solve(chol.transpose(-1, -2), eps.transpose(-1, -2), upper=True)
         return mean + z.transpose(-1, -2)
     if isinstance(belief, DiagBelief):
         return mean + eps * belief.precision.rsqrt()
@@ -217,10 +241,10 @@ def predict_random_walk(belief: Belief, q: torch.Tensor) -> Belief:
     so the rank stays ``L``.
     """
     if isinstance(belief, FullBelief):
-        cov = covariance(belief)
+        cov = _inverse(_cholesky(belief.precision, "precision"), torch.float64)
         eye = torch.eye(cov.shape[-1], dtype=cov.dtype, device=cov.device)
         chol = _cholesky(_sym(cov + q * eye), "predicted covariance")
-        return FullBelief(belief.mean, _sym(torch.cholesky_inverse(chol)))
+        return FullBelief(belief.mean, _sym(_inverse(chol, torch.float64)))
     if isinstance(belief, DiagBelief):
         return DiagBelief(belief.mean, belief.precision / (1 + q * belief.precision))
     ups, W = belief.diagonal, belief.low_rank
@@ -228,9 +252,7 @@ def predict_random_walk(belief: Belief, q: torch.Tensor) -> Belief:
     eye = torch.eye(W.shape[-1], dtype=W.dtype, device=W.device)
     inner = eye + q * W.transpose(-1, -2) @ (W * shrink.unsqueeze(-1))
     # L L^T = inner^-1: L = chol(inner)^-T (any square root works: only W W^T matters).
-    root = torch.linalg.solve_triangular(
-        _cholesky(_sym(inner), "low-rank drift"), eye, upper=False
-    ).transpose(-1, -2)
+    root = _triangular_solve(_cholesky(_sym(inner), "low-rank drift"), eye).transpose(-1, -2)
     return DLRBelief(belief.mean, ups * shrink, (W * shrink.unsqueeze(-1)) @ root)
 
 
@@ -273,15 +295,22 @@ def natural_step(
     first = current is prior
     offset = current.mean - prior.mean
     if isinstance(current, FullBelief):
-        increment = factor.transpose(-1, -2) @ factor if factor is not None else -hessian
-        if first:
-            precision = prior.precision + lr * increment
+        # Formed in float64: A^T A and the prior precision can differ by orders of magnitude.
+        wide = torch.float64
+        if factor is not None:
+            increment = factor.transpose(-1, -2).to(wide) @ factor.to(wide)
         else:
-            precision = (1 - lr) * current.precision + lr * (prior.precision + increment)
+            increment = -hessian.to(wide)
+        if first:
+            precision = prior.precision.to(wide) + lr * increment
+        else:
+            precision = (1 - lr) * current.precision.to(wide) + lr * (
+                prior.precision.to(wide) + increment
+            )
         precision = _sym(precision)
-        direction = grad if first else grad - prior.precision @ offset
+        direction = grad if first else grad - precision_matvec(prior, offset)
         chol = _cholesky(precision, "updated precision")
-        step = torch.cholesky_solve(direction.unsqueeze(-1), chol).squeeze(-1)
+        step = _solve(chol, direction.unsqueeze(-1)).squeeze(-1)
         return FullBelief(current.mean + lr * step, precision)
     if isinstance(current, DiagBelief):
         increment = factor.square().sum(0) if factor is not None else -hessian
@@ -330,12 +359,16 @@ def euclidean_step(
     """
     offset = current.mean - prior.mean
     if isinstance(current, FullBelief):
-        G = -(factor.transpose(-1, -2) @ factor) if factor is not None else hessian
-        cov = covariance(current)
-        direction = grad - prior.precision @ offset
+        wide = torch.float64
+        if factor is not None:
+            G = -(factor.transpose(-1, -2).to(wide) @ factor.to(wide))
+        else:
+            G = hessian.to(wide)
+        cov = _inverse(_cholesky(current.precision, "precision"), wide)
+        direction = grad - precision_matvec(prior, offset)
         new_cov = _sym(cov + 0.5 * lr * (G + current.precision - prior.precision))
         chol = _cholesky(new_cov, "updated covariance")
-        return FullBelief(current.mean + lr * direction, _sym(torch.cholesky_inverse(chol)))
+        return FullBelief(current.mean + lr * direction, _sym(_inverse(chol, wide)))
     if isinstance(current, DiagBelief):
         G = -factor.square().sum(0) if factor is not None else hessian
         variance = current.precision.reciprocal()
