@@ -20,6 +20,7 @@ from pyro.distributions import TorchDistribution
 from pyro.infer.importance import vectorized_importance_weights
 from torch.distributions import constraints
 
+from ..ops.validation import check_choice, check_int, check_real
 from .naive_bayes import check_binary
 from .words import _check_budget, attack_candidates, originating_instances
 
@@ -60,8 +61,8 @@ _PANELS = _gauss_legendre_panels()
 
 
 def check_var(var):
-    if not (isinstance(var, (int, float)) and 0 < var <= 1):
-        raise ValueError(f"var must be in (0, 1] (a proportion of the maximum variance), got {var}")
+    """``var``, a proportion of the largest unimodal Beta variance, in ``(0, 1]``."""
+    return check_real(var, "var (a proportion of the maximum variance)", 0, 1, low_open=True)
 
 
 def beta_concentrations(logit, var):
@@ -319,8 +320,7 @@ class RandomWordInsertionAttack(TorchDistribution):
 
         :returns: ``(estimate, stderr)``, each shaped ``batch_shape``.
         """
-        if not (isinstance(num_samples, int) and num_samples >= 1):
-            raise ValueError(f"num_samples must be an integer >= 1, got {num_samples!r}")
+        num_samples = check_int(num_samples, "num_samples", low=1)
         return tuple(
             self._per_observation(
                 x_prime,
@@ -382,14 +382,11 @@ class ACRA:
     ):
         if not callable(getattr(generative_classifier, "log_joint", None)):
             raise ValueError("generative_classifier must provide log_joint(x) -> (..., 2)")
-        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-            raise ValueError(f"attacker budget n must be an integer >= 0, got {n!r}")
-        check_var(var)
-        for name, value in (("num_mc", num_mc), ("num_proposals", num_proposals)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
-        if method not in METHODS:
-            raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+        n = check_int(n, "attacker budget n", low=0)
+        var = check_var(var)
+        num_mc = check_int(num_mc, "num_mc", low=1)
+        num_proposals = check_int(num_proposals, "num_proposals", low=1)
+        check_choice(method, "method", METHODS)
         utility = torch.eye(2) if utility is None else torch.as_tensor(utility)
         if utility.shape != (2, 2) or not torch.isfinite(utility).all():
             raise ValueError("utility must be a finite (2, 2) matrix")

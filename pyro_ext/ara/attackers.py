@@ -23,14 +23,11 @@ intractable, so ``log_prob`` is not available, but ``pyro.sample("x_attacked",
 LangevinAttacker(...))`` runs inside any Pyro program.
 """
 
-import math
-import numbers
-
 import torch
 from pyro.distributions import TorchDistribution
 from torch.distributions import constraints
 
-from ._validation import check_count, check_number
+from ..ops.validation import check_choice, check_int, check_positive, check_real
 from .attacks import attack_loss
 
 __all__ = ["AttackMixture", "LangevinAttacker", "langevin_attack"]
@@ -85,15 +82,11 @@ def langevin_attack(
 
 
 def _check_langevin_arguments(x, eps, steps, noise_scale, norm):
-    if isinstance(noise_scale, bool) or not isinstance(noise_scale, numbers.Real):
-        raise TypeError(f"noise_scale must be a number >= 0, got {noise_scale!r}")
-    if not (math.isfinite(noise_scale) and noise_scale >= 0):
-        raise ValueError(
-            f"noise_scale must be a finite number >= 0 (it multiplies the noise variance "
-            f"2 eps), got {noise_scale!r}"
-        )
-    if norm not in _NORMS:
-        raise ValueError(f"norm must be one of {_NORMS}, got {norm!r}")
+    try:
+        check_real(noise_scale, "noise_scale", low=0)
+    except ValueError as error:
+        raise ValueError(f"{error} (it multiplies the noise variance 2 eps)") from None
+    check_choice(norm, "norm", _NORMS)
     if not torch.is_tensor(x) or x.dim() < 1:
         raise TypeError(f"x must be a tensor of shape (N, ...), got {type(x).__name__}")
     num = x.shape[0]
@@ -212,25 +205,21 @@ class LangevinAttacker(TorchDistribution):
         if isinstance(eps, (tuple, list)):
             if len(eps) != 2:
                 raise ValueError(f"eps must be a number or a (low, high) pair, got {eps!r}")
-            low, high = (check_number(e, "eps", 0.0) for e in eps)
+            low, high = (check_real(e, "eps", low=0) for e in eps)
             if low > high:
                 raise ValueError(f"eps range must have low <= high, got {eps!r}")
         else:
-            low = high = check_number(eps, "eps", 0.0)
-        concentration = tuple(
-            check_number(c, "eps_concentration", 0.0, open_low=True) for c in eps_concentration
-        )
+            low = high = check_real(eps, "eps", low=0)
+        concentration = tuple(check_positive(c, "eps_concentration") for c in eps_concentration)
         if len(concentration) != 2:
             raise ValueError(f"eps_concentration must be a pair (a, b), got {eps_concentration!r}")
-        steps = check_count(steps, "steps")
-        steps_rate = check_number(steps_rate, "steps_rate", 0.0)
+        steps = check_int(steps, "steps", low=0)
+        steps_rate = check_real(steps_rate, "steps_rate", low=0)
         if max_steps is not None:
-            max_steps = check_count(max_steps, "max_steps", low=max(steps, 1))
-        noise_scale = check_number(noise_scale, "noise_scale", 0.0)
-        if loss not in _LOSSES:
-            raise ValueError(f"loss must be one of {_LOSSES}, got {loss!r}")
-        if norm not in _NORMS:
-            raise ValueError(f"norm must be one of {_NORMS}, got {norm!r}")
+            max_steps = check_int(max_steps, "max_steps", low=max(steps, 1))
+        noise_scale = check_real(noise_scale, "noise_scale", low=0)
+        check_choice(loss, "loss", _LOSSES)
+        check_choice(norm, "norm", _NORMS)
         if clip is not None:
             clip = tuple(float(c) for c in clip)
             if len(clip) != 2 or not clip[0] < clip[1]:

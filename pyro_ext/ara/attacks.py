@@ -17,10 +17,11 @@ so they may be called under :func:`torch.no_grad`.
 """
 
 import math
-import numbers
 
 import torch
 import torch.nn.functional as F
+
+from ..ops.validation import check_choice, check_int, check_positive, check_real
 
 __all__ = ["attack_loss", "fgsm", "pgd", "predictive_logits", "project_l1_ball"]
 
@@ -45,8 +46,7 @@ def attack_loss(logits, y, loss="ce"):
     :returns: losses of shape ``(N,)``.
     :rtype: torch.Tensor
     """
-    if loss not in _LOSSES:
-        raise ValueError(f"loss must be one of {_LOSSES}, got {loss!r}")
+    check_choice(loss, "loss", _LOSSES)
     num_classes = logits.shape[-1]
     if y.numel() and (int(y.min()) < 0 or int(y.max()) >= num_classes):
         raise ValueError(f"y has labels outside [0, {num_classes})")
@@ -119,12 +119,9 @@ def _clamp(x, clip):
 
 
 def _check_inputs(x, y, eps, clip, loss, eot_samples):
-    if not (isinstance(eps, numbers.Real) and math.isfinite(eps) and eps >= 0):
-        raise ValueError(f"eps must be a finite number >= 0, got {eps!r}")
-    if loss not in _LOSSES:
-        raise ValueError(f"loss must be one of {_LOSSES}, got {loss!r}")
-    if isinstance(eot_samples, bool) or not isinstance(eot_samples, int) or eot_samples < 1:
-        raise ValueError(f"eot_samples must be an integer >= 1, got {eot_samples!r}")
+    check_real(eps, "eps", low=0)
+    check_choice(loss, "loss", _LOSSES)
+    check_int(eot_samples, "eot_samples", low=1)
     if not (torch.is_tensor(x) and x.is_floating_point() and x.dim() >= 2):
         raise ValueError("x must be a floating point tensor of shape (N, ...) with ndim >= 2")
     if bool(torch.isnan(x).any()):
@@ -312,16 +309,11 @@ def pgd(
     :rtype: torch.Tensor
     """
     _check_inputs(x, y, eps, clip, loss, eot_samples)
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-        raise ValueError(f"steps must be an integer >= 1, got {steps!r}")
-    if not (isinstance(step_size, numbers.Real) and math.isfinite(step_size) and step_size > 0):
-        raise ValueError(f"step_size must be a finite number > 0, got {step_size!r}")
-    if norm not in _NORMS:
-        raise ValueError(f"norm must be one of {_NORMS}, got {norm!r}")
-    if isinstance(restarts, bool) or not isinstance(restarts, int) or restarts < 1:
-        raise ValueError(f"restarts must be an integer >= 1, got {restarts!r}")
-    if not 0 <= l1_sparsity <= 1:
-        raise ValueError(f"l1_sparsity must lie in [0, 1], got {l1_sparsity!r}")
+    check_int(steps, "steps", low=1)
+    check_positive(step_size, "step_size")
+    check_choice(norm, "norm", _NORMS)
+    check_int(restarts, "restarts", low=1)
+    check_real(l1_sparsity, "l1_sparsity", 0, 1)
     x = x.detach()
     batch_shape = (-1,) + (1,) * (x.dim() - 1)
     best = None

@@ -11,6 +11,8 @@ from typing import NamedTuple
 
 import torch
 
+from ..ops.validation import check_int
+
 __all__ = [
     "SecurityCurve",
     "check_attack_strength",
@@ -33,11 +35,6 @@ class SecurityCurve(NamedTuple):
     epsilons: torch.Tensor
     accuracy: torch.Tensor
     accuracy_sd: torch.Tensor
-
-
-def _positive_int(value, name):
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
 
 
 def security_evaluation_curve(defense, attack, epsilons, x, y, num_repeats=1, batch_size=None):
@@ -76,9 +73,8 @@ def security_evaluation_curve(defense, attack, epsilons, x, y, num_repeats=1, ba
         raise ValueError(f"epsilons must be finite and >= 0, got {epsilons.tolist()}")
     if bool((epsilons.diff() < 0).any()):
         raise ValueError(f"epsilons must be sorted ascending, got {epsilons.tolist()}")
-    _positive_int(num_repeats, "num_repeats")
-    if batch_size is not None:
-        _positive_int(batch_size, "batch_size")
+    num_repeats = check_int(num_repeats, "num_repeats", low=1)
+    batch_size = check_int(batch_size, "batch_size", low=1, allow_none=True)
     for name, fn in (("defense", defense), ("attack", attack)):
         if not callable(fn):
             raise TypeError(f"{name} must be a callable, got {fn!r}")

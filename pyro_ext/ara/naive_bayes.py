@@ -1,9 +1,8 @@
 """Bernoulli naive Bayes, the generative classifier of the spam experiments of thesis chapter 3."""
 
-import math
-import numbers
-
 import torch
+
+from ..ops.validation import check_positive
 
 __all__ = ["BernoulliNaiveBayes", "check_binary", "check_labels"]
 
@@ -43,15 +42,14 @@ class BernoulliNaiveBayes:
     """
 
     def __init__(self, alpha=1.0):
-        if isinstance(alpha, bool) or not isinstance(alpha, numbers.Real):
-            raise TypeError(f"alpha must be a positive number, got {alpha!r}")
-        if not (alpha > 0 and math.isfinite(alpha)):
+        try:
+            self.alpha = check_positive(alpha, "alpha")
+        except ValueError as error:
             raise ValueError(
-                f"alpha must be a finite number > 0, got {alpha!r}: with alpha = 0 a word "
-                "never seen in one class gives NaN probabilities; use a small value such as "
-                "1e-10 (what sklearn's BernoulliNB clips alpha to)"
-            )
-        self.alpha = float(alpha)
+                f"{error}: with alpha = 0 a word never seen in one class gives NaN "
+                "probabilities; use a small value such as 1e-10 (what sklearn's BernoulliNB "
+                "clips alpha to)"
+            ) from None
         self.log_prior = None
 
     def fit(self, x, y):

@@ -25,7 +25,7 @@ from pyro.poutine.messenger import Messenger
 
 from pyro_ext.infer.sgmcmc import get_kernel
 
-from ._validation import check_count, check_number
+from ..ops.validation import check_int, check_positive, check_real
 from .attacks import pgd, predictive_logits
 
 __all__ = ["ARATrainer", "AdversarialTrainer", "init_fan_in"]
@@ -180,12 +180,12 @@ class ARATrainer:
             raise ValueError("attacker must be None or a factory (predict_logits, x, y) -> model")
         get_kernel(kernel)  # a ValueError naming the registered kernels
         self.model, self.attacker = model, attacker
-        self.step_size = check_number(step_size, "step_size", 0.0, open_low=True)
-        self.num_particles = check_count(num_particles, "num_particles", low=1)
-        self.friction = check_number(friction, "friction", 0.0, 1.0, open_low=True)
-        self.batch_size = check_count(batch_size, "batch_size", low=1)
-        self.clean_fraction = check_number(clean_fraction, "clean_fraction", 0.0, 1.0)
-        self.temperature = check_number(temperature, "temperature", 0.0)
+        self.step_size = check_positive(step_size, "step_size")
+        self.num_particles = check_int(num_particles, "num_particles", low=1)
+        self.friction = check_real(friction, "friction", 0, 1, low_open=True)
+        self.batch_size = check_int(batch_size, "batch_size", low=1)
+        self.clean_fraction = check_real(clean_fraction, "clean_fraction", 0, 1)
+        self.temperature = check_real(temperature, "temperature", low=0)
         self.kernel_name, self.repulsion, self.init_strategy = kernel, repulsion, init_strategy
         self.jit_compile = jit_compile
         self.kernel = None
@@ -287,7 +287,7 @@ class ARATrainer:
         :returns: ``self``.
         """
         _check_data(x, y, self.num_classes)
-        check_count(epochs, "epochs", low=1)
+        epochs = check_int(epochs, "epochs", low=1)
         if self.kernel is None:
             self._setup(x, y)
         if self.attacker is not None:
@@ -343,18 +343,16 @@ class AdversarialTrainer:
         if not isinstance(net, torch.nn.Module):
             raise ValueError(f"net must be a torch.nn.Module, got {type(net).__name__}")
         self.net = net
-        self.eps = check_number(eps, "eps", 0.0)
-        self.steps = check_count(steps, "steps", low=1)
+        self.eps = check_real(eps, "eps", low=0)
+        self.steps = check_int(steps, "steps", low=1)
         if attack_step_size is None:
-            attack_step_size = 2.5 * eps / steps if eps > 0 else 1.0
-        self.attack_step_size = check_number(
-            attack_step_size, "attack_step_size", 0.0, open_low=True
-        )
+            attack_step_size = 2.5 * self.eps / self.steps if self.eps > 0 else 1.0
+        self.attack_step_size = check_positive(attack_step_size, "attack_step_size")
         self.norm, self.clip, self.random_start = norm, clip, random_start
-        self.clean_fraction = check_number(clean_fraction, "clean_fraction", 0.0, 1.0)
-        self.batch_size = check_count(batch_size, "batch_size", low=1)
-        lr = check_number(lr, "lr", 0.0, open_low=True)
-        momentum = check_number(momentum, "momentum", 0.0, 1.0)
+        self.clean_fraction = check_real(clean_fraction, "clean_fraction", 0, 1)
+        self.batch_size = check_int(batch_size, "batch_size", low=1)
+        lr = check_positive(lr, "lr")
+        momentum = check_real(momentum, "momentum", 0, 1)
         self.optimizer = torch.optim.SGD(net.parameters(), lr=lr, momentum=momentum)
         self.epoch_times = []
 
@@ -394,7 +392,7 @@ class AdversarialTrainer:
         :returns: ``self``.
         """
         _check_data(x, y)
-        check_count(epochs, "epochs", low=1)
+        epochs = check_int(epochs, "epochs", low=1)
         attacking = self.clean_fraction < 1 and self.clip is not None
         if attacking and (float(x.min()) < self.clip[0] or float(x.max()) > self.clip[1]):
             raise ValueError(f"x lies outside the attack's domain clip={tuple(self.clip)}")

@@ -9,6 +9,7 @@ import functools
 
 import torch
 
+from ..ops.validation import check_int
 from .naive_bayes import check_binary, check_labels
 
 __all__ = ["attack_candidates", "good_word_insertion", "originating_instances", "word_deletion"]
@@ -19,8 +20,7 @@ _BATCH_ROWS = 1 << 16
 
 
 def _check_budget(n, num_features):
-    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-        raise ValueError(f"attacker budget n must be an integer >= 0, got {n!r}")
+    n = check_int(n, "attacker budget n", low=0)
     if n > num_features:
         raise ValueError(f"attacker budget n={n} exceeds the {num_features} features")
 

@@ -7,6 +7,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
+from ..ops.validation import check_choice
 from .utils import as_float, float_dtype, get_data_path
 
 
@@ -65,8 +66,7 @@ def load_marketing_mix(name="robyn", device=None, dtype=None):
         names of the value columns, and a ``(num_weeks, len(columns))`` tensor.
     :rtype: MarketingMix
     """
-    if name not in _SPECS:
-        raise ValueError(f"name must be one of {tuple(_SPECS)}, got {name!r}")
+    check_choice(name, "name", tuple(_SPECS))
     dtype = float_dtype(dtype)
     spec = _SPECS[name]
     with open(get_data_path(spec.path, verify=True), newline="", encoding="utf-8") as f:

@@ -5,6 +5,7 @@ import gzip
 import numpy as np
 import torch
 
+from ..ops.validation import check_choice
 from .utils import as_long, float_dtype, get_data_path
 
 _IMAGES_MAGIC = 2051
@@ -27,9 +28,7 @@ FASHION_MNIST_CLASSES = (
 
 
 def _prefix(split):
-    if split not in _PREFIX:
-        raise ValueError(f"split must be 'train' or 'test', got {split!r}")
-    return _PREFIX[split]
+    return _PREFIX[check_choice(split, "split", tuple(_PREFIX))]
 
 
 def _read_idx(path, magic):

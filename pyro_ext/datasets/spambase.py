@@ -25,7 +25,7 @@ def load_spambase(binarized=False, device=None, dtype=None):
     :rtype: tuple(torch.Tensor, torch.Tensor)
     """
     if not isinstance(binarized, bool):
-        raise ValueError(f"binarized must be a bool, got {binarized!r}")
+        raise TypeError(f"binarized must be a bool, got {binarized!r}")
     dtype = float_dtype(dtype)
     if binarized:
         path = get_data_path("spam/uciData.csv", verify=True)

@@ -6,6 +6,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
+from ..ops.validation import check_choice
 from .utils import as_float, as_long, float_dtype, get_data_path
 
 
@@ -45,8 +46,7 @@ def load_co2(source="noaa", device=None, dtype=None):
         ``"vis"`` a tensor of shape ``(637,)``.
     :rtype: CO2 or torch.Tensor
     """
-    if source not in ("noaa", "vis"):
-        raise ValueError(f"source must be 'noaa' or 'vis', got {source!r}")
+    check_choice(source, "source", ("noaa", "vis"))
     dtype = float_dtype(dtype)
     if source == "vis":
         return as_float(

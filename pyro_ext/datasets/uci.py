@@ -1,12 +1,12 @@
 """UCI regression benchmarks in the standard splits of Hernández-Lobato & Adams (2015) and
 Gal & Ghahramani (2016)."""
 
-import numbers
 from typing import NamedTuple
 
 import numpy as np
 import torch
 
+from ..ops.validation import check_choice, check_int
 from .utils import as_float, float_dtype, get_data_path
 
 _NUM_SPLITS = {
@@ -37,11 +37,6 @@ class UCISplit(NamedTuple):
     n_hidden: int
 
 
-def _check_name(name):
-    if name not in _NUM_SPLITS:
-        raise ValueError(f"name must be one of {UCI_DATASETS}, got {name!r}")
-
-
 def uci_num_splits(name):
     """
     Number of train/test splits of a UCI dataset (20, or 5 for protein-tertiary-structure).
@@ -49,7 +44,7 @@ def uci_num_splits(name):
     :param str name: One of :data:`UCI_DATASETS`.
     :rtype: int
     """
-    _check_name(name)
+    check_choice(name, "name", UCI_DATASETS)
     return _NUM_SPLITS[name]
 
 
@@ -80,11 +75,7 @@ def load_uci(name, split=0, device=None, dtype=None):
     :rtype: UCISplit
     """
     num_splits = uci_num_splits(name)
-    if isinstance(split, bool) or not isinstance(split, numbers.Integral):
-        raise ValueError(f"split must be an int in range({num_splits}), got {split!r}")
-    if not 0 <= split < num_splits:
-        raise ValueError(f"split must be in range({num_splits}) for {name!r}, got {split}")
-    split = int(split)
+    split = check_int(split, f"split of {name!r}", 0, num_splits - 1)
     dtype = float_dtype(dtype)
 
     data = np.loadtxt(get_data_path(f"uci/{name}/data/data.txt", verify=True), ndmin=2)

@@ -12,6 +12,7 @@ from pyro.infer.mcmc.logger import ProgressBar
 from pyro.ops import streaming, welford
 from pyro.ops.streaming import StatsOfDict
 
+from ..ops.validation import check_int
 from .sgmcmc.kernels import SGMCMCKernel
 from .sgmcmc.potential import SamplerDivergenceError
 
@@ -26,13 +27,6 @@ CHECKPOINT_GLOBALS = [
     streaming.StackStats,
     welford.WelfordCovariance,
 ]
-
-
-def _check_count(name, value):
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be a positive integer, got {type(value).__name__}")
-    if value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
 
 
 def _sha256(tensor):
@@ -130,20 +124,10 @@ class MCMC(pyro.infer.MCMC):
                 )
             if save_params is not None:
                 raise ValueError("save_params is not supported with particle kernels")
-        if warmup_steps is not None and (
-            isinstance(warmup_steps, bool) or not isinstance(warmup_steps, int)
-        ):
-            raise TypeError(
-                f"warmup_steps must be an int or None, got {type(warmup_steps).__name__}"
-            )
-        for name, value in (("num_samples", num_samples), ("thinning", thinning)):
-            _check_count(name, value)
-        if checkpoint_every is not None and (
-            not isinstance(checkpoint_every, int) or checkpoint_every < 1
-        ):
-            raise ValueError(
-                f"checkpoint_every must be a positive integer, got {checkpoint_every!r}"
-            )
+        warmup_steps = check_int(warmup_steps, "warmup_steps", low=0, allow_none=True)
+        num_samples = check_int(num_samples, "num_samples", low=1)
+        thinning = check_int(thinning, "thinning", low=1)
+        checkpoint_every = check_int(checkpoint_every, "checkpoint_every", low=1, allow_none=True)
         super().__init__(
             kernel,
             num_samples,
@@ -157,8 +141,6 @@ class MCMC(pyro.infer.MCMC):
             transforms=transforms,
             save_params=save_params,
         )
-        if self.warmup_steps < 0:
-            raise ValueError(f"warmup_steps must be >= 0, got {warmup_steps}")
         self.thinning = thinning
         self.checkpoint_path = checkpoint_path
         self.checkpoint_every = checkpoint_every
@@ -229,7 +211,7 @@ class MCMC(pyro.infer.MCMC):
         """
         if not isinstance(self.kernel, SGMCMCKernel) or getattr(self, "_flat", None) is None:
             raise ValueError("extend() continues a finished run of a particle kernel: run() first")
-        _check_count("num_samples", num_samples)
+        num_samples = check_int(num_samples, "num_samples", low=1)
         start = self._total_steps
         draws = [] if self._statistics is not None else list(self._flat.unbind(1))
         self.num_samples += num_samples

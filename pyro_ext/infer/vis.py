@@ -47,7 +47,6 @@ is learned from the refined ELBO), ``gradient="fast"`` uses eq. (2.13),
 :math:`z_T = z_0 + \mathrm{stop\_grad}(\sum_t \Delta z_t)`.
 """
 
-import math
 from contextlib import ExitStack
 
 import pyro
@@ -61,6 +60,7 @@ from pyro.poutine.messenger import Messenger
 from pyro.poutine.util import site_is_subsample
 from torch.distributions import constraints
 
+from ..ops.validation import check_choice, check_int, check_positive
 from .sgmcmc.potential import LogJointMessenger, SupportMap
 from .sgmcmc.repulsion import RBFKernel, stein_coupling
 from .sgmcmc.updates import get_sampler
@@ -317,29 +317,28 @@ class VIS:
         ):
             if not callable(value):
                 raise TypeError(f"{arg} must be a callable ({what}), got {value!r}")
-        for arg, value, choices in (
-            ("sampler", sampler, SAMPLERS),
-            ("entropy", entropy, ENTROPIES),
-            ("gradient", gradient, GRADIENTS),
-        ):
-            if value not in choices:
-                raise ValueError(f"{arg} must be one of {choices}, got {value!r}")
-        if isinstance(num_steps, bool) or not isinstance(num_steps, int) or num_steps < 0:
-            raise ValueError(f"num_steps must be an integer >= 0, got {num_steps!r}")
-        for arg, value in (("step_size", step_size), ("gaussian_scale", gaussian_scale)):
-            if not (isinstance(value, (int, float)) and 0 < value < math.inf):
-                raise ValueError(f"{arg} must be a positive finite float, got {value!r}")
+        check_choice(sampler, "sampler", SAMPLERS)
+        check_choice(entropy, "entropy", ENTROPIES)
+        check_choice(gradient, "gradient", GRADIENTS)
+        num_steps = check_int(num_steps, "num_steps", low=0)
+        step_size = check_positive(step_size, "step_size")
+        gaussian_scale = check_positive(gaussian_scale, "gaussian_scale")
         if repulsion is not None:
             if sampler not in ("sgld", "sghmc", "adam", "svgd"):
                 raise ValueError(
                     f"repulsion applies to sampler 'sgld', 'sghmc', 'adam' or 'svgd', not "
                     f"{sampler!r} (sgd with repulsion is sampler='svgd')"
                 )
-            if repulsion == "rbf":
+            if isinstance(repulsion, str):
+                if repulsion != "rbf":
+                    raise ValueError(
+                        f"repulsion must be None, 'rbf' or a SteinKernel, got {repulsion!r}"
+                    )
                 repulsion = RBFKernel()
             elif not isinstance(repulsion, SteinKernel):
-                raise ValueError(
-                    f"repulsion must be None, 'rbf' or a SteinKernel, got {repulsion!r}"
+                raise TypeError(
+                    "repulsion must be None, 'rbf' or a SteinKernel, "
+                    f"got {type(repulsion).__name__}"
                 )
         if entropy == "mc" and (sampler != "sgld" or repulsion is not None):
             raise ValueError(
@@ -353,9 +352,9 @@ class VIS:
             )
         self.model, self.base_guide = model, base_guide
         self.sampler, self.num_steps, self.entropy = sampler, num_steps, entropy
-        self.step_size, self.learn_step_size = float(step_size), learn_step_size
+        self.step_size, self.learn_step_size = step_size, learn_step_size
         self.gradient, self.friction = gradient, friction
-        self.gaussian_scale, self.name = float(gaussian_scale), name
+        self.gaussian_scale, self.name = gaussian_scale, name
         if sampler == "svgd" or entropy == "fokker_planck":
             repulsion = repulsion or RBFKernel()
         self.kernel = repulsion
@@ -624,12 +623,8 @@ class VIS:
         """
         if num_steps is None:
             num_steps = self.num_steps
-        if isinstance(num_steps, bool) or not isinstance(num_steps, int) or num_steps < 0:
-            raise ValueError(f"num_steps must be an integer >= 0, got {num_steps!r}")
-        if isinstance(num_samples, bool) or not isinstance(num_samples, int):
-            raise TypeError(f"num_samples must be an integer >= 1, got {num_samples!r}")
-        if num_samples < 1:
-            raise ValueError(f"num_samples must be an integer >= 1, got {num_samples!r}")
+        num_steps = check_int(num_steps, "num_steps", low=0)
+        num_samples = check_int(num_samples, "num_samples", low=1)
         if self._prototype is None:
             self._setup(args, kwargs)
         with (

@@ -16,6 +16,7 @@ helpers below evaluate a set of posterior draws in vectorised chunks.
 """
 
 import math
+import numbers
 from collections.abc import Sequence
 
 import pyro
@@ -25,7 +26,7 @@ from pyro.infer.autoguide.initialization import init_to_median
 from pyro.nn import PyroModule, PyroSample
 from pyro.poutine.util import site_is_subsample
 
-from ..ops.validation import values_checked
+from ..ops.validation import check_choice, check_int, check_positive, values_checked
 
 __all__ = [
     "BayesianMLP",
@@ -54,16 +55,6 @@ def _squeeze_trailing_ones(shape):
     while shape and shape[-1] == 1:
         shape = shape[:-1]
     return shape
-
-
-def _positive_number(value, name):
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, (int, float))
-        or not (value > 0 and math.isfinite(value))
-    ):
-        raise ValueError(f"{name} must be a finite positive number, got {value!r}")
-    return float(value)
 
 
 class _BayesianLinear(PyroModule):
@@ -175,18 +166,19 @@ class BayesianMLP(PyroModule):
     ):
         super().__init__()
         if not isinstance(full_output, bool):
-            raise ValueError(f"full_output must be a bool, got {full_output!r}")
+            raise TypeError(f"full_output must be a bool, got {full_output!r}")
         self.full_output = full_output
-        if isinstance(hidden, int) and not isinstance(hidden, bool):
+        in_features = check_int(in_features, "in_features", low=1)
+        out_features = check_int(out_features, "out_features", low=1)
+        if isinstance(hidden, numbers.Integral) and not isinstance(hidden, bool):
             hidden = (hidden,)
+        if not isinstance(hidden, Sequence) or isinstance(hidden, str):
+            raise TypeError(
+                f"hidden must be an integer or a sequence of integers (layer widths), got {hidden!r}"
+            )
+        hidden = tuple(check_int(h, f"hidden[{i}]", low=1) for i, h in enumerate(hidden))
         widths = [in_features, *hidden, out_features]
-        for width in widths:
-            if isinstance(width, bool) or not isinstance(width, int) or width < 1:
-                raise ValueError(
-                    f"in_features, hidden widths and out_features must be positive integers, got {widths}"
-                )
-        if likelihood not in _LIKELIHOODS:
-            raise ValueError(f"likelihood must be one of {_LIKELIHOODS}, got {likelihood!r}")
+        check_choice(likelihood, "likelihood", _LIKELIHOODS)
         if likelihood == "categorical" and out_features < 2:
             raise ValueError(
                 f"a categorical likelihood needs out_features >= 2 classes, got {out_features}"
@@ -197,9 +189,9 @@ class BayesianMLP(PyroModule):
                 raise ValueError(
                     f"prior_scale has {len(prior_scale)} entries; the network has {num_layers} layers"
                 )
-            scales = [_positive_number(s, "prior_scale") for s in prior_scale]
+            scales = [check_positive(s, f"prior_scale[{i}]") for i, s in enumerate(prior_scale)]
         else:
-            scales = [_positive_number(prior_scale, "prior_scale")] * num_layers
+            scales = [check_positive(prior_scale, "prior_scale")] * num_layers
         if isinstance(activation, str):
             if activation not in _ACTIVATIONS:
                 raise ValueError(
@@ -207,7 +199,7 @@ class BayesianMLP(PyroModule):
                 )
             activation = _ACTIVATIONS[activation]
         elif not callable(activation):
-            raise ValueError(f"activation must be a callable or a name, got {activation!r}")
+            raise TypeError(f"activation must be a callable or a name, got {activation!r}")
         gamma_priors = {}
         for name, prior in (
             ("noise_prior", noise_prior),
@@ -215,7 +207,9 @@ class BayesianMLP(PyroModule):
         ):
             if len(prior) != 2:
                 raise ValueError(f"{name} must be a (shape, rate) pair, got {prior!r}")
-            gamma_priors[name] = tuple(_positive_number(p, name) for p in prior)
+            gamma_priors[name] = tuple(
+                check_positive(p, f"{name}[{i}]") for i, p in enumerate(prior)
+            )
 
         self.in_features, self.out_features = in_features, out_features
         self.hidden = tuple(hidden)
@@ -335,14 +329,7 @@ class BayesianMLP(PyroModule):
         """
         y = self._check_data(x, y)
         num = x.shape[0]
-        if subsample_size is not None and (
-            isinstance(subsample_size, bool)
-            or not isinstance(subsample_size, int)
-            or not 1 <= subsample_size <= num
-        ):
-            raise ValueError(
-                f"subsample_size must be an integer in [1, {num}], got {subsample_size!r}"
-            )
+        subsample_size = check_int(subsample_size, "subsample_size", 1, num, allow_none=True)
         precision = self.precision if self.likelihood == "gaussian" else None
         if subsample_size is not None and not self.full_output:
             # Draw the weights outside the data plate (PyroModule caches them for this
@@ -434,15 +421,8 @@ def _latent_names(net, x):
 def _draws(net, samples, x, chunk_size):
     """Yield (output, precision) for chunks of draws: output (S_c, N[, out]), precision (S_c, 1)."""
     if not isinstance(net, BayesianMLP):
-        raise ValueError(f"net must be a BayesianMLP, got {type(net).__name__}")
-    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int):
-        raise TypeError(
-            f"chunk_size must be a positive integer (draws evaluated at a time), got {chunk_size!r}"
-        )
-    if chunk_size < 1:
-        raise ValueError(
-            f"chunk_size must be a positive integer (draws evaluated at a time), got {chunk_size!r}"
-        )
+        raise TypeError(f"net must be a BayesianMLP, got {type(net).__name__}")
+    chunk_size = check_int(chunk_size, "chunk_size (draws evaluated at a time)", low=1)
     net._check_data(x, None)
     names = _latent_names(net, x)
     missing = [n for n in names if n not in samples]
@@ -551,8 +531,7 @@ def expected_calibration_error(probs, labels, num_bins=15):
         raise ValueError("probs must be a non-empty tensor of shape (N,) or (N, K)")
     if not torch.is_tensor(labels) or tuple(labels.shape) != (probs.shape[0],):
         raise ValueError(f"labels must be a tensor of shape ({probs.shape[0]},)")
-    if isinstance(num_bins, bool) or not isinstance(num_bins, int) or num_bins < 1:
-        raise ValueError(f"num_bins must be a positive integer, got {num_bins!r}")
+    num_bins = check_int(num_bins, "num_bins", low=1)
     # Value checks follow the validation switch (see pyro_ext.ops.validation).
     if values_checked():
         eps = torch.finfo(probs.dtype).eps if probs.is_floating_point() else 0.0

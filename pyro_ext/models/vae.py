@@ -25,6 +25,8 @@ from pyro.nn import PyroModule
 from torch import nn
 from torch.nn import functional as F
 
+from ..ops.validation import check_int
+
 __all__ = ["CVAE", "VAE", "importance_log_likelihood", "refined_mean_proposal"]
 
 SCALE_FLOOR = 1e-5  # smallest encoder scale
@@ -54,11 +56,6 @@ class _GaussianEncoder(nn.Module):
         return self.loc_net(inputs), F.softplus(self.var_net(inputs)).sqrt().clamp_min(SCALE_FLOOR)
 
 
-def _check_positive_int(name, value):
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
-
-
 def _check_images(x, x_dim, name="x"):
     if not isinstance(x, torch.Tensor) or x.dim() != 2 or x.shape[-1] != x_dim:
         shape = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
@@ -77,8 +74,9 @@ class VAE(PyroModule):
 
     def __init__(self, x_dim=784, z_dim=10, hidden=200):
         super().__init__()
-        for name, value in (("x_dim", x_dim), ("z_dim", z_dim), ("hidden", hidden)):
-            _check_positive_int(name, value)
+        x_dim = check_int(x_dim, "x_dim", low=1)
+        z_dim = check_int(z_dim, "z_dim", low=1)
+        hidden = check_int(hidden, "hidden", low=1)
         self.x_dim, self.z_dim = x_dim, z_dim
         self.encoder = _GaussianEncoder(x_dim + self._extra_inputs(), hidden, z_dim)
         self.decoder = _mlp(z_dim + self._extra_inputs(), hidden, x_dim)
@@ -145,8 +143,7 @@ class CVAE(VAE):
     """
 
     def __init__(self, x_dim=784, z_dim=10, hidden=200, num_classes=10):
-        _check_positive_int("num_classes", num_classes)
-        self.num_classes = num_classes
+        self.num_classes = check_int(num_classes, "num_classes", low=1)
         super().__init__(x_dim, z_dim, hidden)
 
     def _extra_inputs(self):
@@ -223,8 +220,8 @@ class CVAE(VAE):
 
 
 def _chunked_importance(log_joint, draw, num_samples, chunk_size):
-    _check_positive_int("num_samples", num_samples)
-    _check_positive_int("chunk_size", chunk_size)
+    num_samples = check_int(num_samples, "num_samples", low=1)
+    chunk_size = check_int(chunk_size, "chunk_size", low=1)
     log_weights, remaining = [], num_samples
     while remaining > 0:
         z, log_q = draw(min(chunk_size, remaining))

@@ -44,6 +44,7 @@ import pyro.distributions as dist
 import torch
 from pyro.infer.autoguide.initialization import init_to_mean
 
+from ..ops.validation import check_int, check_real
 from . import updates
 from .filters import BONG, LoFi
 
@@ -68,21 +69,11 @@ POLICIES = ("thompson", "ucb", "greedy", "epsilon_greedy")
 
 # -- argument checks --------------------------------------------------------------------------
 def _check_int(name, value, low):
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if value < low:
-        raise ValueError(f"{name} must be >= {low}, got {value}")
-    return int(value)
+    return check_int(value, name, low=low)
 
 
 def _check_positive(name, value, allow_zero=False):
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{name} must be a number, got {type(value).__name__}")
-    if not (math.isfinite(value) and (value >= 0 if allow_zero else value > 0)):
-        raise ValueError(
-            f"{name} must be finite and {'>= 0' if allow_zero else '> 0'}, got {value!r}"
-        )
-    return float(value)
+    return check_real(value, name, low=0, low_open=not allow_zero)
 
 
 def _check_hidden(hidden):

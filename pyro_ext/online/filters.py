@@ -18,6 +18,7 @@ from pyro.poutine.util import site_is_subsample
 
 from ..infer.sgmcmc.potential import ParticlePotential
 from ..ops.curvature import hessian_diagonal
+from ..ops.validation import check_choice, check_int, check_real
 from . import updates
 from .updates import DiagBelief, DLRBelief, FullBelief, NotPositiveDefiniteError
 
@@ -57,11 +58,10 @@ class IMQ:
     """
 
     def __init__(self, c: float):
-        if isinstance(c, bool) or not isinstance(c, numbers.Real):
-            raise TypeError(f"c must be a number, got {type(c).__name__}")
-        if not c > 0:
-            raise ValueError(f"c must be > 0 (the soft threshold of the residual), got {c!r}")
-        self.c = float(c)
+        # c = inf weighs every observation 1 (the plain filter).
+        self.c = check_real(
+            c, "c (the soft threshold of the residual)", low=0, low_open=True, finite=False
+        )
 
     def __call__(self, squared_residual: torch.Tensor) -> torch.Tensor:
         return (1 + squared_residual / self.c**2).rsqrt()
@@ -729,17 +729,11 @@ class BONG:
 
 
 def _check_choice(name, value, choices):
-    if not isinstance(value, str):
-        raise TypeError(f"{name} must be a string, got {type(value).__name__}")
-    if value not in choices:
-        raise ValueError(f"{name} must be one of {choices}, got {value!r}")
+    return check_choice(value, name, choices)
 
 
 def _check_int(name, value, low):
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if value < low:
-        raise ValueError(f"{name} must be >= {low}, got {value}")
+    return check_int(value, name, low=low)
 
 
 def LoFi(model: Callable, rank: int = 10, **kwargs) -> BONG:

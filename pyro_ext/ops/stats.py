@@ -1,9 +1,8 @@
 r"""Sample-quality statistics, in the spirit of :mod:`pyro.ops.stats`."""
 
-import math
-import numbers
-
 import torch
+
+from .validation import check_int, check_positive, check_real
 
 __all__ = ["kernel_stein_discrepancy"]
 
@@ -20,15 +19,6 @@ def _as_float_tensor(value, name):
 def _check_finite(value, name):
     if not bool(torch.isfinite(value).all()):
         raise ValueError(f"{name} contains NaN or infinite values")
-
-
-def _check_hyperparameters(c, beta, chunk_size):
-    if not (isinstance(c, numbers.Real) and math.isfinite(c) and c > 0):
-        raise ValueError(f"c must be a finite number > 0, got {c!r}")
-    if not (isinstance(beta, numbers.Real) and -1 < beta < 0):
-        raise ValueError(f"beta must lie in the open interval (-1, 0), got {beta!r}")
-    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
-        raise ValueError(f"chunk_size must be a positive integer, got {chunk_size!r}")
 
 
 def _stein_kernel_sum(x, s, rows, c2, beta):
@@ -92,10 +82,13 @@ def kernel_stein_discrepancy(samples, score, c=1.0, beta=-0.5, chunk_size=1024):
     :param int chunk_size: rows of the ``n x n`` kernel matrix evaluated at once.
     :returns: the KSD, a scalar tensor of the dtype and device of the inputs.
     :rtype: torch.Tensor
+    :raises TypeError: if ``c`` or ``beta`` is not a number or ``chunk_size`` not an integer.
     :raises ValueError: on inputs of the wrong shape, non-finite values, or invalid
         ``c``, ``beta`` or ``chunk_size``.
     """
-    _check_hyperparameters(c, beta, chunk_size)
+    c = check_positive(c, "c")
+    beta = check_real(beta, "beta", -1, 0, low_open=True, high_open=True)
+    chunk_size = check_int(chunk_size, "chunk_size", low=1)
     samples = _as_float_tensor(samples, "samples")
     if samples.dim() != 2 or samples.shape[0] == 0 or samples.shape[1] == 0:
         raise ValueError(

@@ -1,6 +1,129 @@
-"""When to check tensor *values*: one switch for the whole package."""
+"""
+Argument checks for the whole package, and when to check tensor *values*.
 
+The checkers raise :class:`TypeError` for an argument of the wrong type and
+:class:`ValueError` for one of the right type but a wrong value, with a message naming the
+argument and what was expected; each returns the normalised value (a Python ``int``,
+``float`` or ``str``). :func:`values_checked` is the one switch for tensor value checks.
+"""
+
+import math
+import numbers
+import reprlib
+
+import torch
 from torch.distributions import Distribution
+
+__all__ = ["check_choice", "check_int", "check_positive", "check_real", "values_checked"]
+
+
+def _got(value):
+    """``value``'s short repr and its type, for a type error's message."""
+    return f"{reprlib.repr(value)} ({type(value).__name__})"
+
+
+def _interval(low, high, low_open, high_open):
+    if low is not None and high is not None:
+        return f" in {'(' if low_open else '['}{low}, {high}{')' if high_open else ']'}"
+    if low is not None:
+        return f" {'>' if low_open else '>='} {low}"
+    if high is not None:
+        return f" {'<' if high_open else '<='} {high}"
+    return ""
+
+
+def check_int(value, name, low=None, high=None, allow_none=False):
+    """
+    An integer in ``[low, high]``, as an ``int``: any :class:`numbers.Integral` (a NumPy
+    integer too) or a 0-dim integer tensor, but not a ``bool``. ``None`` passes through with
+    ``allow_none``.
+
+    :raises TypeError: if ``value`` is not an integer.
+    :raises ValueError: if it lies outside ``[low, high]``.
+    """
+    if value is None and allow_none:
+        return None
+    expected = (
+        "an integer" + _interval(low, high, False, False) + (" or None" if allow_none else "")
+    )
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        number = int(value)
+    elif (
+        isinstance(value, torch.Tensor)
+        and value.dim() == 0
+        and not (value.dtype.is_floating_point or value.dtype.is_complex)
+        and value.dtype != torch.bool
+    ):
+        number = int(value)
+    else:
+        raise TypeError(f"{name} must be {expected}, got {_got(value)}")
+    if (low is not None and number < low) or (high is not None and number > high):
+        raise ValueError(f"{name} must be {expected}, got {reprlib.repr(number)}")
+    return number
+
+
+def check_real(
+    value,
+    name,
+    low=None,
+    high=None,
+    low_open=False,
+    high_open=False,
+    finite=True,
+    allow_none=False,
+):
+    """
+    A real number (``bool`` rejected) in the interval from ``low`` to ``high``, each end
+    closed unless ``low_open`` / ``high_open``, as a ``float``. NaN is always rejected, and
+    infinities too with ``finite=True``; ``None`` passes through with ``allow_none``.
+
+    :raises TypeError: if ``value`` is not a real number.
+    :raises ValueError: if it is NaN, infinite (with ``finite``) or outside the interval.
+    """
+    if value is None and allow_none:
+        return None
+    expected = (
+        ("a finite number" if finite else "a number")
+        + _interval(low, high, low_open, high_open)
+        + (" or None" if allow_none else "")
+    )
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be {expected}, got {_got(value)}")
+    try:
+        number = float(value)
+    except OverflowError:  # an int beyond the float range
+        number = math.inf if value > 0 else -math.inf
+    if (
+        math.isnan(number)
+        or (finite and math.isinf(number))
+        or (low is not None and (number <= low if low_open else number < low))
+        or (high is not None and (number >= high if high_open else number > high))
+    ):
+        shown = value if type(value) in (int, float) else number
+        raise ValueError(f"{name} must be {expected}, got {reprlib.repr(shown)}")
+    return number
+
+
+def check_positive(value, name, allow_none=False):
+    """A finite real number ``> 0``, as a ``float``: :func:`check_real` with ``low=0`` open."""
+    return check_real(value, name, low=0, low_open=True, allow_none=allow_none)
+
+
+def check_choice(value, name, choices, allow_none=False):
+    """
+    One of the strings ``choices``; ``None`` passes through with ``allow_none``.
+
+    :raises TypeError: if ``value`` is not a ``str``.
+    :raises ValueError: if it is not one of ``choices``.
+    """
+    if value is None and allow_none:
+        return None
+    expected = "one of " + ", ".join(repr(c) for c in choices) + (" or None" if allow_none else "")
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be a string, {expected}; got {_got(value)}")
+    if value not in choices:
+        raise ValueError(f"{name} must be {expected}; got {value!r}")
+    return value
 
 
 def values_checked() -> bool:

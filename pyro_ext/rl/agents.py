@@ -24,7 +24,8 @@ from abc import abstractmethod
 
 import torch
 
-from .base import Agent, check_positive_int, check_probability
+from ..ops.validation import check_int, check_positive, check_real
+from .base import Agent
 from .policies import check_policy, policy_probs
 
 __all__ = [
@@ -126,18 +127,6 @@ def dirichlet_forget_update(counts, observed, forget=None, mask=None):
     return counts
 
 
-def _check_forget(forget):
-    if forget is None:
-        return None
-    return check_probability(forget, "forget", low_open=True, high_open=True)
-
-
-def _check_prior(prior):
-    if not (isinstance(prior, (int, float)) and not isinstance(prior, bool) and prior > 0):
-        raise ValueError(f"prior must be a number > 0, got {prior!r}")
-    return float(prior)
-
-
 class _Learner(Agent):
     """Shared validation of ``epsilon`` in [0, 1], ``lr`` in (0, 1] and ``gamma`` in [0, 1)."""
 
@@ -154,8 +143,8 @@ class _Learner(Agent):
         super().__init__(num_actions, num_opponent_actions)
         self.epsilon, self.temperature = check_policy(policy, epsilon, temperature)
         self.policy = policy
-        self.lr = check_probability(lr, "lr", low_open=True)
-        self.gamma = check_probability(gamma, "gamma", high_open=True)
+        self.lr = check_real(lr, "lr", 0, 1, low_open=True)
+        self.gamma = check_real(gamma, "gamma", 0, 1, high_open=True)
 
     @abstractmethod
     def q_values(self, state):
@@ -199,8 +188,10 @@ class DirichletOpponentModel:
     factor :math:`\lambda` of Algorithm 4.4 when ``forget`` is given."""
 
     def __init__(self, forget=None, prior=1.0, state_conditional=False):
-        self.forget = _check_forget(forget)
-        self.prior = _check_prior(prior)
+        self.forget = check_real(
+            forget, "forget", 0, 1, low_open=True, high_open=True, allow_none=True
+        )
+        self.prior = check_positive(prior, "prior")
         self.state_conditional = bool(state_conditional)
 
     def attach(self, num_states, num_opponent_actions, num_actions):
@@ -238,7 +229,7 @@ class AgentOpponentModel:
 
     def __init__(self, agent):
         if not isinstance(agent, Agent):
-            raise ValueError(f"opponent model must be an Agent, got {type(agent).__name__}")
+            raise TypeError(f"opponent model must be an Agent, got {type(agent).__name__}")
         self.agent = agent
 
     def attach(self, num_states, num_opponent_actions, num_actions):
@@ -282,7 +273,7 @@ class MixtureOpponentModel:
         if not models:
             raise ValueError("opponent_models must hold at least one model")
         self.models = [AgentOpponentModel(m) if isinstance(m, Agent) else m for m in models]
-        self.prior = _check_prior(prior)
+        self.prior = check_positive(prior, "prior")
 
     def attach(self, num_states, num_opponent_actions, num_actions):
         for model in self.models:
@@ -417,7 +408,7 @@ class LevelKQLearner(TMDPQLearner):
         opponent_lr=None,
         **kwargs,
     ):
-        k = check_positive_int(k, "k")
+        k = check_int(k, "k", low=1)
         if k == 1:
             model = DirichletOpponentModel(forget, prior)
         else:
@@ -465,7 +456,7 @@ class MultiOpponentQLearner(_Learner):
 
     def __init__(self, num_opponents, epsilon, lr, gamma, forget=None, prior=1.0, **kwargs):
         super().__init__(epsilon, lr, gamma, **kwargs)
-        self.num_opponents = check_positive_int(num_opponents, "num_opponents")
+        self.num_opponents = check_int(num_opponents, "num_opponents", low=1)
         self.models = [DirichletOpponentModel(forget, prior) for _ in range(self.num_opponents)]
 
     def attach(self, num_states, num_actions, num_opponent_actions):
@@ -587,7 +578,7 @@ def _state_features(features, num_states, state):
 def _check_features(features, num_features):
     if (features is None) != (num_features is None):
         raise ValueError("features and num_features must be given together")
-    return None if num_features is None else check_positive_int(num_features, "num_features")
+    return check_int(num_features, "num_features", low=1, allow_none=True)
 
 
 class ApproximateQLearner(_Learner):
@@ -603,7 +594,7 @@ class ApproximateQLearner(_Learner):
         super().__init__(epsilon, lr, gamma, **kwargs)
         self.num_features = _check_features(features, num_features)
         self.features = features
-        self.hidden = None if hidden is None else check_positive_int(hidden, "hidden")
+        self.hidden = check_int(hidden, "hidden", low=1, allow_none=True)
 
     def reset(self, batch_size, generator):
         super().reset(batch_size, generator)
@@ -666,13 +657,13 @@ class ApproximateLevel2QLearner(_Learner):
         super().__init__(epsilon, lr, gamma, **kwargs)
         self.num_features = _check_features(features, num_features)
         self.features = features
-        self.hidden = None if hidden is None else check_positive_int(hidden, "hidden")
+        self.hidden = check_int(hidden, "hidden", low=1, allow_none=True)
         self.opponent_epsilon = self.epsilon
         if opponent_epsilon is not None:
-            self.opponent_epsilon = check_probability(opponent_epsilon, "opponent_epsilon")
+            self.opponent_epsilon = check_real(opponent_epsilon, "opponent_epsilon", 0, 1)
         self.opponent_lr = self.lr
         if opponent_lr is not None:
-            self.opponent_lr = check_probability(opponent_lr, "opponent_lr", low_open=True)
+            self.opponent_lr = check_real(opponent_lr, "opponent_lr", 0, 1, low_open=True)
         self.belief = DirichletOpponentModel(prior=prior)
 
     def attach(self, num_states, num_actions, num_opponent_actions):

@@ -10,29 +10,13 @@ environments, each with its own agent tables), so that many seeds vectorise. Sta
 integer indices (``LongTensor`` of shape ``(B,)``), actions too.
 """
 
-import math
-import numbers
 from abc import ABC, abstractmethod
 
 import torch
 
+from ..ops.validation import check_int
+
 __all__ = ["Agent", "Environment"]
-
-
-def check_probability(value, name, *, low_open=False, high_open=False):
-    """Validate a real hyperparameter in ``[0, 1]`` (ends optionally open)."""
-    ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
-    ok = ok and (0 < value if low_open else 0 <= value) and (value < 1 if high_open else value <= 1)
-    if not ok:
-        interval = ("(" if low_open else "[") + "0, 1" + (")" if high_open else "]")
-        raise ValueError(f"{name} must be a number in {interval}, got {value!r}")
-    return float(value)
-
-
-def check_positive_int(value, name, minimum=1):
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
-    return int(value)
 
 
 def check_actions(actions, num_actions, name):
@@ -63,10 +47,10 @@ class Agent(ABC):
         self._declared = {
             "num_actions": None
             if num_actions is None
-            else check_positive_int(num_actions, "num_actions"),
+            else check_int(num_actions, "num_actions", low=1),
             "num_opponent_actions": None
             if num_opponent_actions is None
-            else check_positive_int(num_opponent_actions, "num_opponent_actions"),
+            else check_int(num_opponent_actions, "num_opponent_actions", low=1),
         }
         self.num_states = self.num_actions = self.num_opponent_actions = None
         self.generator = None
@@ -82,18 +66,18 @@ class Agent(ABC):
                     f"{type(self).__name__} was built for {name}={declared} but the game has "
                     f"{name}={size}"
                 )
-        self.num_states = check_positive_int(num_states, "num_states")
-        self.num_actions = check_positive_int(num_actions, "num_actions")
-        self.num_opponent_actions = check_positive_int(num_opponent_actions, "num_opponent_actions")
+        self.num_states = check_int(num_states, "num_states", low=1)
+        self.num_actions = check_int(num_actions, "num_actions", low=1)
+        self.num_opponent_actions = check_int(num_opponent_actions, "num_opponent_actions", low=1)
         return self
 
     def reset(self, batch_size, generator):
         """Allocate the state of ``batch_size`` independent runs on ``generator.device``."""
         if self.num_actions is None:
             raise ValueError(f"{type(self).__name__}.attach(...) must be called before reset")
-        self.batch_size = check_positive_int(batch_size, "batch_size")
+        self.batch_size = check_int(batch_size, "batch_size", low=1)
         if not isinstance(generator, torch.Generator):
-            raise ValueError(f"generator must be a torch.Generator, got {type(generator)}")
+            raise TypeError(f"generator must be a torch.Generator, got {type(generator)}")
         self.generator = generator
         return self
 

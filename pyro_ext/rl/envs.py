@@ -5,7 +5,8 @@ import itertools
 
 import torch
 
-from .base import Environment, check_positive_int, check_probability
+from ..ops.validation import check_int, check_real
+from .base import Environment
 
 __all__ = [
     "FriendOrFoe",
@@ -21,12 +22,6 @@ def _zeros_long(batch_size, generator):
     return torch.zeros(batch_size, dtype=torch.long, device=generator.device)
 
 
-def _check_payoff(value, name):
-    if not (isinstance(value, (int, float)) and not isinstance(value, bool)):
-        raise ValueError(f"{name} must be a number, got {value!r}")
-    return float(value)
-
-
 class FriendOrFoe(Environment):
     r"""Stateless friend-or-foe game (Section 4.4.1, figure 4.3): the DM picks one of two
     targets, the adversary picks the one hiding the positive reward; the DM gets ``+payoff``
@@ -38,7 +33,7 @@ class FriendOrFoe(Environment):
     num_states, num_actions, num_opponent_actions, horizon = 1, 2, 2, 1
 
     def __init__(self, payoff=50.0):
-        self.payoff = _check_payoff(payoff, "payoff")
+        self.payoff = check_real(payoff, "payoff")
 
     def reset(self, batch_size, generator):
         return _zeros_long(batch_size, generator)
@@ -65,9 +60,9 @@ class SpatialFriendOrFoe(Environment):
     MOVES = ((-1, 0), (0, 1), (1, 0), (0, -1))
 
     def __init__(self, payoff=50.0, step_cost=1.0, horizon=50):
-        self.payoff = _check_payoff(payoff, "payoff")
-        self.step_cost = _check_payoff(step_cost, "step_cost")
-        self.horizon = check_positive_int(horizon, "horizon")
+        self.payoff = check_real(payoff, "payoff")
+        self.step_cost = check_real(step_cost, "step_cost")
+        self.horizon = check_int(horizon, "horizon", low=1)
         self.num_states = self.height * self.width
         self.target_states = [r * self.width + c for r, c in self.targets]
 
@@ -114,9 +109,9 @@ class Blotto(Environment):
     num_states, horizon = 1, 1
 
     def __init__(self, num_positions=3, num_resources=2, num_attackers=2):
-        self.num_positions = check_positive_int(num_positions, "num_positions")
-        self.num_resources = check_positive_int(num_resources, "num_resources")
-        self.num_opponents = check_positive_int(num_attackers, "num_attackers")
+        self.num_positions = check_int(num_positions, "num_positions", low=1)
+        self.num_resources = check_int(num_resources, "num_resources", low=1)
+        self.num_opponents = check_int(num_attackers, "num_attackers", low=1)
         self.allocations = torch.tensor(
             [
                 c
@@ -166,8 +161,8 @@ class CoinGame(Environment):
     MOVES = SpatialFriendOrFoe.MOVES
 
     def __init__(self, size=5, horizon=12):
-        self.size = check_positive_int(size, "size", minimum=2)
-        self.horizon = check_positive_int(horizon, "horizon")
+        self.size = check_int(size, "size", low=2)
+        self.horizon = check_int(horizon, "horizon", low=1)
         self.cells = self.size**2
         self.num_states = self.cells**2 * (self.cells + 1) ** 2
 
@@ -261,15 +256,15 @@ class DataSharingGame(Environment):
     ):
         names = ("temptation", "reward", "punishment", "sucker")
         values = (temptation, reward, punishment, sucker)
-        t, r, p, s = (_check_payoff(v, n) for v, n in zip(values, names))
+        t, r, p, s = (check_real(v, n) for v, n in zip(values, names))
         if not (t > r > p > s and 2 * r > t + s):
             raise ValueError(
                 f"payoffs must satisfy T > R > P > S and 2R > T + S, got T={t}, R={r}, P={p}, S={s}"
             )
         self.payoffs = torch.tensor([[[r, r], [s, t]], [[t, s], [p, p]]])  # [a, b] -> (r_C, r_DDO)
-        self.tax = check_probability(tax, "tax")
-        self.incentive = _check_payoff(incentive, "incentive")
-        self.horizon = check_positive_int(horizon, "horizon")
+        self.tax = check_real(tax, "tax", 0, 1)
+        self.incentive = check_real(incentive, "incentive")
+        self.horizon = check_int(horizon, "horizon", low=1)
 
     @staticmethod
     def previous_actions(state):

@@ -3,7 +3,8 @@ from the opponent's side (his ``action`` is the DM's ``opponent_action`` and vic
 
 import torch
 
-from .base import Agent, check_probability
+from ..ops.validation import check_real
+from .base import Agent
 from .policies import greedy_probs
 
 __all__ = ["ExponentialSmootherAdversary", "FixedPolicyOpponent", "TitForTat"]
@@ -29,7 +30,7 @@ class ExponentialSmootherAdversary(Agent):
 
     def __init__(self, beta, encode=None, num_actions=None):
         super().__init__(num_actions)
-        self.beta = check_probability(beta, "beta", low_open=True, high_open=True)
+        self.beta = check_real(beta, "beta", 0, 1, low_open=True, high_open=True)
         self.encode = encode
 
     def attach(self, num_states, num_actions, num_opponent_actions):
@@ -121,7 +122,7 @@ class TitForTat(Agent):
 
     def __init__(self, forgive=0.0):
         super().__init__(num_actions=2, num_opponent_actions=2)
-        self.forgive = check_probability(forgive, "forgive")
+        self.forgive = check_real(forgive, "forgive", 0, 1)
 
     def action_probs(self, state):
         from .envs import DataSharingGame

@@ -5,7 +5,7 @@ All functions act on the last dimension of ``q`` and broadcast over the leading 
 
 import torch
 
-from .base import check_probability
+from ..ops.validation import check_choice, check_positive, check_real
 
 __all__ = ["greedy_probs", "epsilon_greedy_probs", "softmax_probs", "policy_probs", "sample"]
 
@@ -48,9 +48,5 @@ def sample(probs, generator):
 
 def check_policy(policy, epsilon, temperature):
     """Validate the policy hyperparameters shared by every learner."""
-    if policy not in POLICIES:
-        raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
-    epsilon = check_probability(epsilon, "epsilon")
-    if not (isinstance(temperature, (int, float)) and temperature > 0):
-        raise ValueError(f"temperature must be a number > 0, got {temperature!r}")
-    return epsilon, float(temperature)
+    check_choice(policy, "policy", POLICIES)
+    return check_real(epsilon, "epsilon", 0, 1), check_positive(temperature, "temperature")

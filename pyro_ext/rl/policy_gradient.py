@@ -18,12 +18,10 @@ Quick start (figure 4.14, Gaussian regulator)::
                              num_rounds=1000, num_runs=5, seed=0)
 """
 
-import math
-import numbers
-
 import torch
 
-from .base import Agent, check_positive_int, check_probability
+from ..ops.validation import check_int, check_positive, check_real
+from .base import Agent
 from .envs import DataSharingGame, regulated_payoffs
 from .policies import sample
 from .runner import _generator
@@ -38,28 +36,6 @@ __all__ = [
     "Regulator",
     "play_regulated",
 ]
-
-
-def _check_positive(value, name):
-    if not (
-        isinstance(value, numbers.Real)
-        and not isinstance(value, bool)
-        and math.isfinite(value)
-        and value > 0
-    ):
-        raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
-    return float(value)
-
-
-def _check_nonnegative(value, name):
-    if not (
-        isinstance(value, numbers.Real)
-        and not isinstance(value, bool)
-        and math.isfinite(value)
-        and value >= 0
-    ):
-        raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
-    return float(value)
 
 
 def softmax_score(logits, action):
@@ -114,8 +90,8 @@ class PolicyGradientAgent(Agent):
         self, lr, gamma=0.0, state_conditional=False, num_actions=None, num_opponent_actions=None
     ):
         super().__init__(num_actions, num_opponent_actions)
-        self.lr = _check_positive(lr, "lr")
-        self.gamma = check_probability(gamma, "gamma", high_open=True)
+        self.lr = check_positive(lr, "lr")
+        self.gamma = check_real(gamma, "gamma", 0, 1, high_open=True)
         self.state_conditional = bool(state_conditional)
 
     def reset(self, batch_size, generator):
@@ -155,9 +131,9 @@ class _PeriodicTaxPolicy:
     having none, does not move the parameters)."""
 
     def __init__(self, lr, period, max_tax):
-        self.lr = _check_nonnegative(lr, "lr")
-        self.period = check_positive_int(period, "period")
-        self.max_tax = check_probability(max_tax, "max_tax")
+        self.lr = check_real(lr, "lr", low=0)
+        self.period = check_int(period, "period", low=1)
+        self.max_tax = check_real(max_tax, "max_tax", 0, 1)
 
     def reset(self, batch_size, generator):
         self.generator = generator
@@ -192,10 +168,8 @@ class GaussianTaxPolicy(_PeriodicTaxPolicy):
 
     def __init__(self, lr, scale=0.05, init=0.0, period=50, max_tax=0.5):
         super().__init__(lr, period, max_tax)
-        self.scale = _check_positive(scale, "scale")
-        if not (isinstance(init, numbers.Real) and math.isfinite(init)):
-            raise ValueError(f"init must be a finite number, got {init!r}")
-        self.init = float(init)
+        self.scale = check_positive(scale, "scale")
+        self.init = check_real(init, "init")
 
     def initial_parameters(self, batch_size, device):
         return torch.full((batch_size,), self.init, device=device)
@@ -219,7 +193,7 @@ class CategoricalTaxPolicy(_PeriodicTaxPolicy):
     (0, 0.15, 0.30, 0.50 in the thesis)."""
 
     def __init__(self, lr, rates=(0.0, 0.15, 0.30, 0.50), period=50):
-        rates = [check_probability(r, "rates") for r in rates]
+        rates = [check_real(r, "rates", 0, 1) for r in rates]
         if not rates:
             raise ValueError("rates must hold at least one tax rate")
         super().__init__(lr, period, max(rates))
@@ -248,9 +222,9 @@ class Regulator:
 
     def __init__(self, tax_policy=None, incentive=0.0, incentive_rounds=None):
         self.tax_policy = tax_policy
-        self.incentive = _check_nonnegative(incentive, "incentive")
+        self.incentive = check_real(incentive, "incentive", low=0)
         if incentive_rounds is not None:
-            incentive_rounds = check_positive_int(incentive_rounds, "incentive_rounds", 0)
+            incentive_rounds = check_int(incentive_rounds, "incentive_rounds", low=0)
         self.incentive_rounds = incentive_rounds
 
     def reset(self, batch_size, generator):
@@ -291,14 +265,14 @@ def play_regulated(
         utility (4.4) of every round (incentives excluded) and the tax rate in force.
     """
     if not isinstance(env, DataSharingGame):
-        raise ValueError(f"env must be a DataSharingGame, got {type(env).__name__}")
+        raise TypeError(f"env must be a DataSharingGame, got {type(env).__name__}")
     if env.tax != 0 or env.incentive != 0:
         raise ValueError("env must have tax=0 and incentive=0: the regulator applies transfers")
     for name, agent in (("citizen", citizen), ("ddo", ddo)):
         if not isinstance(agent, Agent):
-            raise ValueError(f"{name} must be an Agent, got {type(agent).__name__}")
-    num_rounds = check_positive_int(num_rounds, "num_rounds")
-    num_runs = check_positive_int(num_runs, "num_runs")
+            raise TypeError(f"{name} must be an Agent, got {type(agent).__name__}")
+    num_rounds = check_int(num_rounds, "num_rounds", low=1)
+    num_runs = check_int(num_runs, "num_runs", low=1)
     generator = _generator(seed, device)
     regulator = Regulator() if regulator is None else regulator
     citizen.attach(env.num_states, env.num_actions, env.num_opponent_actions)

@@ -1,15 +1,16 @@
 """Play agents against opponents, many independent runs at once, and plot reward curves."""
 
-import numbers
-
 import torch
 
-from .base import Agent, Environment, check_positive_int
+from ..ops.validation import check_int
+from .base import Agent, Environment
 
 __all__ = ["play", "play_many", "plot_reward_curves"]
 
 
 def _opponents(env, opponent):
+    if not isinstance(env, Environment):
+        raise TypeError(f"env must be an Environment, got {type(env).__name__}")
     opponents = [opponent] if isinstance(opponent, Agent) else list(opponent)
     if len(opponents) != env.num_opponents or not all(isinstance(o, Agent) for o in opponents):
         raise ValueError(
@@ -20,19 +21,16 @@ def _opponents(env, opponent):
 
 
 def _generator(seed, device):
-    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
-        raise ValueError(f"seed must be an integer, got {seed!r}")
+    seed = check_int(seed, "seed")
     generator = torch.Generator(device=torch.device("cpu") if device is None else device)
-    generator.manual_seed(int(seed))
+    generator.manual_seed(seed)
     return generator
 
 
 def _run(env, agent, opponents, num_episodes, num_runs, generator):
-    if not isinstance(env, Environment):
-        raise ValueError(f"env must be an Environment, got {type(env).__name__}")
     if not isinstance(agent, Agent):
-        raise ValueError(f"agent must be an Agent, got {type(agent).__name__}")
-    num_episodes = check_positive_int(num_episodes, "num_episodes")
+        raise TypeError(f"agent must be an Agent, got {type(agent).__name__}")
+    num_episodes = check_int(num_episodes, "num_episodes", low=1)
     agent.attach(env.num_states, env.num_actions, env.num_opponent_actions)
     agent.reset(num_runs, generator)
     for opponent in opponents:
@@ -94,7 +92,7 @@ def play_many(env, make_agent, make_opponent, num_episodes, num_runs, seed, devi
 
     :returns: reward curves of shape ``(num_runs, num_episodes)``.
     """
-    num_runs = check_positive_int(num_runs, "num_runs")
+    num_runs = check_int(num_runs, "num_runs", low=1)
     generator = _generator(seed, device)
     opponents = _opponents(env, make_opponent())
     return _run(env, make_agent(), opponents, num_episodes, num_runs, generator)
@@ -109,7 +107,7 @@ def plot_reward_curves(curves, window=50, ax=None, title=None):
     """
     import matplotlib.pyplot as plt
 
-    window = check_positive_int(window, "window")
+    window = check_int(window, "window", low=1)
     if ax is None:
         _, ax = plt.subplots(figsize=(7, 4))
     for label, curve in curves.items():

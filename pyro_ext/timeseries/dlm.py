@@ -27,8 +27,8 @@ import torch
 from pyro.distributions import constraints
 from torch.distributions import Distribution
 
+from ..ops.validation import check_choice, check_int
 from .kalman import (
-    _check_num_steps,
     _check_tensor,
     _prepare,
     _simulate_prior,
@@ -205,8 +205,7 @@ class Seasonal(Component):
     def __init__(self, period, scale, harmonics=None, form="dummy", init_scale=10.0):
         if _integer(period, "period") < 2:
             raise ValueError(f"period must be an integer >= 2, got {period}")
-        if form not in ("dummy", "cyclic"):
-            raise ValueError(f"form must be 'dummy' or 'cyclic', got {form!r}")
+        check_choice(form, "form", ("dummy", "cyclic"))
         if harmonics is not None and not 1 <= _integer(harmonics, "harmonics") <= period // 2:
             raise ValueError(f"harmonics must be in 1..{int(period) // 2}, got {harmonics}")
         self.period, self.harmonics, self.form = int(period), harmonics, form
@@ -540,7 +539,7 @@ class DLM:
         their future inputs (future ``X`` for :class:`Regression`, ``(G, F, W)`` for a
         time-varying :class:`LinearGaussian`).
         """
-        num_steps = _check_num_steps(num_steps)
+        num_steps = check_int(num_steps, "num_steps", low=1)
         covariates = covariates or {}
         unknown = set(covariates) - set(self.names)
         if unknown:
@@ -579,7 +578,7 @@ class DLMDistribution(dist.TorchDistribution):
     def __init__(self, dlm, num_steps, observation_precision=None, validate_args=None):
         if not isinstance(dlm, DLM):
             raise TypeError(f"dlm must be a DLM, got {type(dlm).__name__}")
-        self.dlm, self.num_steps = dlm, _check_num_steps(num_steps)
+        self.dlm, self.num_steps = dlm, check_int(num_steps, "num_steps", low=1)
         self.observation_precision = observation_precision
         mats, _, batch = dlm._assemble(self.num_steps, observation_precision)
         self._dtype = mats.transition_matrix.dtype

@@ -31,13 +31,12 @@ follow the device and dtype of their inputs):
 
 import functools
 import math
-import numbers
 
 import torch
 from pyro.distributions import TorchDistribution, constraints
 from torch.distributions import transform_to
 
-from ..ops.validation import values_checked
+from ..ops.validation import check_int, values_checked
 from . import semiring
 
 __all__ = [
@@ -500,12 +499,6 @@ def hmm_viterbi(
     return path.movedim(0, -1), log_score
 
 
-def _check_count(name, value):
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    return int(value)
-
-
 def _categorical(logits, shape):
     """Categorical draws of shape ``shape`` (Gumbel-max); ``logits`` broadcasts to it + (K,)."""
     u = torch.rand(shape + logits.shape[-1:], dtype=logits.dtype, device=logits.device)
@@ -529,7 +522,7 @@ def hmm_sample_paths(
     is drawn in parallel; composing these maps from :math:`z_T \\sim p(z_T \\mid x_{1:T})`
     by pointer jumping yields the backward sample.
     """
-    num_samples = _check_count("num_samples", num_samples)
+    num_samples = check_int(num_samples, "num_samples", low=1)
     problem = _Problem(init_logits, trans_logits, obs_log_probs, mask)
     filtered, log_norms = problem.forward()
     _check_evidence(problem, log_norms[-1], log_norms)
@@ -563,7 +556,7 @@ def hmm_predict(
     Predictive state probabilities :math:`p(z_{T+h} \\mid x_{1:T})`, ``h = 1..num_steps``,
     shape ``(..., num_steps, K)``; requires time-homogeneous ``trans_logits``.
     """
-    num_steps = _check_count("num_steps", num_steps)
+    num_steps = check_int(num_steps, "num_steps", low=1)
     problem = _Problem(init_logits, trans_logits, obs_log_probs, mask)
     if problem.time_varying:
         raise ValueError("hmm_predict needs time-homogeneous trans_logits (..., K, K)")
@@ -638,7 +631,7 @@ class HiddenMarkovDistribution(TorchDistribution):
         else:
             obs_batch = obs_batch[:-1]
         if duration is not None:
-            lengths.add(_check_count("duration", duration))
+            lengths.add(check_int(duration, "duration", low=1))
         if len(lengths) > 1:
             raise ValueError(
                 f"time lengths of trans_logits, observation_dist and duration differ: {lengths}"

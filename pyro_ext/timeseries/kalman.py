@@ -34,12 +34,11 @@ Conventions
 """
 
 import math
-import operator
 from typing import NamedTuple
 
 import torch
 
-from ..ops.validation import values_checked
+from ..ops.validation import check_int, values_checked
 
 __all__ = [
     "KalmanFilterResult",
@@ -111,19 +110,6 @@ def _check_tensor(x, name):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
     if not (x.is_floating_point() or x.dtype in (torch.bool, torch.int32, torch.int64)):
         raise TypeError(f"{name} must be a real tensor, got dtype {x.dtype}")
-
-
-def _check_num_steps(value, name="num_steps", low=1):
-    """A count: an integer >= ``low`` (NumPy and 0-dim integer tensors too; not bool)."""
-    try:
-        if isinstance(value, bool):
-            raise TypeError
-        count = operator.index(value)
-    except TypeError:
-        raise TypeError(f"{name} must be an integer >= {low}, got {value!r}") from None
-    if count < low:
-        raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
-    return count
 
 
 def _split(x, name, core, num_batch, num_steps, time_ok=True):
@@ -769,7 +755,7 @@ def kalman_sample(
 
     :returns: ``(num_samples, ..., T, S)``.
     """
-    num_samples = _check_num_steps(num_samples, "num_samples", low=0)
+    num_samples = check_int(num_samples, "num_samples", low=0)
     ssm = _prepare(
         y,
         transition_matrix,
@@ -825,7 +811,7 @@ def kalman_forecast(
     """
     if not isinstance(filter_result, KalmanFilterResult):
         raise ValueError("filter_result must be a KalmanFilterResult from kalman_filter")
-    num_steps = _check_num_steps(num_steps)
+    num_steps = check_int(num_steps, "num_steps", low=1)
     m = filter_result.filtered_means[..., -1, :]
     P = filter_result.filtered_covs[..., -1, :, :]
     S, nb = m.shape[-1], m.dim() - 1

@@ -16,35 +16,18 @@ inside :func:`pyro.contrib.funsor.vectorized_markov`, to be run with
 with other enumerated variables, and is much slower (funsor's per-call overhead).
 """
 
-import numbers
-
 import pyro
 import pyro.distributions as dist
 import torch
 from pyro.nn import PyroModule
 from pyro.ops.indexing import Vindex
 
+from ..ops.validation import check_choice, check_int, check_positive
 from .hmm import HiddenMarkovDistribution, check_stochastic_matrix
 
 __all__ = ["HiddenMarkovModel"]
 
 _EMISSIONS = ("categorical", "poisson", "gaussian")
-
-
-def _positive(name, value):
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{name} must be a positive number, got {value!r}")
-    if not value > 0:
-        raise ValueError(f"{name} must be a positive number, got {value!r}")
-    return float(value)
-
-
-def _count(name, value, why=""):
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be an integer >= 1{why}, got {value!r}")
-    if value < 1:
-        raise ValueError(f"{name} must be an integer >= 1{why}, got {value!r}")
-    return int(value)
 
 
 class HiddenMarkovModel(PyroModule):
@@ -83,7 +66,7 @@ class HiddenMarkovModel(PyroModule):
         backend="scan",
     ):
         super().__init__()
-        num_states = _count("num_states", num_states)
+        num_states = check_int(num_states, "num_states", low=1)
         if not callable(emission) and not isinstance(emission, str):
             raise TypeError(f"emission must be one of {_EMISSIONS} or a callable, got {emission!r}")
         if not callable(emission) and emission not in _EMISSIONS:
@@ -95,9 +78,8 @@ class HiddenMarkovModel(PyroModule):
                 raise ValueError(
                     "num_symbols must be an integer >= 1 for categorical emissions, got None"
                 )
-            num_symbols = _count("num_symbols", num_symbols, " for categorical emissions")
-        if backend not in ("scan", "funsor"):
-            raise ValueError(f"backend must be 'scan' or 'funsor', got {backend!r}")
+            num_symbols = check_int(num_symbols, "num_symbols (for categorical emissions)", low=1)
+        check_choice(backend, "backend", ("scan", "funsor"))
         K = num_states
         if init_probs is not None:
             init_probs = torch.as_tensor(init_probs)
@@ -129,10 +111,12 @@ class HiddenMarkovModel(PyroModule):
         self.fixed_init_probs = init_probs
         self.fixed_transition_probs = transition_probs
         self.fixed_emission_params = emission_params
-        self.transition_concentration = _positive(
-            "transition_concentration", transition_concentration
+        self.transition_concentration = check_positive(
+            transition_concentration, "transition_concentration"
         )
-        self.emission_concentration = _positive("emission_concentration", emission_concentration)
+        self.emission_concentration = check_positive(
+            emission_concentration, "emission_concentration"
+        )
         self.backend = backend
 
     # -- parameters -------------------------------------------------------------------------

@@ -67,6 +67,10 @@ def test_sample_and_batching(device):
     assert attack.expand((4, 2)).batch_shape == (4, 2)
     estimate, stderr = attack.mc_probability(x, num_samples=10)
     assert estimate.shape == stderr.shape == (2,)
+    with pytest.raises(ValueError, match="num_samples must be an integer >= 1, got 0"):
+        attack.mc_probability(x, num_samples=0)
+    with pytest.raises(TypeError, match="num_samples must be an integer >= 1"):
+        attack.mc_probability(x, num_samples=10.0)
 
 
 def test_small_variance_is_the_deterministic_attacker(device):
@@ -148,6 +152,25 @@ def test_bad_input(toy_nb):
         RandomWordInsertionAttack(torch.zeros(3))
     with pytest.raises(ValueError, match="var"):
         RandomWordInsertionAttack(torch.zeros(3), torch.sigmoid, var=-1.0)
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(n=1.5), "attacker budget n must be an integer >= 0"),
+        (dict(var=True), r"var \(a proportion of the maximum variance\) must be a finite number"),
+        (dict(var="0.1"), r"var \(a proportion of the maximum variance\) must be a finite number"),
+        (dict(num_mc=10.0), "num_mc must be an integer >= 1"),
+        (dict(num_proposals=None), "num_proposals must be an integer >= 1"),
+        (dict(method=None), "method must be a string"),
+    ],
+)
+def test_wrong_types(toy_nb, kwargs, match):
+    with pytest.raises(TypeError, match=match):
+        ACRA(toy_nb, **kwargs)
+    if "var" in kwargs:
+        with pytest.raises(TypeError, match=match):
+            RandomWordInsertionAttack(torch.zeros(3), torch.sigmoid, **kwargs)
 
 
 def test_acra_protects_naive_bayes_on_spam():

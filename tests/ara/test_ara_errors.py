@@ -35,8 +35,9 @@ def _problem():
         (-1.0, ValueError, "alpha must be a finite number > 0"),
         (math.inf, ValueError, "alpha must be a finite number > 0"),
         (math.nan, ValueError, "alpha must be a finite number > 0"),
-        ("1", TypeError, "alpha must be a positive number"),
-        (None, TypeError, "alpha must be a positive number"),
+        ("1", TypeError, "alpha must be a finite number > 0"),
+        (None, TypeError, "alpha must be a finite number > 0"),
+        (True, TypeError, "alpha must be a finite number > 0"),
     ],
 )
 def test_naive_bayes_refuses_alpha(alpha, error, match):
@@ -55,10 +56,15 @@ def test_naive_bayes_refuses_alpha(alpha, error, match):
         (dict(eps=torch.tensor([0.1] * (N - 1) + [math.nan])), ValueError, r"eps\[7\] = nan"),
         (dict(eps=torch.full((N - 1,), 0.1)), ValueError, r"eps must have shape \(8,\)"),
         (dict(eps=0.1), TypeError, "eps must be a tensor of per-example values"),
-        (dict(noise_scale=-1.0), ValueError, "noise_scale must be a finite number >= 0"),
+        (
+            dict(noise_scale=-1.0),
+            ValueError,
+            r"noise_scale must be a finite number >= 0, got -1.0 \(it multiplies the noise",
+        ),
         (dict(noise_scale=math.nan), ValueError, "noise_scale must be a finite number >= 0"),
-        (dict(noise_scale="1"), TypeError, "noise_scale must be a number"),
-        (dict(norm="l1"), ValueError, "norm must be one of"),
+        (dict(noise_scale="1"), TypeError, "noise_scale must be a finite number >= 0"),
+        (dict(norm="l1"), ValueError, "norm must be one of 'linf', 'l2'"),
+        (dict(norm=2), TypeError, "norm must be a string"),
     ],
 )
 def test_langevin_attack_refuses_bad_arguments(change, error, match):

@@ -149,8 +149,14 @@ def test_validation_errors():
         LangevinAttacker(logits, x, y[:-1])
     with pytest.raises(ValueError, match="loss"):
         LangevinAttacker(logits, x, y, loss="hinge")
-    with pytest.raises(ValueError, match="max_steps"):
+    with pytest.raises(ValueError, match="max_steps must be an integer >= 3, got 2"):
         LangevinAttacker(logits, x, y, steps=3, max_steps=2)
+    with pytest.raises(TypeError, match="steps must be an integer >= 0"):
+        LangevinAttacker(logits, x, y, steps=1.5)
+    with pytest.raises(TypeError, match="eps must be a finite number >= 0"):
+        LangevinAttacker(logits, x, y, eps=(0.0, "0.1"))
+    with pytest.raises(TypeError, match="loss must be a string"):
+        LangevinAttacker(logits, x, y, loss=None)
     other = LangevinAttacker(logits, x[:4], y[:4])
     with pytest.raises(ValueError, match="same shape"):
         AttackMixture([LangevinAttacker(logits, x, y), other])

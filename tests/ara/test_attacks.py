@@ -296,13 +296,35 @@ def _linear_setup(num_classes=10):
         (dict(restarts=0), "restarts must be an integer >= 1"),
         (dict(eot_samples=0), "eot_samples must be an integer >= 1"),
         (dict(loss="hinge"), "loss must be one of"),
-        (dict(l1_sparsity=1.5), r"l1_sparsity must lie in \[0, 1\]"),
+        (dict(l1_sparsity=1.5), r"l1_sparsity must be a finite number in \[0, 1\]"),
     ],
 )
 def test_pgd_argument_errors(kwargs, match):
     fn, x, y = _linear_setup()
     arguments = dict(eps=0.1, steps=2, step_size=0.05) | kwargs
     with pytest.raises(ValueError, match=match):
+        pgd(fn, x, y, **arguments)
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(eps="0.1"), "eps must be a finite number >= 0"),
+        (dict(eps=torch.tensor(0.1)), "eps must be a finite number >= 0"),
+        (dict(steps=2.0), "steps must be an integer >= 1"),
+        (dict(steps=True), "steps must be an integer >= 1"),
+        (dict(step_size=None), "step_size must be a finite number > 0"),
+        (dict(norm=2), "norm must be a string"),
+        (dict(restarts=1.0), "restarts must be an integer >= 1"),
+        (dict(eot_samples=1.5), "eot_samples must be an integer >= 1"),
+        (dict(loss=None), "loss must be a string"),
+        (dict(l1_sparsity="0.5"), r"l1_sparsity must be a finite number in \[0, 1\]"),
+    ],
+)
+def test_pgd_argument_type_errors(kwargs, match):
+    fn, x, y = _linear_setup()
+    arguments = dict(eps=0.1, steps=2, step_size=0.05) | kwargs
+    with pytest.raises(TypeError, match=match):
         pgd(fn, x, y, **arguments)
 
 

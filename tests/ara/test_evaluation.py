@@ -154,6 +154,20 @@ def test_curve_argument_errors(kwargs, match):
         security_evaluation_curve(defense, fgsm, x=x, y=y, **arguments)
 
 
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(num_repeats=2.0), "num_repeats must be an integer >= 1"),
+        (dict(num_repeats=True), "num_repeats must be an integer >= 1"),
+        (dict(batch_size="all"), "batch_size must be an integer >= 1 or None"),
+    ],
+)
+def test_curve_argument_type_errors(kwargs, match):
+    defense, _, _, x, y = binary_linear("cpu")
+    with pytest.raises(TypeError, match=match):
+        security_evaluation_curve(defense, fgsm, [0.0, 0.1], x, y, **kwargs)
+
+
 def test_plot_security_curves():
     figure = pytest.importorskip("matplotlib.figure")
     ax = figure.Figure().subplots()

@@ -153,3 +153,13 @@ def test_validation_errors(data):
         AdversarialTrainer(torch.nn.Linear(FEATURES, 2)).fit(x + 1.0, y)
     with pytest.raises(ValueError, match="labels"):
         AdversarialTrainer(torch.nn.Linear(FEATURES, 2)).fit(x, y + 1)
+    with pytest.raises(TypeError, match="num_particles must be an integer >= 1"):
+        ARATrainer(net, step_size=0.1, num_particles=2.0)
+    with pytest.raises(TypeError, match="step_size must be a finite number > 0"):
+        ARATrainer(net, step_size="0.1")
+    with pytest.raises(TypeError, match="epochs must be an integer >= 1"):
+        ARATrainer(net, step_size=0.1).fit(x, y, epochs=1.0)
+    with pytest.raises(TypeError, match="eps must be a finite number >= 0"):
+        AdversarialTrainer(torch.nn.Linear(FEATURES, 2), eps=None)
+    with pytest.raises(TypeError, match="momentum must be a finite number in"):
+        AdversarialTrainer(torch.nn.Linear(FEATURES, 2), momentum=True)

@@ -87,8 +87,10 @@ def test_bad_input():
         good_word_insertion(x, predict_proba, 60)
     with pytest.raises(ValueError, match="integer >= 0"):
         good_word_insertion(x, predict_proba, -1)
-    with pytest.raises(ValueError, match="integer >= 0"):
+    with pytest.raises(TypeError, match="attacker budget n must be an integer >= 0"):
         word_deletion(x, predict_proba, 1.5)
+    with pytest.raises(TypeError, match="attacker budget n must be an integer >= 0"):
+        good_word_insertion(x, predict_proba, True)
     with pytest.raises(ValueError, match="binary"):
         good_word_insertion(x + 0.5, predict_proba, 2)
     with pytest.raises(ValueError, match="labels"):

@@ -316,17 +316,34 @@ def test_standardize_split_naval(device):
 @pytest.mark.parametrize(
     "kwargs, match",
     [
-        ({"name": "boston"}, "name"),
-        ({"name": "yacht", "split": 20}, "split"),
-        ({"name": "protein-tertiary-structure", "split": 5}, "split"),
+        ({"name": "boston"}, "name must be one of 'bostonHousing'"),
+        (
+            {"name": "yacht", "split": 20},
+            r"split of 'yacht' must be an integer in \[0, 19\], got 20",
+        ),
+        (
+            {"name": "protein-tertiary-structure", "split": 5},
+            r"split of 'protein-tertiary-structure' must be an integer in \[0, 4\]",
+        ),
         ({"name": "yacht", "split": -1}, "split"),
-        ({"name": "yacht", "split": 1.0}, "split"),
-        ({"name": "yacht", "split": True}, "split"),
         ({"name": "yacht", "dtype": torch.long}, "dtype"),
     ],
 )
 def test_uci_bad_arguments(kwargs, match):
     with pytest.raises(ValueError, match=match):
+        load_uci(**kwargs)
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"name": None}, "name must be a string"),
+        ({"name": "yacht", "split": 1.0}, "split of 'yacht' must be an integer"),
+        ({"name": "yacht", "split": True}, "split of 'yacht' must be an integer"),
+    ],
+)
+def test_uci_wrong_argument_types(kwargs, match):
+    with pytest.raises(TypeError, match=match):
         load_uci(**kwargs)
 
 
@@ -351,7 +368,7 @@ def test_spambase(device):
 
 
 def test_spambase_bad_argument():
-    with pytest.raises(ValueError, match="binarized"):
+    with pytest.raises(TypeError, match="binarized must be a bool"):
         load_spambase(binarized="yes")
 
 
@@ -388,8 +405,10 @@ def test_fashion_mnist_labels(device):
 
 @pytest.mark.parametrize("loader", [load_mnist, load_fashion_mnist, load_fashion_mnist_labels])
 def test_mnist_bad_split(loader):
-    with pytest.raises(ValueError, match="split"):
+    with pytest.raises(ValueError, match="split must be one of 'train', 'test'"):
         loader("valid")
+    with pytest.raises(TypeError, match="split must be a string"):
+        loader(0)
 
 
 def test_mnist_bad_dtype():
@@ -436,8 +455,10 @@ def test_co2_vis(device):
 
 
 def test_co2_bad_source():
-    with pytest.raises(ValueError, match="source"):
+    with pytest.raises(ValueError, match="source must be one of 'noaa', 'vis'"):
         load_co2("scripps")
+    with pytest.raises(TypeError, match="source must be a string"):
+        load_co2(None)
 
 
 def test_earthquakes(device):
@@ -508,8 +529,10 @@ def test_marketing_mix_iclaims_dates():
 
 
 def test_marketing_mix_bad_name():
-    with pytest.raises(ValueError, match="name"):
+    with pytest.raises(ValueError, match="name must be one of"):
         load_marketing_mix("meridian")
+    with pytest.raises(TypeError, match="name must be a string"):
+        load_marketing_mix(1)
 
 
 def test_prophet_holidays():

@@ -106,8 +106,10 @@ def test_extend_equals_one_longer_run(data, streaming):
     expected, actual = result(reference), result(extended)
     for name in expected:
         assert torch.allclose(actual[name], expected[name], rtol=1e-6, atol=1e-7), name
-    with pytest.raises(ValueError, match="num_samples"):
+    with pytest.raises(ValueError, match="num_samples must be an integer >= 1, got 0"):
         extended.extend(0)
+    with pytest.raises(TypeError, match="num_samples must be an integer >= 1"):
+        extended.extend(2.5)
     with pytest.raises(ValueError, match="run\\(\\) first"):
         make_mcmc().extend(5)
 

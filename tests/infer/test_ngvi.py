@@ -244,20 +244,38 @@ def test_divergence_names_the_step_and_keeps_the_state():
 @pytest.mark.parametrize(
     "kwargs, error, match",
     [
-        (dict(lr=0.0), ValueError, "lr must be a positive"),
-        (dict(lr="0.1"), TypeError, "lr must be a number"),
-        (dict(ess=-1), ValueError, "ess must be a positive"),
-        (dict(hess_init=0), ValueError, "hess_init must be a positive"),
-        (dict(beta2=1.0), ValueError, r"beta2 must lie in \(0, 1\)"),
-        (dict(beta1=-0.1), ValueError, r"beta1 must lie in \[0, 1\)"),
-        (dict(method="vadam"), ValueError, "method must be one of"),
-        (dict(mc_samples=0), ValueError, "mc_samples must be >= 1"),
-        (dict(weight_decay=-1.0), ValueError, "weight_decay must be a positive"),
+        (dict(lr=0.0), ValueError, "lr must be a finite number > 0, got 0.0"),
+        (dict(lr="0.1"), TypeError, "lr must be a finite number > 0"),
+        (dict(ess=-1), ValueError, "ess must be a finite number > 0 or None"),
+        (dict(ess="all"), TypeError, "ess must be a finite number > 0 or None"),
+        (dict(hess_init=0), ValueError, "hess_init must be a finite number > 0"),
+        (dict(beta2=1.0), ValueError, r"beta2 must be a finite number in \(0, 1\)"),
+        (dict(beta1=-0.1), ValueError, r"beta1 must be a finite number in \[0, 1\)"),
+        (dict(beta1=True), TypeError, r"beta1 must be a finite number in \[0, 1\)"),
+        (dict(method="vadam"), ValueError, "method must be one of 'ivon', 'vogn', 'von'"),
+        (dict(method=None), TypeError, "method must be a string"),
+        (dict(mc_samples=0), ValueError, "mc_samples must be an integer >= 1, got 0"),
+        (dict(mc_samples=2.0), TypeError, "mc_samples must be an integer >= 1"),
+        (dict(clip_radius=0.0), ValueError, "clip_radius must be a number > 0"),
+        (dict(clip_radius=float("nan")), ValueError, "clip_radius must be a number > 0"),
+        (dict(clip_radius="inf"), TypeError, "clip_radius must be a number > 0"),
+        (dict(weight_decay=-1.0), ValueError, "weight_decay must be a finite number > 0"),
     ],
 )
 def test_bad_arguments(kwargs, error, match):
     with pytest.raises(error, match=match):
         NaturalGradientVI(linear_model, **kwargs)
+
+
+@pytest.mark.parametrize(
+    "num_samples, error", [(0, ValueError), (2.0, TypeError), (True, TypeError)]
+)
+def test_sample_posterior_checks_num_samples(num_samples, error):
+    x, y, noise = linear_data(torch.device("cpu"))
+    vi = NaturalGradientVI(linear_model, ess=len(x))
+    vi.step(x, y, noise)
+    with pytest.raises(error, match="num_samples must be an integer >= 1"):
+        vi.sample_posterior(num_samples)
 
 
 def test_models_it_cannot_fit_say_why():

@@ -315,12 +315,15 @@ def local_latent_model(x):
             lambda: SGLD(local_latent_model, 1e-3).setup(0, torch.zeros(5)),
             "'z' lies inside the subsampled plate 'data'",
         ),
-        (lambda: SGLD(logistic_model, step_size=0.0), "step_size must be a positive"),
-        (lambda: SGLD(logistic_model, step_size=-1e-3), "step_size must be a positive"),
-        (lambda: SGLD(logistic_model, step_size=float("nan")), "step_size must be a positive"),
+        (lambda: SGLD(logistic_model, step_size=0.0), "step_size must be a finite number > 0"),
+        (lambda: SGLD(logistic_model, step_size=-1e-3), "step_size must be a finite number > 0"),
+        (
+            lambda: SGLD(logistic_model, step_size=float("nan")),
+            "step_size must be a finite number > 0",
+        ),
         (
             lambda: SGLD(logistic_model, 1e-3, num_particles=0),
-            "num_particles must be a positive integer",
+            "num_particles must be an integer >= 1, got 0",
         ),
         (
             lambda: SGLD(logistic_model, 1e-3, num_particles=4, repulsion="gaussian"),
@@ -328,22 +331,75 @@ def local_latent_model(x):
         ),
         (lambda: SGLD(logistic_model, 1e-3, repulsion="rbf"), "needs num_particles >= 2"),
         (lambda: SGLD(logistic_model, 1e-3, temperature=-1.0), "temperature must be"),
-        (lambda: SGHMC(logistic_model, 1e-3, friction=0.0), "friction must lie in"),
-        (lambda: AdamSGLD(logistic_model, 1e-3, betas=(1.0, 0.9)), "betas must lie in"),
-        (lambda: PolynomialDecay(a=0.1, gamma=1.5), "gamma must lie in"),
-        (lambda: RBFKernel(bandwidth=-1.0), "bandwidth must be a positive"),
+        (
+            lambda: SGHMC(logistic_model, 1e-3, friction=0.0),
+            r"friction must be a finite number in \(0, 1\]",
+        ),
+        (
+            lambda: AdamSGLD(logistic_model, 1e-3, betas=(1.0, 0.9)),
+            r"betas\[0\] must be a finite number in \[0, 1\)",
+        ),
+        (lambda: PolynomialDecay(a=0.1, gamma=1.5), r"gamma must be a finite number in \(0, 1\]"),
+        (lambda: RBFKernel(bandwidth=-1.0), "bandwidth must be a finite number > 0 or None"),
         (
             lambda: MCMC(SGLD(logistic_model, 1e-3), num_samples=10, num_chains=2),
             "set num_particles",
         ),
         (
             lambda: MCMC(SGLD(logistic_model, 1e-3), num_samples=10, thinning=0),
-            "thinning must be a positive",
+            "thinning must be an integer >= 1, got 0",
         ),
     ],
 )
 def test_bad_input_gives_clear_errors(make, match):
     with pytest.raises((ValueError, TypeError), match=match):
+        make()
+
+
+@pytest.mark.parametrize(
+    "make, match",
+    [
+        (lambda: SGLD(logistic_model, step_size="0.1"), "step_size must be a finite number > 0"),
+        (lambda: SGLD(logistic_model, 1e-3, num_particles=2.0), "num_particles must be an integer"),
+        (
+            lambda: SGLD(logistic_model, 1e-3, num_particles=True),
+            "num_particles must be an integer",
+        ),
+        (
+            lambda: SGLD(logistic_model, 1e-3, temperature="1"),
+            "temperature must be a finite number",
+        ),
+        (lambda: SGLD(logistic_model, 1e-3, vectorize=None), "vectorize must be a string"),
+        (
+            lambda: SGLD(logistic_model, 1e-3, divergence_check_every=2.0),
+            "divergence_check_every must be an integer >= 1 or None",
+        ),
+        (lambda: SGHMC(logistic_model, 1e-3, friction=True), "friction must be a finite number"),
+        (lambda: AdamSGLD(logistic_model, 1e-3, betas=(0.9, "0.99")), r"betas\[1\] must be a"),
+        (lambda: PolynomialDecay(a="0.1"), "a must be a finite number > 0"),
+        (lambda: CyclicalStepSize(0.1, num_cycles=2.0, num_steps=10), "num_cycles must be an"),
+        (lambda: RBFKernel(bandwidth="1"), "bandwidth must be a finite number > 0 or None"),
+    ],
+)
+def test_wrong_types_are_type_errors(make, match):
+    with pytest.raises(TypeError, match=match):
+        make()
+
+
+@pytest.mark.parametrize(
+    "make, match",
+    [
+        (lambda: SGLD(logistic_model, 1e-3, vectorize="batch"), "vectorize must be one of 'auto'"),
+        (
+            lambda: SGLD(logistic_model, 1e-3, divergence_check_every=0),
+            "divergence_check_every must be an integer >= 1 or None, got 0",
+        ),
+        (lambda: CyclicalStepSize(0.1, num_cycles=0, num_steps=10), "num_cycles must be an"),
+        (lambda: CyclicalStepSize(0.1, num_cycles=3, num_steps=2), "num_cycles <= num_steps"),
+    ],
+)
+def test_wrong_values_are_value_errors(make, match):
+    with pytest.raises(ValueError, match=match):
         make()
 
 

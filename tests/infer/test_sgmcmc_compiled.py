@@ -300,8 +300,10 @@ def test_bad_jit_arguments_are_named():
         SGLD(logistic_model, 1e-3, jit_compile="fast")
     with pytest.raises(TypeError, match="jit_compile must be"):
         SGLD(logistic_model, 1e-3, jit_compile=1.0)
-    with pytest.raises(ValueError, match="compile_mode"):
+    with pytest.raises(ValueError, match="compile_mode must be one of 'default'.* or None"):
         SGLD(logistic_model, 1e-3, jit_compile=True, compile_mode="fastest")
+    with pytest.raises(TypeError, match="compile_mode must be a string"):
+        SGLD(logistic_model, 1e-3, jit_compile=True, compile_mode=1)
     with pytest.raises(ValueError, match="needs jit_compile=True"):
         SGLD(logistic_model, 1e-3, compile_mode="reduce-overhead")
     with pytest.raises(TypeError, match="num_particles"):
@@ -429,27 +431,46 @@ def test_a_minibatch_selected_by_value_cannot_be_traced():
 @pytest.mark.parametrize(
     "make, error, match",
     [
-        (lambda: AdamSGLD(logistic_model, 1e-3, eps="1e-8"), TypeError, "eps must be a number"),
+        (
+            lambda: AdamSGLD(logistic_model, 1e-3, eps="1e-8"),
+            TypeError,
+            "eps must be a finite number > 0",
+        ),
         (lambda: AdamSGLD(logistic_model, 1e-3, betas=0.9), TypeError, "betas must be a pair"),
         (
             lambda: AdamSGLD(logistic_model, 1e-3, eps=float("inf")),
             ValueError,
-            "eps must be a positive finite",
+            "eps must be a finite number > 0, got inf",
         ),
         (
             lambda: MCMC(SGLD(logistic_model, 1e-3), 10, warmup_steps=2.5),
             TypeError,
-            "warmup_steps must be an int",
+            "warmup_steps must be an integer >= 0 or None",
+        ),
+        (
+            lambda: MCMC(SGLD(logistic_model, 1e-3), 10, warmup_steps=-1),
+            ValueError,
+            "warmup_steps must be an integer >= 0 or None, got -1",
         ),
         (
             lambda: MCMC(SGLD(logistic_model, 1e-3), 10.0),
             TypeError,
-            "num_samples must be a positive integer",
+            "num_samples must be an integer >= 1",
         ),
         (
             lambda: MCMC(SGLD(logistic_model, 1e-3), 10, thinning=0),
             ValueError,
-            "thinning must be a positive",
+            "thinning must be an integer >= 1, got 0",
+        ),
+        (
+            lambda: MCMC(SGLD(logistic_model, 1e-3), 10, checkpoint_every=1.0),
+            TypeError,
+            "checkpoint_every must be an integer >= 1 or None",
+        ),
+        (
+            lambda: MCMC(SGLD(logistic_model, 1e-3), 10, checkpoint_every=0),
+            ValueError,
+            "checkpoint_every must be an integer >= 1 or None, got 0",
         ),
     ],
 )

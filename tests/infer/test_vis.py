@@ -425,13 +425,14 @@ def test_trace_enum_elbo_marginalises_discrete_sites(device):
 @pytest.mark.parametrize(
     "kwargs, match",
     [
-        (dict(num_steps=-1), "num_steps"),
-        (dict(num_steps=1.5), "num_steps"),
-        (dict(step_size=0.0), "step_size"),
-        (dict(step_size=-1e-3), "step_size"),
-        (dict(sampler="hmc"), "sampler"),
-        (dict(entropy="exact"), "entropy"),
-        (dict(gradient="half"), "gradient"),
+        (dict(num_steps=-1), "num_steps must be an integer >= 0, got -1"),
+        (dict(step_size=0.0), "step_size must be a finite number > 0"),
+        (dict(step_size=-1e-3), "step_size must be a finite number > 0"),
+        (dict(step_size=math.inf), "step_size must be a finite number > 0"),
+        (dict(gaussian_scale=0.0), "gaussian_scale must be a finite number > 0"),
+        (dict(sampler="hmc"), "sampler must be one of 'sgd'"),
+        (dict(entropy="exact"), "entropy must be one of 'particle'"),
+        (dict(gradient="half"), "gradient must be one of 'full', 'fast'"),
         (dict(repulsion="cosine", sampler="sgld"), "repulsion"),
         (dict(entropy="mc", sampler="sgd"), "entropy='mc'"),
         (dict(entropy="fokker_planck", sampler="sgld"), "fokker_planck"),
@@ -439,6 +440,24 @@ def test_trace_enum_elbo_marginalises_discrete_sites(device):
 )
 def test_bad_arguments(kwargs, match):
     with pytest.raises(ValueError, match=match):
+        VIS(gauss_model, off_guide(), **kwargs)
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(num_steps=1.5), "num_steps must be an integer >= 0"),
+        (dict(num_steps=True), "num_steps must be an integer >= 0"),
+        (dict(step_size="1e-3"), "step_size must be a finite number > 0"),
+        (dict(gaussian_scale=None), "gaussian_scale must be a finite number > 0"),
+        (dict(sampler=None), "sampler must be a string"),
+        (dict(entropy=1), "entropy must be a string"),
+        (dict(gradient=True), "gradient must be a string"),
+        (dict(repulsion=1.0, sampler="sgld"), "repulsion must be None, 'rbf' or a SteinKernel"),
+    ],
+)
+def test_wrong_argument_types(kwargs, match):
+    with pytest.raises(TypeError, match=match):
         VIS(gauss_model, off_guide(), **kwargs)
 
 
@@ -470,8 +489,10 @@ def test_interacting_samplers_need_particles(kwargs):
     guide = VIS(gauss_model, off_guide(), **kwargs)
     with pytest.raises(ValueError, match="num_particles"):
         Trace_ELBO().loss(gauss_model, guide, gauss_data("cpu"))
-    with pytest.raises(ValueError, match="num_steps"):
+    with pytest.raises(ValueError, match="num_steps must be an integer >= 0, got -2"):
         guide.sample_posterior(gauss_data("cpu"), num_samples=3, num_steps=-2)
+    with pytest.raises(TypeError, match="num_steps must be an integer >= 0"):
+        guide.sample_posterior(gauss_data("cpu"), num_samples=3, num_steps=2.0)
 
 
 def test_discrete_sites_are_refused():

@@ -137,7 +137,7 @@ def test_full_output_false_under_sgld_potential():
     values = [p.log_density_and_grad(z, subsamples) for p in potentials]
     assert torch.allclose(values[0][0], values[1][0], rtol=1e-5)
     assert torch.allclose(values[0][1], values[1][1], rtol=1e-4, atol=1e-5)
-    with pytest.raises(ValueError, match="full_output"):
+    with pytest.raises(TypeError, match="full_output must be a bool"):
         BayesianMLP(D, full_output="no")
 
 
@@ -367,6 +367,43 @@ def test_validation_errors():
         predictive_moments(net, {"precision": torch.ones(3)}, x)
     with pytest.raises(ValueError, match="Gaussian"):
         rmse(BayesianMLP(D, likelihood="bernoulli"), {}, x, torch.zeros(N))
+    with pytest.raises(ValueError, match="in_features must be an integer >= 1, got 0"):
+        BayesianMLP(0)
+    with pytest.raises(ValueError, match=r"hidden\[1\] must be an integer >= 1, got 0"):
+        BayesianMLP(D, hidden=(4, 0))
+    with pytest.raises(ValueError, match=r"noise_prior\[1\] must be a finite number > 0"):
+        BayesianMLP(D, noise_prior=(1.0, -0.1))
+    with pytest.raises(ValueError, match=rf"subsample_size must be an integer in \[1, {N}\]"):
+        BayesianMLP(D)(x, subsample_size=0)
+    with pytest.raises(ValueError, match="num_bins must be an integer >= 1, got 0"):
+        expected_calibration_error(torch.full((N,), 0.5), torch.zeros(N), num_bins=0)
+
+
+@pytest.mark.parametrize(
+    "make, match",
+    [
+        (lambda: BayesianMLP(2.0), "in_features must be an integer >= 1"),
+        (lambda: BayesianMLP(D, out_features=True), "out_features must be an integer >= 1"),
+        (lambda: BayesianMLP(D, hidden=(4.0,)), r"hidden\[0\] must be an integer >= 1"),
+        (lambda: BayesianMLP(D, hidden="4"), "hidden must be an integer or a sequence"),
+        (lambda: BayesianMLP(D, likelihood=None), "likelihood must be a string"),
+        (lambda: BayesianMLP(D, prior_scale="1"), "prior_scale must be a finite number > 0"),
+        (lambda: BayesianMLP(D, activation=3), "activation must be a callable or a name"),
+        (lambda: BayesianMLP(D, noise_prior=(1.0, "a")), r"noise_prior\[1\] must be a finite"),
+        (
+            lambda: BayesianMLP(D)(torch.randn(N, D), subsample_size=2.0),
+            "subsample_size must be an integer in",
+        ),
+        (lambda: predictive_moments("net", {}, torch.randn(N, D)), "net must be a BayesianMLP"),
+        (
+            lambda: expected_calibration_error(torch.full((N,), 0.5), torch.zeros(N), num_bins=2.0),
+            "num_bins must be an integer >= 1",
+        ),
+    ],
+)
+def test_wrong_types_are_type_errors(make, match):
+    with pytest.raises(TypeError, match=match):
+        make()
 
 
 @pytest.mark.parametrize(
@@ -381,7 +418,7 @@ def test_chunk_size_is_checked(helper, chunk_size, error):
     net = BayesianMLP(D, hidden=(4,))
     samples = _prior_samples(net, x, 3)
     args = (x,) if helper is predictive_moments else (x, y)
-    with pytest.raises(error, match="chunk_size must be a positive integer"):
+    with pytest.raises(error, match=r"chunk_size \(draws evaluated at a time\) must be an integer"):
         helper(net, samples, *args, chunk_size=chunk_size)
 
 

@@ -272,6 +272,25 @@ def test_errors():
     ]:
         with pytest.raises(ValueError, match=name):
             RetailBSTS(**kw)
+    for kw, name in [
+        (dict(variant=None), "variant must be a string"),
+        (dict(seasonal_harmonics=1.5), "seasonal_harmonics must be an integer >= 0"),
+        (dict(seasonal_period="52"), "seasonal_period must be a finite number > 2"),
+        (dict(spend_lag=True), r"spend_lag must be an integer in \[0, 1\]"),
+        (dict(delta_prior=(2.0, "2")), r"delta_prior\[1\] \(a Beta concentration\) must be"),
+        (dict(q_scale=None), "q_scale must be a finite number > 0"),
+    ]:
+        with pytest.raises(TypeError, match=name):
+            RetailBSTS(**kw)
+    for kw, name in [
+        (dict(num_weeks=20.0), TypeError),
+        (dict(num_weeks=1), ValueError),
+        (dict(noise=1), TypeError),
+        (dict(delta=1.0), ValueError),
+        (dict(spend_lag=2), ValueError),
+    ]:
+        with pytest.raises(name, match=next(iter(kw))):
+            simulate_retail(**kw)
     m = RetailBSTS()
     bad = d.spend.clone()
     bad[0, 0] = float("nan")

@@ -419,6 +419,40 @@ def test_bad_inputs_name_the_argument(model3):
         evaluate_strategies(model3, [[1.0, 1.0]])
     with pytest.raises(ValueError, match="exceed the budget"):
         evaluate_strategies(model3, [[5.0, 5.0, 5.0]], budget=B)
+    with pytest.raises(ValueError, match="budget must be a finite number >= 0, got inf"):
+        allocate_budget(model3, float("inf"))
+
+
+@pytest.mark.parametrize(
+    "call, match",
+    [
+        (lambda m: allocate_budget(m, "10"), "budget must be a finite number >= 0"),
+        (lambda m: allocate_budget(m, True), "budget must be a finite number >= 0"),
+        (lambda m: allocate_budget(m, B, horizon=2.0), "horizon must be an integer >= 1"),
+        (lambda m: allocate_budget(m, B, method=None), "method must be a string"),
+        (lambda m: allocate_budget(m, B, max_sd="1"), "max_sd must be a finite number > 0"),
+        (
+            lambda m: allocate_budget(m, B, risk_aversion=[1.0]),
+            "risk_aversion must be a finite number >= 0",
+        ),
+        (
+            lambda m: allocate_budget(m, B, method="monte_carlo", num_samples=10.0),
+            "num_samples must be an integer >= 1 or None",
+        ),
+        (lambda m: pareto_frontier(m, B, num_points=1.5), "num_points must be an integer >= 1"),
+        (
+            lambda m: evaluate_strategies(m, [[1.0, 1.0, 1.0]], budget="x"),
+            "budget must be a finite number >= 0",
+        ),
+    ],
+)
+def test_wrong_types_are_type_errors(model3, call, match):
+    with pytest.raises(TypeError, match=match):
+        call(model3)
+
+
+def test_one_element_tensor_budget_is_accepted(model3):
+    assert allocate_budget(model3, torch.tensor(B)).spend.sum() <= B * (1 + 1e-6)
 
 
 def test_zero_budget(model3):

@@ -83,11 +83,17 @@ def test_importance_log_likelihood_checks_shapes():
 @pytest.mark.parametrize(
     "make, match",
     [
-        (lambda: VAE(x_dim=0), "x_dim"),
-        (lambda: VAE(z_dim=1.5), "z_dim"),
-        (lambda: CVAE(num_classes=0), "num_classes"),
+        (lambda: VAE(x_dim=0), "x_dim must be an integer >= 1, got 0"),
+        (lambda: CVAE(num_classes=0), "num_classes must be an integer >= 1, got 0"),
         (lambda: VAE(x_dim=4).model(torch.zeros(3, 5)), "x must be a tensor of shape"),
-        (lambda: VAE(x_dim=4).log_likelihood(torch.zeros(3, 4), num_samples=0), "num_samples"),
+        (
+            lambda: VAE(x_dim=4).log_likelihood(torch.zeros(3, 4), num_samples=0),
+            "num_samples must be an integer >= 1, got 0",
+        ),
+        (
+            lambda: VAE(x_dim=4).log_likelihood(torch.zeros(3, 4), chunk_size=-1),
+            "chunk_size must be an integer >= 1, got -1",
+        ),
         (
             lambda: CVAE(x_dim=4, num_classes=2).model(torch.zeros(3, 4), torch.tensor([0, 1, 2])),
             "labels",
@@ -96,4 +102,25 @@ def test_importance_log_likelihood_checks_shapes():
 )
 def test_bad_input_is_named(make, match):
     with pytest.raises(ValueError, match=match):
+        make()
+
+
+@pytest.mark.parametrize(
+    "make, match",
+    [
+        (lambda: VAE(z_dim=1.5), "z_dim must be an integer >= 1"),
+        (lambda: VAE(hidden=True), "hidden must be an integer >= 1"),
+        (lambda: CVAE(num_classes="10"), "num_classes must be an integer >= 1"),
+        (
+            lambda: VAE(x_dim=4).log_likelihood(torch.zeros(3, 4), num_samples=10.0),
+            "num_samples must be an integer >= 1",
+        ),
+        (
+            lambda: VAE(x_dim=4).log_likelihood(torch.zeros(3, 4), chunk_size=None),
+            "chunk_size must be an integer >= 1",
+        ),
+    ],
+)
+def test_wrong_types_are_type_errors(make, match):
+    with pytest.raises(TypeError, match=match):
         make()

@@ -392,7 +392,7 @@ def test_divergence_is_reported_with_the_step_and_keeps_the_belief(float64):
         ({"family": 3}, TypeError, "family"),
         ({"method": "sgd"}, ValueError, "method"),
         ({"family": "diag", "rank": 3}, ValueError, "rank applies"),
-        ({"family": "dlr", "rank": 0}, ValueError, "rank must be >= 1"),
+        ({"family": "dlr", "rank": 0}, ValueError, "rank must be an integer >= 1"),
         ({"family": "dlr", "rank": 2.5}, TypeError, "rank"),
         ({"family": "dlr", "method": "bog"}, ValueError, "'full' and 'diag'"),
         ({"hessian": "mc"}, ValueError, "linearize=False"),
@@ -413,7 +413,7 @@ def test_bad_arguments_are_rejected(kwargs, error, match):
 
 
 def test_bad_models_and_data_are_rejected():
-    with pytest.raises(ValueError, match="c must be > 0"):
+    with pytest.raises(ValueError, match="c .*must be a number > 0"):
         IMQ(0.0)
     with pytest.raises(ValueError, match="rank must be at most"):
         LoFi(logistic_model, rank=3).update(torch.ones(1, 2), torch.ones(1))

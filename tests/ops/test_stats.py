@@ -159,10 +159,24 @@ def test_integer_samples_are_promoted():
         (torch.randn(5, 2), torch.randn(5, 2), {"beta": 0.5}, "beta must"),
         (torch.randn(5, 2), torch.randn(5, 2), {"beta": float("nan")}, "beta must"),
         (torch.randn(5, 2), torch.randn(5, 2), {"chunk_size": 0}, "chunk_size"),
-        (torch.randn(5, 2), torch.randn(5, 2), {"chunk_size": 2.0}, "chunk_size"),
         (torch.randn(5, 2), torch.randn(5, 2, dtype=torch.cfloat), {}, "must be real"),
     ],
 )
 def test_errors(samples, score, kwargs, match):
     with pytest.raises(ValueError, match=match):
         kernel_stein_discrepancy(samples, score, **kwargs)
+
+
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        ({"chunk_size": 2.0}, "chunk_size must be an integer"),
+        ({"chunk_size": True}, "chunk_size must be an integer"),
+        ({"c": "1"}, "c must be a finite number"),
+        ({"c": True}, "c must be a finite number"),
+        ({"beta": None}, "beta must be a finite number"),
+    ],
+)
+def test_type_errors(kwargs, match):
+    with pytest.raises(TypeError, match=match):
+        kernel_stein_discrepancy(torch.randn(5, 2), torch.randn(5, 2), **kwargs)

@@ -149,8 +149,22 @@ def test_categorical_tax_policy_rates_and_validation():
         CategoricalTaxPolicy(0.1, rates=(0.2, 1.5))
     with pytest.raises(ValueError, match="scale"):
         GaussianTaxPolicy(0.1, scale=0.0)
-    with pytest.raises(ValueError, match="lr"):
+    with pytest.raises(ValueError, match="lr must be a finite number > 0, got -1.0"):
         PolicyGradientAgent(-1.0)
+    with pytest.raises(TypeError, match="lr must be a finite number > 0"):
+        PolicyGradientAgent("0.1")
+    with pytest.raises(TypeError, match="scale must be a finite number > 0"):
+        GaussianTaxPolicy(0.1, scale=None)
+    with pytest.raises(TypeError, match="init must be a finite number"):
+        GaussianTaxPolicy(0.1, init="0")
+    with pytest.raises(ValueError, match="init must be a finite number, got inf"):
+        GaussianTaxPolicy(0.1, init=float("inf"))
+    with pytest.raises(TypeError, match="period must be an integer >= 1"):
+        CategoricalTaxPolicy(0.1, period=1.0)
+    with pytest.raises(TypeError, match="incentive must be a finite number >= 0"):
+        Regulator(incentive="1")
+    with pytest.raises(TypeError, match="env must be a DataSharingGame"):
+        play_regulated("env", QLearner(0.1, 0.1, 0.8), QLearner(0.1, 0.1, 0.8), 2, 1)
 
 
 def test_play_regulated_shapes_incentive_schedule_and_errors(device):

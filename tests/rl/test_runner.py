@@ -98,8 +98,7 @@ def test_plot_reward_curves():
 @pytest.mark.parametrize(
     "build, match",
     [
-        (lambda: LevelKQLearner(0, 0.1, 0.1, 0.8), "k must be"),
-        (lambda: LevelKQLearner(1.5, 0.1, 0.1, 0.8), "k must be"),
+        (lambda: LevelKQLearner(0, 0.1, 0.1, 0.8), "k must be an integer >= 1, got 0"),
         (lambda: FPQLearner(0.1, 0.1, 0.8, forget=1.0), "forget"),
         (lambda: FPQLearner(0.1, 0.1, 0.8, forget=0.0), "forget"),
         (lambda: QLearner(1.5, 0.1, 0.8), "epsilon"),
@@ -116,6 +115,32 @@ def test_plot_reward_curves():
 )
 def test_bad_hyperparameters(build, match):
     with pytest.raises(ValueError, match=match):
+        build()
+
+
+@pytest.mark.parametrize(
+    "build, match",
+    [
+        (lambda: LevelKQLearner(1.5, 0.1, 0.1, 0.8), "k must be an integer >= 1"),
+        (
+            lambda: FPQLearner(0.1, 0.1, 0.8, forget="0.5"),
+            r"forget must be a finite number in \(0, 1\)",
+        ),
+        (lambda: FPQLearner(0.1, 0.1, 0.8, prior=True), "prior must be a finite number > 0"),
+        (lambda: QLearner(None, 0.1, 0.8), r"epsilon must be a finite number in \[0, 1\]"),
+        (lambda: QLearner(0.1, 0.1, 0.8, policy=0), "policy must be a string"),
+        (
+            lambda: QLearner(0.1, 0.1, 0.8, temperature="1"),
+            "temperature must be a finite number > 0",
+        ),
+        (lambda: QLearner(0.1, 0.1, 0.8, num_actions=2.0), "num_actions must be an integer >= 1"),
+        (lambda: ExponentialSmootherAdversary("0.5"), "beta must be a finite number"),
+        (lambda: FriendOrFoe(payoff="50"), "payoff must be a finite number"),
+        (lambda: DataSharingGame(tax=True), r"tax must be a finite number in \[0, 1\]"),
+    ],
+)
+def test_wrong_hyperparameter_types(build, match):
+    with pytest.raises(TypeError, match=match):
         build()
 
 
@@ -136,7 +161,11 @@ def test_bad_actions_and_spaces():
         play(SpatialFriendOrFoe(), QLearner(0.1, 0.1, 0.8), ExponentialSmootherAdversary(0.5), 2, 0)
     with pytest.raises(ValueError, match="2 opponent"):
         play(Blotto(), QLearner(0.1, 0.1, 0.8), FixedPolicyOpponent([1 / 3] * 3), 2, 0)
-    with pytest.raises(ValueError, match="seed"):
+    with pytest.raises(TypeError, match="seed must be an integer"):
         play(env, QLearner(0.1, 0.1, 0.8), ExponentialSmootherAdversary(0.75), 2, "0")
+    with pytest.raises(TypeError, match="env must be an Environment"):
+        play("env", QLearner(0.1, 0.1, 0.8), ExponentialSmootherAdversary(0.75), 2, 0)
+    with pytest.raises(TypeError, match="generator must be a torch.Generator"):
+        QLearner(0.1, 0.1, 0.8).attach(1, 2, 2).reset(2, 0)
     with pytest.raises(ValueError, match="attach"):
         QLearner(0.1, 0.1, 0.8).reset(2, torch.Generator())

@@ -295,10 +295,14 @@ def test_bad_inputs_raise_naming_argument(bad, name):
 
 def test_bad_counts_and_time_varying_predict():
     init, trans, obs = torch.zeros(3), torch.zeros(3, 3), torch.zeros(4, 3)
-    with pytest.raises(ValueError, match="num_samples"):
+    with pytest.raises(ValueError, match="num_samples must be an integer >= 1, got 0"):
         hmm_sample_paths(init, trans, obs, 0)
-    with pytest.raises(ValueError, match="num_steps"):
+    with pytest.raises(TypeError, match="num_samples must be an integer >= 1"):
+        hmm_sample_paths(init, trans, obs, True)
+    with pytest.raises(TypeError, match="num_steps must be an integer >= 1"):
         hmm_predict(init, trans, obs, 1.5)
+    with pytest.raises(ValueError, match="num_steps must be an integer >= 1, got 0"):
+        hmm_predict(init, trans, obs, 0)
     with pytest.raises(ValueError, match="trans_logits"):
         hmm_predict(init, torch.zeros(3, 3, 3), obs, 2)
     masked = obs.clone()

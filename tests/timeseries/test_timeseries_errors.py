@@ -61,11 +61,29 @@ NEG_INF = -math.inf
         (lambda: HiddenMarkovModel(2.0), TypeError, "num_states must be an integer"),
         (lambda: HiddenMarkovModel(2, emission=3), TypeError, "emission must be one of"),
         (lambda: HiddenMarkovModel(2, num_symbols=2.0), TypeError, "num_symbols"),
+        (lambda: HiddenMarkovModel(0), ValueError, "num_states must be an integer >= 1, got 0"),
         (
             lambda: HiddenMarkovModel(2, num_symbols=2, transition_concentration="a"),
             TypeError,
-            "transition_concentration",
+            "transition_concentration must be a finite number > 0",
         ),
+        (
+            lambda: HiddenMarkovModel(2, num_symbols=2, emission_concentration=0.0),
+            ValueError,
+            "emission_concentration must be a finite number > 0",
+        ),
+        (
+            lambda: HiddenMarkovModel(2, num_symbols=2, backend="jax"),
+            ValueError,
+            "backend must be one of 'scan', 'funsor'",
+        ),
+        (
+            lambda: HiddenMarkovModel(2, num_symbols=2, backend=None),
+            TypeError,
+            "backend must be a string",
+        ),
+        (lambda: Seasonal(4, 1.0, form="sine"), ValueError, "form must be one of 'dummy'"),
+        (lambda: Seasonal(4, 1.0, form=1), TypeError, "form must be a string"),
     ],
 )
 def test_model_constructors_name_the_argument(build, error, match):
@@ -180,4 +198,14 @@ def test_hmm_distribution_refuses_a_dead_transition_row():
     with pytest.raises(ValueError, match=r"trans_logits\[1\]"):
         HiddenMarkovDistribution(
             torch.zeros(2), trans, dist.Normal(torch.zeros(2), 1.0), duration=4
+        )
+
+
+@pytest.mark.parametrize(
+    "duration, error", [(2.5, TypeError), (True, TypeError), (0, ValueError), (-1, ValueError)]
+)
+def test_hmm_distribution_checks_duration(duration, error):
+    with pytest.raises(error, match="duration must be an integer >= 1"):
+        HiddenMarkovDistribution(
+            torch.zeros(2), torch.zeros(2, 2), dist.Normal(torch.zeros(2), 1.0), duration=duration
         )

@@ -11,6 +11,7 @@ from pyro.infer.autoguide.initialization import init_to_uniform
 from pyro.poutine.util import site_is_subsample
 
 from ...ops.curvature import hessian_diagonal
+from ...ops.validation import check_choice, check_int, check_positive, check_real
 from ..sgmcmc.potential import LogJointMessenger, ParticlePotential
 from .updates import init_state, ngvi_update, posterior_scale, price_hessian
 
@@ -33,25 +34,6 @@ class NGVIDivergenceError(FloatingPointError):
             f"natural-gradient VI diverged at step {step}: {what} is not finite. The state "
             "is the one before this step; lower lr, or raise hess_init."
         )
-
-
-def _check_positive(name, value, allow_none=False):
-    if value is None and allow_none:
-        return None
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{name} must be a number, got {type(value).__name__}")
-    if not (math.isfinite(value) and value > 0):
-        raise ValueError(f"{name} must be a positive finite number, got {value!r}")
-    return float(value)
-
-
-def _check_unit(name, value, low_closed):
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{name} must be a number, got {type(value).__name__}")
-    if not ((0 <= value if low_closed else 0 < value) and value < 1):
-        interval = "[0, 1)" if low_closed else "(0, 1)"
-        raise ValueError(f"{name} must lie in {interval}, got {value!r}")
-    return float(value)
 
 
 class NaturalGradientVI:
@@ -145,28 +127,18 @@ class NaturalGradientVI:
     ):
         if not callable(model):
             raise TypeError(f"model must be a callable Pyro model, got {type(model).__name__}")
-        if not isinstance(method, str):
-            raise TypeError(f"method must be a string, got {type(method).__name__}")
-        if method not in METHODS:
-            raise ValueError(f"method must be one of {METHODS}, got {method!r}")
-        if isinstance(mc_samples, bool) or not isinstance(mc_samples, int):
-            raise TypeError(f"mc_samples must be an int, got {type(mc_samples).__name__}")
-        if mc_samples < 1:
-            raise ValueError(f"mc_samples must be >= 1, got {mc_samples}")
-        if isinstance(clip_radius, bool) or not isinstance(clip_radius, numbers.Real):
-            raise TypeError(f"clip_radius must be a number, got {type(clip_radius).__name__}")
-        if not clip_radius > 0:
-            raise ValueError(f"clip_radius must be > 0, got {clip_radius!r}")
         self.model = model
-        self.method = method
-        self.lr = _check_positive("lr", lr)
-        self.ess = _check_positive("ess", ess, allow_none=True)
-        self.beta1 = _check_unit("beta1", beta1, low_closed=True)
-        self.beta2 = _check_unit("beta2", beta2, low_closed=False)
-        self.hess_init = _check_positive("hess_init", hess_init)
-        self.weight_decay = _check_positive("weight_decay", weight_decay, allow_none=True)
-        self.mc_samples = mc_samples
-        self.clip_radius = float(clip_radius)
+        self.method = check_choice(method, "method", METHODS)
+        self.mc_samples = check_int(mc_samples, "mc_samples", low=1)
+        self.clip_radius = check_real(
+            clip_radius, "clip_radius", low=0, low_open=True, finite=False
+        )
+        self.lr = check_positive(lr, "lr")
+        self.ess = check_positive(ess, "ess", allow_none=True)
+        self.beta1 = check_real(beta1, "beta1", 0, 1, high_open=True)
+        self.beta2 = check_real(beta2, "beta2", 0, 1, low_open=True, high_open=True)
+        self.hess_init = check_positive(hess_init, "hess_init")
+        self.weight_decay = check_positive(weight_decay, "weight_decay", allow_none=True)
         self.rescale_lr = bool(rescale_lr)
         self.init_loc_fn = init_loc_fn
         if jit_compile is not None and not isinstance(jit_compile, bool):
@@ -422,10 +394,7 @@ class NaturalGradientVI:
         :class:`pyro.infer.Predictive` and the BNN helpers take as ``posterior_samples``).
         """
         self._require_fit()
-        if isinstance(num_samples, bool) or not isinstance(num_samples, int):
-            raise TypeError(f"num_samples must be an int, got {type(num_samples).__name__}")
-        if num_samples < 1:
-            raise ValueError(f"num_samples must be >= 1, got {num_samples}")
+        num_samples = check_int(num_samples, "num_samples", low=1)
         with torch.no_grad():
             return self._draw(num_samples)
 

@@ -46,6 +46,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.experimental.symbolic_shapes import ShapeEnv
 from torch.utils import _pytree as pytree
 
+from ...ops.validation import check_choice
 from .repulsion import stein_coupling
 
 logger = logging.getLogger(__name__)
@@ -66,8 +67,7 @@ def check_jit_compile(jit_compile, compile_mode):
             f"jit_compile must be False (eager), True (= 'compile': compile the traced step "
             f"with TorchInductor) or 'trace' (run the traced step uncompiled); got {jit_compile!r}"
         )
-    if compile_mode not in COMPILE_MODES:
-        raise ValueError(f"compile_mode must be one of {COMPILE_MODES}, got {compile_mode!r}")
+    check_choice(compile_mode, "compile_mode", COMPILE_MODES[1:], allow_none=True)
     if compile_mode is not None and jit_compile in (False, "trace"):
         raise ValueError(f"compile_mode={compile_mode!r} needs jit_compile=True")
     return "compile" if jit_compile is True else jit_compile

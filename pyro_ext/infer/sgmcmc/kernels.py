@@ -7,6 +7,7 @@ import torch
 from pyro.infer.mcmc.mcmc_kernel import MCMCKernel
 from pyro.infer.svgd import SteinKernel
 
+from ...ops.validation import check_choice, check_int, check_positive, check_real
 from .compiled import CompiledStep, check_jit_compile
 from .potential import VECTORIZE, ParticlePotential, SamplerDivergenceError
 from .repulsion import RBFKernel, stein_coupling
@@ -145,33 +146,19 @@ class SGMCMCKernel(MCMCKernel):
     ):
         if not callable(model):
             raise TypeError("model must be a callable Pyro model")
-        if isinstance(num_particles, bool) or not isinstance(num_particles, int):
-            raise TypeError(f"num_particles must be an int, got {type(num_particles).__name__}")
-        if num_particles < 1:
-            raise ValueError(f"num_particles must be a positive integer, got {num_particles!r}")
-        if isinstance(temperature, bool) or not isinstance(temperature, (int, float)):
-            raise TypeError(f"temperature must be a number, got {type(temperature).__name__}")
-        if not (math.isfinite(temperature) and temperature >= 0):
-            raise ValueError(f"temperature must be a finite number >= 0, got {temperature!r}")
+        num_particles = check_int(num_particles, "num_particles", low=1)
+        temperature = check_real(temperature, "temperature", low=0)
         self.model = model
         self.step_size = as_schedule(step_size)
         self.num_particles = num_particles
         self.repulsion = _check_repulsion(repulsion, num_particles)
-        self.temperature = float(temperature)
+        self.temperature = temperature
         self.init_strategy = init_strategy
-        if vectorize not in VECTORIZE:
-            raise ValueError(f"vectorize must be one of {VECTORIZE}, got {vectorize!r}")
+        check_choice(vectorize, "vectorize", VECTORIZE)
         self.jit_compile = check_jit_compile(jit_compile, compile_mode)
-        if divergence_check_every is not None and (
-            isinstance(divergence_check_every, bool) or not isinstance(divergence_check_every, int)
-        ):
-            raise TypeError(
-                "divergence_check_every must be None or an int, got "
-                f"{type(divergence_check_every).__name__}"
-            )
-        if divergence_check_every is not None and divergence_check_every < 1:
-            raise ValueError(f"divergence_check_every must be >= 1, got {divergence_check_every}")
-        self.divergence_check_every = divergence_check_every
+        self.divergence_check_every = check_int(
+            divergence_check_every, "divergence_check_every", low=1, allow_none=True
+        )
         self.compile_mode = compile_mode
         self.vectorize = vectorize
         self.sampler = SAMPLERS[self.sampler_name]
@@ -499,11 +486,7 @@ class SGHMC(SGMCMCKernel):
         friction: float = 0.1,
         **kwargs,
     ):
-        if isinstance(friction, bool) or not isinstance(friction, (int, float)):
-            raise TypeError(f"friction must be a number, got {type(friction).__name__}")
-        if not 0 < friction <= 1:
-            raise ValueError(f"friction must lie in (0, 1], got {friction!r}")
-        self.friction = float(friction)
+        self.friction = check_real(friction, "friction", 0, 1, low_open=True)
         super().__init__(model, step_size, **kwargs)
 
     @property
@@ -539,21 +522,12 @@ class AdamSGLD(SGMCMCKernel):
         adapt_after_warmup: bool = False,
         **kwargs,
     ):
-        if not (
-            isinstance(betas, (tuple, list))
-            and len(betas) == 2
-            and all(isinstance(b, (int, float)) and not isinstance(b, bool) for b in betas)
-        ):
+        if not (isinstance(betas, (tuple, list)) and len(betas) == 2):
             raise TypeError(f"betas must be a pair of numbers (beta1, beta2), got {betas!r}")
-        beta1, beta2 = betas
-        if not (0 <= beta1 < 1 and 0 <= beta2 < 1):
-            raise ValueError(f"betas must lie in [0, 1), got {betas!r}")
-        if isinstance(eps, bool) or not isinstance(eps, (int, float)):
-            raise TypeError(f"eps must be a number, got {type(eps).__name__}")
-        if not (eps > 0 and math.isfinite(eps)):
-            raise ValueError(f"eps must be a positive finite number, got {eps!r}")
-        self.betas = (float(beta1), float(beta2))
-        self.eps = float(eps)
+        self.betas = tuple(
+            check_real(b, f"betas[{i}]", 0, 1, high_open=True) for i, b in enumerate(betas)
+        )
+        self.eps = check_positive(eps, "eps")
         self.adapt_after_warmup = adapt_after_warmup
         super().__init__(model, step_size, **kwargs)
 

@@ -20,6 +20,8 @@ from pyro.poutine.messenger import Messenger
 from pyro.poutine.util import site_is_subsample
 from torch.distributions import biject_to, constraints
 
+from ...ops.validation import check_choice
+
 
 class SamplerDivergenceError(RuntimeError):
     """
@@ -227,8 +229,7 @@ class ParticlePotential:
     """
 
     def __init__(self, model, model_args=(), model_kwargs=None, vectorize="auto"):
-        if vectorize not in VECTORIZE:
-            raise ValueError(f"vectorize must be one of {VECTORIZE}, got {vectorize!r}")
+        check_choice(vectorize, "vectorize", VECTORIZE)
         self.model = model
         self.model_args = tuple(model_args)
         self.model_kwargs = {} if model_kwargs is None else dict(model_kwargs)

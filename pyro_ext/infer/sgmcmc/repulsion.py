@@ -13,6 +13,8 @@ from typing import NamedTuple
 import torch
 from pyro.infer.svgd import SteinKernel
 
+from ...ops.validation import check_positive
+
 
 class Coupling(NamedTuple):
     """
@@ -59,9 +61,7 @@ class RBFKernel(SteinKernel):
     """
 
     def __init__(self, bandwidth=None):
-        if bandwidth is not None and not (bandwidth > 0 and math.isfinite(bandwidth)):
-            raise ValueError(f"bandwidth must be a positive finite number, got {bandwidth}")
-        self.bandwidth = bandwidth
+        self.bandwidth = check_positive(bandwidth, "bandwidth", allow_none=True)
 
     def _squared_distances(self, z):
         sq_norms = z.pow(2).sum(-1)

@@ -2,20 +2,14 @@
 
 import math
 
-
-def _check_positive(name, value):
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be a number, got {type(value).__name__}")
-    if not (math.isfinite(value) and value > 0):
-        raise ValueError(f"{name} must be a positive finite number, got {value}")
-    return float(value)
+from ...ops.validation import check_int, check_positive, check_real
 
 
 class ConstantStepSize:
     """A fixed step size, the practical choice of thesis section 2.3.3."""
 
     def __init__(self, step_size: float):
-        self.step_size = _check_positive("step_size", step_size)
+        self.step_size = check_positive(step_size, "step_size")
 
     def __call__(self, t: int) -> float:
         return self.step_size
@@ -36,11 +30,9 @@ class PolynomialDecay:
     """
 
     def __init__(self, a: float, b: float = 1.0, gamma: float = 0.55):
-        self.a = _check_positive("a", a)
-        self.b = _check_positive("b", b)
-        self.gamma = _check_positive("gamma", gamma)
-        if self.gamma > 1:
-            raise ValueError(f"gamma must lie in (0, 1], got {gamma}")
+        self.a = check_positive(a, "a")
+        self.b = check_positive(b, "b")
+        self.gamma = check_real(gamma, "gamma", 0, 1, low_open=True)
 
     def __call__(self, t: int) -> float:
         return self.a * (self.b + t) ** (-self.gamma)
@@ -61,10 +53,10 @@ class CyclicalStepSize:
     """
 
     def __init__(self, step_size: float, num_cycles: int, num_steps: int):
-        self.step_size = _check_positive("step_size", step_size)
-        if not (isinstance(num_cycles, int) and isinstance(num_steps, int)):
-            raise TypeError("num_cycles and num_steps must be integers")
-        if not 1 <= num_cycles <= num_steps:
+        self.step_size = check_positive(step_size, "step_size")
+        num_cycles = check_int(num_cycles, "num_cycles", low=1)
+        num_steps = check_int(num_steps, "num_steps", low=1)
+        if num_cycles > num_steps:
             raise ValueError(
                 f"need 1 <= num_cycles <= num_steps, got num_cycles={num_cycles}, "
                 f"num_steps={num_steps}"

@@ -26,6 +26,7 @@ from typing import NamedTuple
 
 import torch
 
+from ...ops.validation import check_choice
 from .repulsion import Coupling, coupled_noise
 
 
@@ -220,14 +221,7 @@ SAMPLERS = {
 
 def lookup(registry: dict, name, what: str):
     """``registry[name]``; a TypeError or ValueError naming ``what`` and the choices otherwise."""
-    if not isinstance(name, str):
-        raise TypeError(
-            f"{what} must be a string, one of {sorted(registry)}; got {type(name).__name__}"
-        )
-    try:
-        return registry[name]
-    except KeyError:
-        raise ValueError(f"{what} must be one of {sorted(registry)}, got {name!r}") from None
+    return registry[check_choice(name, what, sorted(registry))]
 
 
 def get_sampler(name: str) -> Sampler:

@@ -92,6 +92,8 @@ import numpy as np
 import torch
 from scipy.optimize import minimize
 
+from ...ops.validation import check_choice, check_int, check_positive, check_real
+
 __all__ = [
     "AllocationResult",
     "InfeasibleAllocationError",
@@ -185,37 +187,18 @@ class StrategyEvaluation(NamedTuple):
 # input validation
 
 
-def _finite_number(value, name, *, positive=False, nonnegative=False):
-    if isinstance(value, bool):
-        raise ValueError(f"{name} must be a number, got {value!r}")
-    if isinstance(value, torch.Tensor):
-        if value.numel() != 1:
-            raise ValueError(f"{name} must be a scalar, got a tensor of shape {tuple(value.shape)}")
-        value = value.item()
-    try:
-        value = float(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"{name} must be a number, got {value!r}") from None
-    if not math.isfinite(value):
-        raise ValueError(f"{name} must be finite, got {value!r}")
-    if positive and not value > 0:
-        raise ValueError(f"{name} must be positive, got {value!r}")
-    if nonnegative and value < 0:
-        raise ValueError(f"{name} must be non-negative, got {value!r}")
+def _item(value):
+    """A one-element tensor as its Python number, for the scalar checks; else ``value``."""
+    if isinstance(value, torch.Tensor) and value.numel() == 1:
+        return value.item()
     return value
-
-
-def _positive_int(value, name):
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    return int(value)
 
 
 def _num_channels(model):
     k = getattr(model, "num_channels", None)
     if k is None:
         raise TypeError("model must expose `num_channels` (the number of advertising channels)")
-    return _positive_int(int(k), "model.num_channels")
+    return check_int(int(k), "model.num_channels", low=1)
 
 
 def _channel_names(model, k):
@@ -269,11 +252,6 @@ def _check_feasible_box(lo, hi, budget, exact_budget):
             f"infeasible: exact_budget=True but the per-channel upper bounds only allow a "
             f"total spend of {hi.sum():.6g} < budget {budget:.6g}"
         )
-
-
-def _check_method(method):
-    if method not in _METHODS:
-        raise ValueError(f"method must be one of {_METHODS}, got {method!r}")
 
 
 # ----------------------------------------------------------------------------------------
@@ -651,11 +629,10 @@ def _setup(
     num_samples,
     seed,
 ):
-    budget = _finite_number(budget, "budget", nonnegative=True)
-    horizon = _positive_int(horizon, "horizon")
-    _check_method(method)
-    if num_samples is not None:
-        num_samples = _positive_int(num_samples, "num_samples")
+    budget = check_real(_item(budget), "budget", low=0)
+    horizon = check_int(horizon, "horizon", low=1)
+    check_choice(method, "method", _METHODS)
+    num_samples = check_int(num_samples, "num_samples", low=1, allow_none=True)
     if method == "exact" and not callable(getattr(model, "sales_moments", None)):
         raise TypeError("method='exact' needs a model with a `sales_moments` method")
     if method == "monte_carlo" and not callable(getattr(model, "sample_sales", None)):
@@ -803,9 +780,9 @@ def allocate_budget(
     if max_sd is not None and risk_aversion is not None:
         raise ValueError("max_sd and risk_aversion are mutually exclusive: give at most one")
     if max_sd is not None:
-        max_sd = _finite_number(max_sd, "max_sd", positive=True)
+        max_sd = check_positive(_item(max_sd), "max_sd")
     if risk_aversion is not None:
-        risk_aversion = _finite_number(risk_aversion, "risk_aversion", nonnegative=True)
+        risk_aversion = check_real(_item(risk_aversion), "risk_aversion", low=0)
     prob, names, budget, horizon = _setup(
         model,
         budget,
@@ -916,7 +893,7 @@ def pareto_frontier(
 
     :returns: :class:`ParetoFrontier`.
     """
-    num_points = _positive_int(num_points, "num_points")
+    num_points = check_int(num_points, "num_points", low=1)
     prob, names, budget, horizon = _setup(
         model,
         budget,
@@ -993,11 +970,11 @@ def evaluate_strategies(
     :returns: :class:`StrategyEvaluation` with ``mean``, ``sd`` (``(s,)``, float64) and the
         boolean mask ``non_dominated``.
     """
-    _check_method(method)
+    check_choice(method, "method", _METHODS)
     k = _num_channels(model)
     c = _as_numpy(candidates, "candidates")
     if c.ndim == 2 and c.shape[1] == k:
-        horizon = _positive_int(horizon, "horizon")
+        horizon = check_int(horizon, "horizon", low=1)
         plans = np.repeat(c[:, None, :], horizon, axis=1)
     elif c.ndim == 3 and c.shape[2] == k:
         horizon = c.shape[1]
@@ -1015,14 +992,13 @@ def evaluate_strategies(
         bad = sorted(set(np.nonzero(c < 0)[0].tolist()))
         raise ValueError(f"candidates: spend must be non-negative (candidate(s) {bad})")
     if budget is not None:
-        budget = _finite_number(budget, "budget", nonnegative=True)
+        budget = check_real(_item(budget), "budget", low=0)
         over = np.nonzero(plans.sum(-1).max(-1) > budget * (1 + _BUDGET_RTOL) + 1e-12)[0]
         if over.size:
             raise ValueError(
                 f"candidates: candidate(s) {over.tolist()} exceed the budget {budget:g}"
             )
-    if num_samples is not None:
-        num_samples = _positive_int(num_samples, "num_samples")
+    num_samples = check_int(num_samples, "num_samples", low=1, allow_none=True)
     ev = _Evaluator(
         model, k, horizon, True, covariates_future, method, num_samples, int(seed), fd_step=1.0
     )

@@ -61,6 +61,7 @@ from pyro.distributions import constraints
 from pyro.ops.stats import split_gelman_rubin
 
 from ...infer.sgmcmc.potential import SamplerDivergenceError
+from ...ops.validation import check_choice, check_int, check_positive, check_real
 from ...timeseries.dlm import (
     DLM,
     Autoregressive,
@@ -420,41 +421,33 @@ class RetailBSTS:
         q_scale=1.0,
         prior_scales=None,
     ):
-        if variant not in VARIANTS:
-            raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
-        if noise not in NOISES:
-            raise ValueError(f"noise must be one of {NOISES}, got {noise!r}")
-        if trend not in TRENDS:
-            raise ValueError(f"trend must be one of {TRENDS}, got {trend!r}")
-        if not float(expected_model_size) > 0:
-            raise ValueError(f"expected_model_size must be positive, got {expected_model_size!r}")
-        if (
-            int(seasonal_harmonics) != seasonal_harmonics
-            or seasonal_harmonics < 0
-            or (seasonal_harmonics and seasonal_harmonics > seasonal_period / 2)
-        ):
+        check_choice(variant, "variant", VARIANTS)
+        check_choice(noise, "noise", NOISES)
+        check_choice(trend, "trend", TRENDS)
+        expected_model_size = check_positive(expected_model_size, "expected_model_size")
+        seasonal_period = check_real(seasonal_period, "seasonal_period", low=2, low_open=True)
+        seasonal_harmonics = check_int(seasonal_harmonics, "seasonal_harmonics", low=0)
+        if seasonal_harmonics > seasonal_period / 2:
             raise ValueError(
                 f"seasonal_harmonics must be an integer in [0, period/2], "
                 f"got {seasonal_harmonics!r}"
             )
-        if not float(seasonal_period) > 2:
-            raise ValueError(f"seasonal_period must exceed 2, got {seasonal_period!r}")
-        if noise == "student_t" and not float(df) > 2:
+        df = check_real(df, "df", finite=False)
+        if noise == "student_t" and not df > 2:
             raise ValueError(f"df must exceed 2 (finite variance), got {df!r}")
-        if spend_lag not in (0, 1):
-            raise ValueError(f"spend_lag must be 0 or 1, got {spend_lag!r}")
+        spend_lag = check_int(spend_lag, "spend_lag", 0, 1)
         a, b = delta_prior
-        if not (float(a) > 0 and float(b) > 0):
-            raise ValueError(
-                f"delta_prior must be positive Beta concentrations, got {delta_prior!r}"
-            )
+        a = check_positive(a, "delta_prior[0] (a Beta concentration)")
+        b = check_positive(b, "delta_prior[1] (a Beta concentration)")
         lo, hi = delta_range
-        if not 0.0 <= float(lo) < float(hi) <= 1.0:
+        lo, hi = check_real(lo, "delta_range[0]", 0, 1), check_real(hi, "delta_range[1]", 0, 1)
+        if not lo < hi:
             raise ValueError(f"delta_range must satisfy 0 <= lo < hi <= 1, got {delta_range!r}")
-        if not 0 < float(spike_scale) < float(slab_scale):
+        spike_scale = check_positive(spike_scale, "spike_scale")
+        slab_scale = check_positive(slab_scale, "slab_scale")
+        if not spike_scale < slab_scale:
             raise ValueError("spike_scale and slab_scale must satisfy 0 < spike_scale < slab_scale")
-        if not float(q_scale) > 0:
-            raise ValueError(f"q_scale must be positive, got {q_scale!r}")
+        q_scale = check_positive(q_scale, "q_scale")
         self.variant, self.noise, self.trend = variant, noise, trend
         self.expected_model_size = float(expected_model_size)
         self.seasonal_harmonics, self.seasonal_period = (
@@ -741,8 +734,7 @@ class RetailBSTS:
         from ...infer import MCMC, VIS
         from ...infer.sgmcmc import KERNELS
 
-        if method not in METHODS:
-            raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+        check_choice(method, "method", METHODS)
         y, u, X = self._prepare(sales, spend, covariates, standardize)
         k, p = u.shape[1], X.shape[1]
         self.channel_names = (

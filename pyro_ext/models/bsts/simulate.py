@@ -20,6 +20,8 @@ from typing import NamedTuple
 
 import torch
 
+from ...ops.validation import check_choice, check_int, check_real
+
 __all__ = ["RetailData", "simulate_retail"]
 
 PERIOD = 365.25 / 7  # 52.18 weeks
@@ -86,14 +88,10 @@ def simulate_retail(
         (1 as in eq. (1.4)).
     :returns: :class:`RetailData`.
     """
-    if int(num_weeks) != num_weeks or num_weeks < 2:
-        raise ValueError(f"num_weeks must be an integer >= 2, got {num_weeks!r}")
-    if noise not in ("gaussian", "student_t"):
-        raise ValueError(f"noise must be 'gaussian' or 'student_t', got {noise!r}")
-    if not 0 < float(delta) < 1:
-        raise ValueError(f"delta must lie in (0, 1), got {delta!r}")
-    if spend_lag not in (0, 1):
-        raise ValueError(f"spend_lag must be 0 or 1, got {spend_lag!r}")
+    num_weeks = check_int(num_weeks, "num_weeks", low=2)
+    check_choice(noise, "noise", ("gaussian", "student_t"))
+    delta = check_real(delta, "delta", 0, 1, low_open=True, high_open=True)
+    spend_lag = check_int(spend_lag, "spend_lag", 0, 1)
     T = int(num_weeks)
     dtype = dtype or torch.get_default_dtype()
     g = torch.Generator().manual_seed(int(seed))
