@@ -650,18 +650,12 @@ class BONG:
         global random state alone).
         """
         self._require_belief()
-        locs = self.potential.unflatten(self.belief.mean)
-        scales = self.potential.unflatten(updates.marginal_variance(self.belief).sqrt())
-        result, draws = {}, None
-        for name, layout in self.potential.layout.items():
-            if layout.is_real:
-                result[name] = (locs[name], scales[name])
-                continue
-            if draws is None:
-                generator = torch.Generator(device=self.belief.mean.device).manual_seed(0)
-                draws = self.sample(num_samples, generator)
-            result[name] = (draws[name].mean(0), draws[name].std(0))
-        return result
+        return self.potential.site_marginals(
+            self.belief.mean,
+            updates.marginal_variance(self.belief).sqrt(),
+            lambda n, generator: updates.sample(self.belief, n, generator),
+            num_samples,
+        )
 
     def predictive(self, *args, num_samples: int | None = None, noise: bool = True, **kwargs):
         """

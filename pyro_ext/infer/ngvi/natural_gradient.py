@@ -423,19 +423,15 @@ class NaturalGradientVI:
         draws (of a fixed seed, leaving the global random state alone).
         """
         self._require_fit()
-        locs = self.potential.unflatten(self.state.mean)
-        scales = self.potential.unflatten(self.scale)
-        result = {}
-        draws = None
-        for name, layout in self.potential.layout.items():
-            if layout.is_real:
-                result[name] = (locs[name], scales[name])
-                continue
-            if draws is None:
-                generator = torch.Generator(device=self.state.mean.device).manual_seed(0)
-                draws = self._draw(num_samples, generator)
-            result[name] = (draws[name].mean(0), draws[name].std(0))
-        return result
+        mean, scale = self.state.mean, self.scale
+
+        def sample_flat(n, generator):
+            eps = torch.randn(
+                (n,) + mean.shape, dtype=mean.dtype, device=mean.device, generator=generator
+            )
+            return mean + scale * eps
+
+        return self.potential.site_marginals(mean, scale, sample_flat, num_samples)
 
     def init_strategy(self) -> Callable:
         """

@@ -375,6 +375,28 @@ class ParticlePotential:
             gaussian[columns] = True
         return GaussianPriors(precision, prior_mean, gaussian)
 
+    def site_marginals(self, mean, scale, sample_flat, num_samples=4096) -> dict:
+        """
+        ``{site: (loc, scale)}`` in constrained space of a Gaussian over the flat
+        unconstrained coordinates with marginal ``mean`` and ``scale`` ``(D,)``: exact for
+        real-valued sites; sites with a constrained support from ``num_samples`` joint
+        draws ``sample_flat(num_samples, generator)`` ``(S, D)`` of a fixed seed (leaving
+        the global random state alone). Shared by the variational posteriors
+        (:class:`~pyro_ext.infer.NaturalGradientVI`, :class:`~pyro_ext.online.BONG`).
+        """
+        locs, scales = self.unflatten(mean), self.unflatten(scale)
+        result, draws = {}, None
+        for name, layout in self.layout.items():
+            if layout.is_real:
+                result[name] = (locs[name], scales[name])
+                continue
+            if draws is None:
+                generator = torch.Generator(device=mean.device).manual_seed(0)
+                with torch.no_grad():
+                    draws = self.constrain(sample_flat(num_samples, generator))
+            result[name] = (draws[name].mean(0), draws[name].std(0))
+        return result
+
     @property
     def transforms(self) -> dict[str, torch.distributions.Transform]:
         """Constrained-to-unconstrained transforms, as :class:`pyro.infer.MCMC` expects."""
