@@ -22,7 +22,7 @@ from torch.distributions import constraints
 
 from ..ops.validation import check_choice, check_int, check_real
 from .naive_bayes import check_binary
-from .words import _check_budget, attack_candidates, originating_instances
+from .words import attack_candidates, check_budget, originating_instances
 
 __all__ = [
     "ACRA",
@@ -254,7 +254,7 @@ class RandomWordInsertionAttack(TorchDistribution):
         check_binary(x)
         if x.dim() < 1:
             raise ValueError("x must have a feature dimension")
-        _check_budget(n, x.shape[-1])
+        check_budget(n, x.shape[-1])
         check_var(var)
         if (predict_proba is None) == (predict_logit is None):
             raise ValueError("give exactly one of predict_proba and predict_logit")
@@ -481,7 +481,7 @@ class ACRA:
         check_binary(x_observed)
         if x_observed.dim() != 2:
             raise ValueError(f"x must have shape (N, D), got {tuple(x_observed.shape)}")
-        _check_budget(self.n, x_observed.shape[-1])
+        check_budget(self.n, x_observed.shape[-1])
         rows = []
         for x_prime in x_observed:
             log_innocent = self.classifier.log_joint(x_prime)[0]

@@ -12,17 +12,25 @@ import torch
 from ..ops.validation import check_int
 from .naive_bayes import check_binary, check_labels
 
-__all__ = ["attack_candidates", "good_word_insertion", "originating_instances", "word_deletion"]
+__all__ = [
+    "attack_candidates",
+    "check_budget",
+    "good_word_insertion",
+    "originating_instances",
+    "word_deletion",
+]
 
 # Rows of candidates scored by one call of the classifier: large batches amortise the
 # per-call overhead of sklearn models without holding more than a few MB of features.
 _BATCH_ROWS = 1 << 16
 
 
-def _check_budget(n, num_features):
+def check_budget(n, num_features):
+    """The attacker budget ``n`` as an ``int``: at least 0 and at most ``num_features``."""
     n = check_int(n, "attacker budget n", low=0)
     if n > num_features:
         raise ValueError(f"attacker budget n={n} exceeds the {num_features} features")
+    return n
 
 
 @functools.lru_cache(maxsize=256)
@@ -49,7 +57,7 @@ def attack_candidates(x, n, insert=True):
     check_binary(x)
     if x.dim() != 1:
         raise ValueError(f"x must be a single row of shape (D,), got {tuple(x.shape)}")
-    _check_budget(n, x.shape[-1])
+    check_budget(n, x.shape[-1])
     source = 0 if insert else 1
     positions = (x == source).nonzero().squeeze(-1)
     subsets = _subsets(positions.shape[0], n).to(x.device)
@@ -76,7 +84,7 @@ def _attack(x, predict_proba, n, y, insert):
     check_binary(x)
     if x.dim() != 2:
         raise ValueError(f"x must have shape (N, D), got {tuple(x.shape)}")
-    _check_budget(n, x.shape[-1])
+    check_budget(n, x.shape[-1])
     attacked = x.clone()
     if y is None:
         rows = torch.arange(x.shape[0], device=x.device)

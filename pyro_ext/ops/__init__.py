@@ -1,6 +1,25 @@
-"""Numerical utilities; :mod:`pyro_ext.ops.stats` mirrors :mod:`pyro.ops.stats`."""
+"""
+Reusable numerics, as :mod:`pyro.ops` is for Pyro.
+
+* :mod:`pyro_ext.ops.scan` — parallel prefix scans and reductions (:func:`associative_scan`,
+  :func:`vector_scan`, :func:`vector_reduce`), behind the HMM and Kalman recursions.
+* :mod:`pyro_ext.ops.semiring` — the sum-product, max-product and index-map semirings of
+  discrete HMMs.
+* :mod:`pyro_ext.ops.stats` — sample-quality statistics (:func:`kernel_stein_discrepancy`,
+  :func:`split_rhat`); it mirrors :mod:`pyro.ops.stats`.
+* :mod:`pyro_ext.ops.curvature` — :func:`hessian_diagonal`.
+* :mod:`pyro_ext.ops.validation` — the package's argument checks.
+"""
 
 from .curvature import hessian_diagonal
-from .stats import kernel_stein_discrepancy
+from .scan import associative_scan, vector_reduce, vector_scan
+from .stats import kernel_stein_discrepancy, split_rhat
 
-__all__ = ["hessian_diagonal", "kernel_stein_discrepancy"]
+__all__ = [
+    "associative_scan",
+    "hessian_diagonal",
+    "kernel_stein_discrepancy",
+    "split_rhat",
+    "vector_reduce",
+    "vector_scan",
+]

@@ -1,10 +1,17 @@
-r"""Sample-quality statistics, in the spirit of :mod:`pyro.ops.stats`."""
+r"""Sample-quality statistics, in the spirit of :mod:`pyro.ops.stats`.
+
+* :func:`kernel_stein_discrepancy` — the IMQ kernel Stein discrepancy of draws to a target.
+* :func:`split_rhat` — Pyro's split-:math:`\hat R`, ``NaN`` for chains too short to split.
+"""
+
+import math
 
 import torch
+from pyro.ops.stats import split_gelman_rubin
 
 from .validation import check_int, check_positive, check_real
 
-__all__ = ["kernel_stein_discrepancy"]
+__all__ = ["kernel_stein_discrepancy", "split_rhat"]
 
 
 def _as_float_tensor(value, name):
@@ -119,3 +126,23 @@ def kernel_stein_discrepancy(samples, score, c=1.0, beta=-0.5, chunk_size=1024):
         for start in range(0, num_samples, chunk_size)
     )
     return (total / num_samples**2).clamp_min(0.0).sqrt()
+
+
+def split_rhat(samples, chain_dim=0, sample_dim=1):
+    r"""
+    Split-:math:`\hat R` of ``samples`` across chains: :func:`pyro.ops.stats.split_gelman_rubin`,
+    except that chains too short to split (fewer than 4 draws, where Pyro's asserts) give
+    ``NaN``, so that a diagnostic never stops a short run.
+
+    :param torch.Tensor samples: draws with a chain dim and a draw dim.
+    :param int chain_dim: the chain dimension.
+    :param int sample_dim: the draw dimension.
+    :returns: :math:`\hat R` of every other coordinate: ``samples``'s shape without the chain
+        and draw dims, on its device and of its dtype.
+    :rtype: torch.Tensor
+    """
+    if samples.shape[sample_dim] < 4:
+        dims = {chain_dim % samples.dim(), sample_dim % samples.dim()}
+        shape = [size for dim, size in enumerate(samples.shape) if dim not in dims]
+        return torch.full(shape, math.nan, dtype=samples.dtype, device=samples.device)
+    return split_gelman_rubin(samples, chain_dim=chain_dim, sample_dim=sample_dim)

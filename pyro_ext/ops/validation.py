@@ -14,7 +14,14 @@ import reprlib
 import torch
 from torch.distributions import Distribution
 
-__all__ = ["check_choice", "check_int", "check_positive", "check_real", "values_checked"]
+__all__ = [
+    "check_choice",
+    "check_int",
+    "check_positive",
+    "check_real",
+    "check_real_tensor",
+    "values_checked",
+]
 
 
 def _got(value):
@@ -123,6 +130,20 @@ def check_choice(value, name, choices, allow_none=False):
         raise TypeError(f"{name} must be a string, {expected}; got {_got(value)}")
     if value not in choices:
         raise ValueError(f"{name} must be {expected}; got {value!r}")
+    return value
+
+
+def check_real_tensor(value, name):
+    """
+    A :class:`torch.Tensor` of a real dtype (floating point, ``bool``, ``int32`` or
+    ``int64``), returned as it is; its values are not read.
+
+    :raises TypeError: if ``value`` is not a tensor, or is complex or of another dtype.
+    """
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
+    if not (value.is_floating_point() or value.dtype in (torch.bool, torch.int32, torch.int64)):
+        raise TypeError(f"{name} must be a real tensor, got dtype {value.dtype}")
     return value
 
 

@@ -24,7 +24,7 @@ from ..ops.validation import check_int, check_positive, check_real
 from .base import Agent
 from .envs import DataSharingGame, regulated_payoffs
 from .policies import sample
-from .runner import _generator
+from .runner import seeded_generator
 
 __all__ = [
     "softmax_score",
@@ -273,7 +273,7 @@ def play_regulated(
             raise TypeError(f"{name} must be an Agent, got {type(agent).__name__}")
     num_rounds = check_int(num_rounds, "num_rounds", low=1)
     num_runs = check_int(num_runs, "num_runs", low=1)
-    generator = _generator(seed, device)
+    generator = seeded_generator(seed, device)
     regulator = Regulator() if regulator is None else regulator
     citizen.attach(env.num_states, env.num_actions, env.num_opponent_actions)
     ddo.attach(env.num_states, env.num_opponent_actions, env.num_actions)

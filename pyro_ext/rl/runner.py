@@ -5,7 +5,7 @@ import torch
 from ..ops.validation import check_int
 from .base import Agent, Environment
 
-__all__ = ["play", "play_many", "plot_reward_curves"]
+__all__ = ["play", "play_many", "plot_reward_curves", "seeded_generator"]
 
 
 def _opponents(env, opponent):
@@ -20,7 +20,8 @@ def _opponents(env, opponent):
     return opponents
 
 
-def _generator(seed, device):
+def seeded_generator(seed, device):
+    """A :class:`torch.Generator` on ``device`` (the CPU for ``None``) seeded with ``seed``."""
     seed = check_int(seed, "seed")
     generator = torch.Generator(device=torch.device("cpu") if device is None else device)
     generator.manual_seed(seed)
@@ -82,7 +83,7 @@ def play(env, agent, opponent, num_episodes, seed, device=None):
 
     :returns: the agent's total reward per episode, a tensor of shape ``(num_episodes,)``.
     """
-    generator = _generator(seed, device)
+    generator = seeded_generator(seed, device)
     return _run(env, agent, _opponents(env, opponent), num_episodes, 1, generator)[0]
 
 
@@ -93,7 +94,7 @@ def play_many(env, make_agent, make_opponent, num_episodes, num_runs, seed, devi
     :returns: reward curves of shape ``(num_runs, num_episodes)``.
     """
     num_runs = check_int(num_runs, "num_runs", low=1)
-    generator = _generator(seed, device)
+    generator = seeded_generator(seed, device)
     opponents = _opponents(env, make_opponent())
     return _run(env, make_agent(), opponents, num_episodes, num_runs, generator)
 

@@ -27,9 +27,8 @@ import torch
 from pyro.distributions import constraints
 from torch.distributions import Distribution
 
-from ..ops.validation import check_choice, check_int
+from ..ops.validation import check_choice, check_int, check_real_tensor
 from .kalman import (
-    _check_tensor,
     _prepare,
     _simulate_prior,
     kalman_filter,
@@ -81,7 +80,7 @@ def _scale(x, name, allow_zero=True):
             raise TypeError(
                 f"{name} must be a number or a real tensor of scales, got {x!r}"
             ) from None
-    _check_tensor(x, name)
+    check_real_tensor(x, name)
     if not x.is_floating_point():
         x = x.to(torch.get_default_dtype())
     # Value checks follow the global validation switch, as in the Kalman functions.
@@ -253,7 +252,7 @@ class Regression(Component):
     name = "regression"
 
     def __init__(self, X, coef_scale=None, init_scale=10.0):
-        _check_tensor(X, "X")
+        check_real_tensor(X, "X")
         if X.dim() < 2:
             raise ValueError(f"X must have shape (..., T, num_covariates), got {tuple(X.shape)}")
         self.X = X if X.is_floating_point() else X.to(torch.get_default_dtype())
@@ -288,7 +287,7 @@ class Autoregressive(Component):
     name = "ar"
 
     def __init__(self, coefs, scale, init_scale=10.0):
-        _check_tensor(coefs, "coefs")
+        check_real_tensor(coefs, "coefs")
         if coefs.dim() < 1 or coefs.shape[-1] < 1:
             raise ValueError(f"coefs must have shape (..., p) with p >= 1, got {coefs.shape}")
         self.coefs = coefs if coefs.is_floating_point() else coefs.to(torch.get_default_dtype())
@@ -325,7 +324,7 @@ class LinearGaussian(Component):
             (init_mean, "init_mean"),
             (init_cov, "init_cov"),
         ]:
-            _check_tensor(x, n)
+            check_real_tensor(x, n)
         S = init_mean.shape[-1]
         if G.shape[-2:] != (S, S) or W.shape[-2:] != (S, S) or F.shape[-2:] != (1, S):
             raise ValueError(
@@ -594,7 +593,7 @@ class DLMDistribution(dist.TorchDistribution):
         n = int(torch.Size(sample_shape).numel())
         y = torch.full(
             (*self.batch_shape, self.num_steps),
-            math.nan,
+            0.0,  # unused by the prior simulation; NaN would mark every step missing
             dtype=self._dtype,
             device=self.dlm.observation_scale.device,
         )

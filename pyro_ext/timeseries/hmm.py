@@ -6,10 +6,11 @@ The latent chain :math:`z_{1:T}` is marginalised exactly, as in thesis §2.4.2 /
 smoothing marginals, the Viterbi algorithm (Viterbi 1967) the most probable path, and
 forward-filter backward-sample (FFBS; Frühwirth-Schnatter 1994, Carter & Kohn 1994) exact
 posterior path draws. Every recursion is evaluated as an associative scan with
-:math:`O(\log T)` depth by :mod:`pyro_ext.timeseries.semiring`; there is no Python loop
-over time. On long series the likelihood and Viterbi instead advance ``~sqrt(T)`` chunks
-together (``~sqrt(T)`` Python steps): chunk products for the likelihood, and speculative
-max-product chunks with fix-up passes (rank convergence) for Viterbi, ``O(T K^2)`` work.
+:math:`O(\log T)` depth by :mod:`pyro_ext.ops.scan` over the semirings of
+:mod:`pyro_ext.ops.semiring`; there is no Python loop over time. On long series the
+likelihood and Viterbi instead advance ``~sqrt(T)`` chunks together (``~sqrt(T)`` Python
+steps): chunk products for the likelihood, and speculative max-product chunks with fix-up
+passes (rank convergence) for Viterbi, ``O(T K^2)`` work.
 
 Conventions (all functions are batched over leading dims ``...``, differentiable, and
 follow the device and dtype of their inputs):
@@ -36,8 +37,9 @@ import torch
 from pyro.distributions import TorchDistribution, constraints
 from torch.distributions import transform_to
 
+from ..ops import scan, semiring
+from ..ops.semiring import finite_min
 from ..ops.validation import check_int, values_checked
-from . import semiring
 
 __all__ = [
     "HiddenMarkovDistribution",
@@ -238,7 +240,7 @@ class _Problem:
 
     def forward(self):
         """Filtered probabilities and log normalisers, both time-first."""
-        return semiring.vector_scan(
+        return scan.vector_scan(
             semiring.scaled_vector(self.log_first()),
             semiring.scaled_matrix(self.log_factors()),
             semiring.scaled_vec_mat,
@@ -258,7 +260,8 @@ def _chunked_log_likelihood(problem):
     The factor of step ``t`` is ``A_t diag(e_t)`` with ``e_t`` the emission likelihoods
     scaled by their maximum, so each step is one matrix product with ``A`` for every chunk
     at once (a single GEMM for time-homogeneous ``A``), with rows rescaled to max one. The
-    chunk products, in :func:`semiring.scaled_matrix` form, are then reduced by the tree.
+    chunk products, in :func:`~pyro_ext.ops.semiring.scaled_matrix` form, are then reduced by
+    the tree.
     """
     obs = problem.obs
     num_factors = problem.duration - 1
@@ -269,7 +272,7 @@ def _chunked_log_likelihood(problem):
     if rem:
         # The leading remainder (fewer than ``length`` factors) goes into the vector.
         lead = log_trans[:rem] if problem.time_varying else log_trans
-        vector = semiring.vector_reduce(
+        vector = scan.vector_reduce(
             vector,
             semiring.scaled_matrix(lead + obs[1 : 1 + rem].unsqueeze(-2)),
             semiring.scaled_vec_mat,
@@ -280,7 +283,7 @@ def _chunked_log_likelihood(problem):
     tiny = torch.finfo(obs.dtype).tiny
     obs = obs[1 + rem :].reshape((num_chunks, length) + obs.shape[1:])
     obs_max = obs.amax(-1, keepdim=True)
-    emit = torch.exp(obs - obs_max.clamp(min=_finite_min(obs_max)))
+    emit = torch.exp(obs - obs_max.clamp(min=finite_min(obs_max)))
     trans = torch.exp(log_trans)
     if problem.time_varying:
         trans = trans[rem:].reshape((num_chunks, length) + trans.shape[1:])
@@ -302,16 +305,12 @@ def _chunked_log_likelihood(problem):
         log_rows = torch.log(row_max)
     log_rows = log_rows.squeeze(-1)
     shift = log_rows.amax(-1)
-    rows = log_rows - shift.clamp(min=_finite_min(shift)).unsqueeze(-1)
+    rows = log_rows - shift.clamp(min=finite_min(shift)).unsqueeze(-1)
     offset = shift + obs_max.squeeze(-1).sum(1)
-    _, log_norm = semiring.vector_reduce(
+    _, log_norm = scan.vector_reduce(
         vector, (mat, rows, offset), semiring.scaled_vec_mat, semiring.scaled_mat_mat
     )
     return log_norm
-
-
-def _finite_min(x):
-    return torch.finfo(x.dtype).min
 
 
 def _maxplus_step(x, log_trans_t, obs):
@@ -322,7 +321,7 @@ def _maxplus_step(x, log_trans_t, obs):
     scores, pointers = (x.unsqueeze(-2) + log_trans_t).max(-1)
     scores = scores + obs
     shift = scores.amax(-1, keepdim=True)
-    return scores - shift.clamp(min=_finite_min(shift)), pointers, shift.squeeze(-1)
+    return scores - shift.clamp(min=finite_min(shift)), pointers, shift.squeeze(-1)
 
 
 def _speculative_viterbi(problem, max_fixups=4):
@@ -407,7 +406,7 @@ def hmm_log_likelihood(
     if (problem.duration - 1) * problem.num_states >= 4096:
         # Below this the tree reduction's fewer Python steps measured faster.
         return _chunked_log_likelihood(problem)
-    _, log_norm = semiring.vector_reduce(
+    _, log_norm = scan.vector_reduce(
         semiring.scaled_vector(problem.log_first()),
         semiring.scaled_matrix(problem.log_factors()),
         semiring.scaled_vec_mat,
@@ -445,7 +444,7 @@ def hmm_smooth(
     # beta_t^T = 1^T X_T^T ... X_{t+1}^T: a prefix scan over the reversed, transposed factors.
     backward_factors = problem.log_factors().transpose(-1, -2).flip(0)
     uniform = torch.zeros_like(problem.log_init)
-    beta = semiring.vector_scan(
+    beta = scan.vector_scan(
         semiring.scaled_vector(uniform),
         semiring.scaled_matrix(backward_factors),
         semiring.scaled_vec_mat,
@@ -484,7 +483,7 @@ def hmm_viterbi(
         _check_evidence(problem, log_score)
         path = semiring.compose_maps(delta[-1].argmax(-1), pointers.flip(0)).flip(0)
         return path.movedim(0, -1), log_score
-    delta, offset = semiring.vector_scan(
+    delta, offset = scan.vector_scan(
         semiring.maxplus_vector(problem.log_first()),
         semiring.maxplus_matrix(problem.log_factors()),
         semiring.maxplus_vec_mat,
@@ -560,7 +559,7 @@ def hmm_predict(
     problem = _Problem(init_logits, trans_logits, obs_log_probs, mask)
     if problem.time_varying:
         raise ValueError("hmm_predict needs time-homogeneous trans_logits (..., K, K)")
-    last, log_norm = semiring.vector_reduce(
+    last, log_norm = scan.vector_reduce(
         semiring.scaled_vector(problem.log_first()),
         semiring.scaled_matrix(problem.log_factors()),
         semiring.scaled_vec_mat,
@@ -569,7 +568,7 @@ def hmm_predict(
     _check_evidence(problem, log_norm)
     trans = torch.exp(problem.log_trans)
     steps = trans.expand((num_steps,) + trans.shape)
-    pred = semiring.vector_scan((last,), (steps,), _lin_vec_mat, _lin_mat_mat)[0][1:]
+    pred = scan.vector_scan((last,), (steps,), _lin_vec_mat, _lin_mat_mat)[0][1:]
     return pred.movedim(0, -2)
 
 

@@ -7,15 +7,15 @@ first state drawn from its prior::
     x_t = G_t x_{t-1} + w_t,    w_t ~ N(0, W_t),   t = 2..T      (1.2)
     y_t = F_t x_t + v_t,        v_t ~ N(0, V_t),   t = 1..T      (1.3)
 
-Everything here is *parallel in time*: filtering and smoothing are associative scans over
-Gaussian elements (Sarkka & Garcia-Fernandez, "Temporal parallelization of Bayesian
-smoothers", IEEE TAC 2021, eqs. (10)-(14) for filtering and (20)-(22) for smoothing), so a
-series of length ``T`` costs ``O(log T)`` batched small-matrix operations instead of ``T``
-sequential Python steps.  The covariance form of those elements only needs
-``I + C_i J_j`` to be invertible, so singular process noise (dummy seasonals, static
-regression coefficients, AR companion forms) is handled exactly.  Pyro's
-:class:`~pyro.distributions.GaussianHMM` is not reused because its precision (information)
-form requires full-rank ``W_t``.
+Everything here is *parallel in time*: filtering and smoothing are associative scans
+(:func:`~pyro_ext.ops.associative_scan`) over Gaussian elements (Sarkka & Garcia-Fernandez,
+"Temporal parallelization of Bayesian smoothers", IEEE TAC 2021, eqs. (10)-(14) for
+filtering and (20)-(22) for smoothing), so a series of length ``T`` costs ``O(log T)``
+batched small-matrix operations instead of ``T`` sequential Python steps.  The covariance
+form of those elements only needs ``I + C_i J_j`` to be invertible, so singular process
+noise (dummy seasonals, static regression coefficients, AR companion forms) is handled
+exactly.  Pyro's :class:`~pyro.distributions.GaussianHMM` is not reused because its
+precision (information) form requires full-rank ``W_t``.
 
 Conventions
 -----------
@@ -38,7 +38,8 @@ from typing import NamedTuple
 
 import torch
 
-from ..ops.validation import check_int, values_checked
+from ..ops.scan import associative_scan
+from ..ops.validation import check_int, check_real_tensor, values_checked
 
 __all__ = [
     "KalmanFilterResult",
@@ -103,13 +104,6 @@ class _SSM(NamedTuple):
 
 def _sym(x):
     return 0.5 * (x + x.mT)
-
-
-def _check_tensor(x, name):
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
-    if not (x.is_floating_point() or x.dtype in (torch.bool, torch.int32, torch.int64)):
-        raise TypeError(f"{name} must be a real tensor, got dtype {x.dtype}")
 
 
 def _split(x, name, core, num_batch, num_steps, time_ok=True):
@@ -192,7 +186,7 @@ def _validate(y, G, F, W, V, m0, P0):
     ]
     args = [y, G, F, W, V, m0, P0]
     for x, name in zip(args, names):
-        _check_tensor(x, name)
+        check_real_tensor(x, name)
     if y.dim() < 2:
         raise ValueError(f"y must have shape (..., T, obs_dim), got {tuple(y.shape)}")
     T, p = y.shape[-2:]
@@ -298,31 +292,6 @@ def _mv(m, v):
 
 
 # ---------------------------------------------------------------------------------------
-# Associative scan
-
-
-def _interleave(a, b):
-    n = b.shape[0]
-    pairs = torch.stack([a[:n], b], 1).reshape(2 * n, *a.shape[1:])
-    return torch.cat([pairs, a[n:]]) if a.shape[0] > n else pairs
-
-
-def _associative_scan(combine, elems):
-    """Inclusive prefix scan along dim 0 (odd-even recursion, depth ``O(log T)``)."""
-    n = elems[0].shape[0]
-    if n < 2:
-        return elems
-    reduced = combine(tuple(e[:-1:2] for e in elems), tuple(e[1::2] for e in elems))
-    odd = _associative_scan(combine, reduced)
-    if n % 2 == 0:
-        even = combine(tuple(o[:-1] for o in odd), tuple(e[2::2] for e in elems))
-    else:
-        even = combine(odd, tuple(e[2::2] for e in elems))
-    even = tuple(torch.cat([e[:1], v]) for e, v in zip(elems, even))
-    return tuple(_interleave(v, o) for v, o in zip(even, odd))
-
-
-# ---------------------------------------------------------------------------------------
 # Filtering (Sarkka & Garcia-Fernandez 2021, Lemma 8 / eqs. (10)-(14))
 
 
@@ -367,7 +336,7 @@ def _run_filter(ssm):
     batch = torch.broadcast_shapes(b.shape[1:-1], A.shape[1:-2])
     b = b.expand(b.shape[0], *batch, b.shape[-1])
     eta = eta.expand(b.shape)
-    _, m, P, _, _ = _associative_scan(_filter_combine, (A, b, C, eta, J))
+    _, m, P, _, _ = associative_scan(_filter_combine, (A, b, C, eta, J))
     # One-step predictions x_t | y_{1:t-1}; with G[0] = 0 the first one is the prior.
     m_prev = torch.cat([torch.zeros_like(m[:1]), m[:-1]])
     P_prev = torch.cat([torch.zeros_like(P[:1]), P[:-1]])
@@ -404,7 +373,7 @@ def _run_smoother(ssm, m, P, mp, Pp):
     g = torch.cat([g, m[-1:]])
     Lc = torch.cat([Lc, P[-1:]])
     rev = (E.flip(0), g.flip(0), Lc.flip(0))
-    _, gs, Ls = _associative_scan(_smoother_combine, rev)
+    _, gs, Ls = associative_scan(_smoother_combine, rev)
     return gs.flip(0), Ls.flip(0)
 
 
@@ -565,7 +534,7 @@ def _blocked_log_likelihood(args, B):
         elems(J, (S, S)),
     )
     scan_in = tuple(torch.cat([u.unsqueeze(0), v]) for u, v in zip(prior, blocks))
-    _, m, P, _, _ = _associative_scan(_filter_combine, scan_in)  # moments of s_0..s_K'
+    _, m, P, _, _ = associative_scan(_filter_combine, scan_in)  # moments of s_0..s_K'
 
     ll = torch.zeros((), dtype=dtype, device=y.device)
     if K > 0:
@@ -732,7 +701,7 @@ def _simulate_prior(ssm, num_samples):
     zy = torch.randn(T, num_samples, *batch, p, dtype=ssm.G.dtype, device=ssm.G.device)
     Gs = ssm.G.unsqueeze(1)
     b = ssm.mu.unsqueeze(1) + _mv(_psd_sqrt(ssm.Q).unsqueeze(1), zx)
-    _, x = _associative_scan(_affine_combine, (Gs, b))
+    _, x = associative_scan(_affine_combine, (Gs, b))
     yy = _mv(ssm.F.unsqueeze(1), x) + _mv(_psd_sqrt(ssm.V).unsqueeze(1), zy)
     return x, yy
 

@@ -4,8 +4,9 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from pyro.ops.stats import split_gelman_rubin
 
-from pyro_ext.ops import kernel_stein_discrepancy
+from pyro_ext.ops import kernel_stein_discrepancy, split_rhat
 from pyro_ext.ops.stats import kernel_stein_discrepancy as from_module
 
 
@@ -39,7 +40,14 @@ def test_reexported():
     import pyro_ext.ops
 
     assert kernel_stein_discrepancy is from_module
-    assert pyro_ext.ops.__all__ == ["hessian_diagonal", "kernel_stein_discrepancy"]
+    assert pyro_ext.ops.__all__ == [
+        "associative_scan",
+        "hessian_diagonal",
+        "kernel_stein_discrepancy",
+        "split_rhat",
+        "vector_reduce",
+        "vector_scan",
+    ]
 
 
 # The device fixture is a constant per test, so reusing it across examples is safe.
@@ -180,3 +188,23 @@ def test_errors(samples, score, kwargs, match):
 def test_type_errors(kwargs, match):
     with pytest.raises(TypeError, match=match):
         kernel_stein_discrepancy(torch.randn(5, 2), torch.randn(5, 2), **kwargs)
+
+
+# ---------------------------------------------------------------- split_rhat
+
+
+@pytest.mark.parametrize("chain_dim, sample_dim", [(0, 1), (1, 0), (0, -2)])
+def test_split_rhat_is_pyros_split_gelman_rubin(device, chain_dim, sample_dim):
+    draws = torch.randn(3, 20, 2, dtype=torch.float64, device=device)
+    if (chain_dim, sample_dim) == (1, 0):
+        draws = draws.transpose(0, 1)
+    expected = split_gelman_rubin(draws, chain_dim=chain_dim, sample_dim=sample_dim)
+    assert torch.equal(split_rhat(draws, chain_dim, sample_dim), expected)
+
+
+@pytest.mark.parametrize("num_draws", [0, 1, 3])
+def test_split_rhat_of_chains_too_short_to_split_is_nan(device, num_draws):
+    draws = torch.randn(4, num_draws, 2, 5, dtype=torch.float32, device=device)
+    rhat = split_rhat(draws)
+    assert rhat.shape == (2, 5) and rhat.dtype == draws.dtype and rhat.device == draws.device
+    assert torch.isnan(rhat).all()

@@ -9,7 +9,13 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pyro_ext.ops.validation import check_choice, check_int, check_positive, check_real
+from pyro_ext.ops.validation import (
+    check_choice,
+    check_int,
+    check_positive,
+    check_real,
+    check_real_tensor,
+)
 
 FAST = settings(max_examples=50, deadline=None)
 
@@ -200,3 +206,26 @@ def test_choice_accepts_exactly_the_choices(value):
     else:
         with pytest.raises(ValueError, match="^norm must be one of 'linf', 'l2', 'l1'; got"):
             check_choice(value, "norm", choices)
+
+
+# ---------------------------------------------------------------- check_real_tensor
+
+
+@pytest.mark.parametrize(
+    "value", [torch.zeros(2), torch.zeros(2, dtype=torch.int64), torch.tensor([True])]
+)
+def test_real_tensor_accepts_real_dtypes_and_returns_the_tensor(value):
+    assert check_real_tensor(value, "G") is value
+
+
+@pytest.mark.parametrize(
+    "value, match",
+    [
+        ([1.0], r"^G must be a torch.Tensor, got list$"),
+        (torch.zeros(2, dtype=torch.complex64), r"^G must be a real tensor, got dtype"),
+        (torch.zeros(2, dtype=torch.uint8), r"^G must be a real tensor, got dtype"),
+    ],
+)
+def test_real_tensor_rejects_other_types_with_a_type_error(value, match):
+    with pytest.raises(TypeError, match=match):
+        check_real_tensor(value, "G")

@@ -199,3 +199,17 @@ def test_student_t_augmentation_sites():
 def test_dlm_errors(build, match):
     with pytest.raises(ValueError, match=match):
         build()
+
+
+def test_distribution_samples_have_the_model_covariance():
+    # log p(y) is Gaussian in y: its Hessian is minus the exact precision of the draws.
+    pyro.set_rng_seed(3)
+    T = 5
+    model = DLM(LocalLevel(t(0.05)), observation_scale=t(0.02))
+    d = DLMDistribution(model, T)
+    precision = -torch.func.hessian(lambda y: model.log_likelihood(y))(torch.zeros(T, dtype=D))
+    exact = torch.linalg.inv(precision)
+    draws = d.sample((20000,))
+    empirical = torch.cov(draws.T)
+    # Relative error of a sample covariance from 20000 draws: about sqrt(2 / 20000) = 1%.
+    assert torch.allclose(empirical, exact, rtol=0.06, atol=0.06 * exact.diagonal().min())

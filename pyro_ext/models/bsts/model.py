@@ -58,9 +58,9 @@ import pyro
 import pyro.distributions as dist
 import torch
 from pyro.distributions import constraints
-from pyro.ops.stats import split_gelman_rubin
 
 from ...infer.sgmcmc.potential import SamplerDivergenceError
+from ...ops.stats import split_rhat
 from ...ops.validation import check_choice, check_int, check_positive, check_real
 from ...timeseries.dlm import (
     DLM,
@@ -354,16 +354,9 @@ def _preconditioned_kernel():
     return PreconditionedSGHMC
 
 
-def _split_rhat(chains):
-    """Split-R-hat of ``chains`` ``(num_chains, num_draws, ...)`` (NaN if too short)."""
-    if chains.shape[1] < 4:
-        return torch.full(chains.shape[2:], math.nan, dtype=chains.dtype)
-    return split_gelman_rubin(chains)
-
-
 def _max_rhat(chains):
     """Largest split-R-hat over the static sites of ``{site: (chains, draws, ...)}``."""
-    return max(float(_split_rhat(v).max()) for n, v in chains.items() if n != "obs_precision")
+    return max(float(split_rhat(v).max()) for n, v in chains.items() if n != "obs_precision")
 
 
 def _hn(scale, dtype):
@@ -987,7 +980,7 @@ class RetailBSTS:
         self._check_fitted()
         out = {}
         for n in self.static_sites():
-            out[n] = _split_rhat(self._chains[n])
+            out[n] = split_rhat(self._chains[n])
         return out
 
     def _orig_q(self, q):

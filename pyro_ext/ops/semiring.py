@@ -1,5 +1,5 @@
 r"""
-Parallel-in-time semiring scans, the engine behind :mod:`pyro_ext.timeseries.hmm`.
+Semirings for discrete hidden Markov models, the algebra of :mod:`pyro_ext.timeseries.hmm`.
 
 A discrete HMM factorises as a chain of :math:`K \times K` factors, and every exact
 query is a product of that chain in some semiring: the *sum-product* semiring gives the
@@ -7,17 +7,10 @@ forward–backward algorithm (likelihood, filtering, smoothing; Rabiner 1989), t
 *max-product* semiring gives the Viterbi algorithm (Viterbi 1967), and composition of
 index maps backtracks Viterbi paths and forward-filter backward-sample (FFBS; Frühwirth-
 Schnatter 1994) draws. Products are associative, so they are evaluated with
-:math:`O(\log T)` depth (Särkkä & García-Fernández 2021, "Temporal parallelization of
-Bayesian smoothers"), never with a Python loop over time:
-
-* :func:`vector_reduce` — ``v @ X_1 @ ... @ X_n`` by pairwise tree reduction.
-* :func:`vector_scan` — all prefixes ``v @ X_1 @ ... @ X_i`` with the odd–even scheme
-  (pair up neighbours, recurse on the half-length sequence, then fix up the remaining
-  prefixes with one vector–matrix product each): :math:`O(n)` matrix products in total,
-  and the fix-ups are vector–matrix, so only the pairing pays :math:`K^3`.
-
-Both are generic in the semiring: they take ``vec_mat`` and ``mat_mat`` callables over
-tuples of tensors whose dim 0 is time. Three semirings are provided:
+:math:`O(\log T)` depth by :func:`~pyro_ext.ops.vector_reduce` and
+:func:`~pyro_ext.ops.vector_scan`, which take the ``vec_mat`` and ``mat_mat``
+products defined here (tuples of tensors whose dim 0 is time); a vector–matrix product
+costs :math:`K^2` against a matrix product's :math:`K^3`. Three semirings are provided:
 
 **Scaled sum-product.** Exponentiating once and multiplying in linear space is much
 cheaper than ``logsumexp`` over ``(n, K, K, K)``. A matrix is stored as
@@ -39,9 +32,10 @@ single state; used for pointer-jumping backtracking (``log T`` levels of gathers
 
 import torch
 
+from .scan import vector_scan
+
 __all__ = [
-    "vector_reduce",
-    "vector_scan",
+    "finite_min",
     "scaled_matrix",
     "scaled_vector",
     "scaled_mat_mat",
@@ -56,53 +50,9 @@ __all__ = [
 ]
 
 
-def _slice(elements, index):
-    return tuple(x[index] for x in elements)
-
-
-def vector_reduce(vector, matrices, vec_mat, mat_mat):
-    """
-    ``vector @ matrices[0] @ ... @ matrices[n-1]`` by pairwise tree reduction.
-
-    :param tuple vector: semiring vector (tensors without a time dim).
-    :param tuple matrices: semiring matrices, time on dim 0 (may have length 0).
-    """
-    while matrices[0].shape[0] > 0:
-        if matrices[0].shape[0] % 2:
-            # Absorb the odd leading matrix into the vector so the rest pairs up evenly.
-            vector = vec_mat(vector, _slice(matrices, 0))
-            matrices = _slice(matrices, slice(1, None))
-            if matrices[0].shape[0] == 0:
-                break
-        matrices = mat_mat(_slice(matrices, slice(0, None, 2)), _slice(matrices, slice(1, None, 2)))
-    return vector
-
-
-def vector_scan(vector, matrices, vec_mat, mat_mat):
-    """
-    All prefixes ``p_0 = vector``, ``p_i = p_{i-1} @ matrices[i-1]`` (odd–even scan).
-
-    Returns a tuple of tensors with a leading time dim of length ``n + 1``. The recursion
-    halves the length each level, so its depth is ``log2(n)``.
-    """
-    n = matrices[0].shape[0]
-    if n == 0:
-        return tuple(x.unsqueeze(0) for x in vector)
-    half = n // 2
-    lefts, rights = _slice(matrices, slice(0, 2 * half, 2)), _slice(matrices, slice(1, 2 * half, 2))
-    pairs = mat_mat(lefts, rights)
-    evens = vector_scan(vector, pairs, vec_mat, mat_mat)  # p_0, p_2, p_4, ...
-    odds = vec_mat(_slice(evens, slice(0, (n + 1) // 2)), _slice(matrices, slice(0, None, 2)))
-    out = []
-    for e, o in zip(evens, odds):
-        x = e.new_empty((n + 1,) + e.shape[1:])
-        x[0::2] = e
-        x[1::2] = o
-        out.append(x)
-    return tuple(out)
-
-
-def _finite_min(x):
+def finite_min(x):
+    """The most negative finite value of ``x``'s dtype: ``y - m.clamp(min=finite_min(m))``
+    subtracts a maximum ``m`` without turning an all ``-inf`` row into ``nan``."""
     return torch.finfo(x.dtype).min
 
 
@@ -113,19 +63,20 @@ def scaled_matrix(log_mat):
     """Log-space ``(..., K, K)`` → ``(mat, row_scale, offset)``; exponentiates once."""
     rows = log_mat.amax(-1)
     # Clamping keeps all -inf rows at exp(-inf) = 0 instead of exp(nan).
-    mat = torch.exp(log_mat - rows.clamp(min=_finite_min(rows)).unsqueeze(-1))
+    mat = torch.exp(log_mat - rows.clamp(min=finite_min(rows)).unsqueeze(-1))
     offset = rows.amax(-1)
-    return mat, rows - offset.clamp(min=_finite_min(rows)).unsqueeze(-1), offset
+    return mat, rows - offset.clamp(min=finite_min(rows)).unsqueeze(-1), offset
 
 
 def scaled_vector(log_vec):
     """Log-space ``(..., K)`` → ``(probs, log_norm)``."""
     log_norm = torch.logsumexp(log_vec, -1)
-    probs = torch.exp(log_vec - log_norm.clamp(min=_finite_min(log_norm)).unsqueeze(-1))
+    probs = torch.exp(log_vec - log_norm.clamp(min=finite_min(log_norm)).unsqueeze(-1))
     return probs, log_norm
 
 
 def scaled_mat_mat(a, b):
+    """The sum-product ``a @ b`` of two scaled matrices."""
     a_mat, a_rows, a_off = a
     b_mat, b_rows, b_off = b
     # Folding b's row scales into a's columns is the same product and keeps b untouched.
@@ -134,11 +85,12 @@ def scaled_mat_mat(a, b):
     mat = mat / row_max.clamp(min=torch.finfo(mat.dtype).tiny).unsqueeze(-1)
     rows = a_rows + torch.log(row_max)
     shift = rows.amax(-1)
-    rows = rows - shift.clamp(min=_finite_min(rows)).unsqueeze(-1)
+    rows = rows - shift.clamp(min=finite_min(rows)).unsqueeze(-1)
     return mat, rows, a_off + b_off + shift
 
 
 def scaled_vec_mat(v, m):
+    """The sum-product ``v @ m`` of a scaled vector and a scaled matrix."""
     probs, log_norm = v
     mat, rows, off = m
     w = probs * torch.exp(rows)
@@ -154,12 +106,13 @@ def scaled_vec_mat(v, m):
 def maxplus_matrix(log_mat):
     """Log-space ``(..., K, K)`` → ``(shifted_log_mat, offset)``."""
     offset = log_mat.amax((-2, -1))
-    return log_mat - offset.clamp(min=_finite_min(offset))[..., None, None], offset
+    return log_mat - offset.clamp(min=finite_min(offset))[..., None, None], offset
 
 
 def maxplus_vector(log_vec):
+    """Log-space ``(..., K)`` → ``(shifted_log_vec, offset)``."""
     offset = log_vec.amax(-1)
-    return log_vec - offset.clamp(min=_finite_min(offset)).unsqueeze(-1), offset
+    return log_vec - offset.clamp(min=finite_min(offset)).unsqueeze(-1), offset
 
 
 def _maxplus_matmul(a, b):
@@ -174,16 +127,18 @@ def _maxplus_matmul(a, b):
 
 
 def maxplus_mat_mat(a, b):
+    """The max-product ``a @ b`` of two max-plus matrices."""
     mat = _maxplus_matmul(a[0], b[0])
     shift = mat.amax((-2, -1))
-    mat = mat - shift.clamp(min=_finite_min(shift))[..., None, None]
+    mat = mat - shift.clamp(min=finite_min(shift))[..., None, None]
     return mat, a[1] + b[1] + shift
 
 
 def maxplus_vec_mat(v, m):
+    """The max-product ``v @ m`` of a max-plus vector and a max-plus matrix."""
     out = (v[0].unsqueeze(-1) + m[0]).amax(-2)
     shift = out.amax(-1)
-    out = out - shift.clamp(min=_finite_min(shift)).unsqueeze(-1)
+    out = out - shift.clamp(min=finite_min(shift)).unsqueeze(-1)
     return out, v[1] + m[1] + shift
 
 
@@ -196,6 +151,7 @@ def map_mat_mat(a, b):
 
 
 def map_vec_mat(v, m):
+    """Apply a map to a state: ``m[v]``."""
     return (torch.gather(m[0], -1, v[0].unsqueeze(-1)).squeeze(-1),)
 
 
