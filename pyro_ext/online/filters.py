@@ -394,11 +394,12 @@ class BONG:
         Whitened outputs ``u`` ``(P,)`` (whose Jacobian at ``theta`` is the factor ``A``
         with :math:`A^\top A = H^\top R^{-1} H`), the whitened residuals ``e`` ``(P,)``
         (:math:`A^\top e = H^\top R^{-1} (y - \hat y)`), the example of each output, and the
-        examples' squared residuals (for WoLF).
+        examples' weights at ``theta`` (missing, masked, WoLF's IMQ of the residual).
         """
-        outputs, residuals, examples, squared = [], [], [], []
+        outputs, residuals, examples, weights = [], [], [], []
         offset = 0
-        for name, site in self._run(theta).items():
+        sites = self._observed(theta)
+        for name, site in sites.items():
             fn, value = site["fn"], site["value"]
             base = _base(fn)
             if isinstance(base, torch.distributions.Categorical):
@@ -437,7 +438,8 @@ class BONG:
             batch = fn.batch_shape
             u = u.expand(raw.shape).reshape(batch.numel(), -1)
             num = batch.numel()
-            squared.append(raw.reshape(num, -1).square().sum(-1))
+            squared = raw.detach().reshape(num, -1).square().sum(-1).reshape(batch)
+            weights.append(_example_weights(site, self.robust, squared).reshape(-1))
             outputs.append(u)
             residuals.append(e.reshape(num, -1))
             examples.append(
@@ -449,7 +451,19 @@ class BONG:
             offset += num
         u = torch.cat([x.reshape(-1) for x in outputs])
         e = torch.cat([x.reshape(-1) for x in residuals])
-        return u, (e.detach(), torch.cat(examples), torch.cat(squared).detach())
+        return u, (e.detach(), torch.cat(examples), torch.cat(weights))
+
+    def _observed(self, theta):
+        """The observed sites at ``theta``; records their names at the first update."""
+        sites = self._run(theta)
+        if not sites:
+            raise ValueError(
+                "update() found no observed site: pass the observations to the model "
+                "(e.g. update(x, y))"
+            )
+        if self.observed_sites is None:
+            self.observed_sites = tuple(sites)
+        return sites
 
     def _example_weights(self, sites):
         """Per-example weights from the sites at the predicted mean: missing, masked, IMQ."""
@@ -475,21 +489,27 @@ class BONG:
         return torch.cat(terms) * weights
 
     def _expectations(self, belief, weights):
-        """``(grad, factor, hessian)`` of the expected log-likelihood under ``belief``."""
+        """
+        ``(grad, factor, hessian, weights)`` of the expected log-likelihood under
+        ``belief``; ``weights=None`` reads the examples' weights at the belief's mean (the
+        predicted mean, at an update's first inner step) from the same model run.
+        """
         chunk = self.jacobian_chunk_size
         if self.linearize:
-            jacobian, (e, examples, _) = torch.func.jacrev(
+            jacobian, (e, examples, weights_here) = torch.func.jacrev(
                 lambda theta: self._linear_terms(theta), has_aux=True, chunk_size=chunk
             )(belief.mean)
+            if weights is None:
+                weights = weights_here
             root = weights.sqrt()[examples]
             A, e = jacobian * root.unsqueeze(-1), e * root
             grad = A.transpose(-1, -2) @ e
             if self.hessian == "lin":
-                return grad, A, None
+                return grad, A, None, weights
             per_example = torch.zeros(
                 weights.shape[0], A.shape[-1], dtype=A.dtype, device=A.device
             ).index_add_(0, examples, A * e.unsqueeze(-1))
-            return grad, per_example, None
+            return grad, per_example, None, weights
         draws = updates.sample(belief, self.num_samples)
 
         def log_likelihood(theta):
@@ -500,7 +520,7 @@ class BONG:
         per_example = torch.func.vmap(torch.func.jacrev(log_likelihood))(draws).mean(0)
         grad = per_example.sum(0)
         if self.hessian == "ef":
-            return grad, per_example, None
+            return grad, per_example, None, weights
 
         def total(points):
             return torch.func.vmap(lambda theta: log_likelihood(theta).sum())(points).sum()
@@ -511,7 +531,7 @@ class BONG:
             ).mean(0)
         else:
             hessian = hessian_diagonal(total, draws).mean(0)
-        return grad, None, hessian
+        return grad, None, hessian, weights
 
     # -- the public interface ---------------------------------------------------------------
     def setup(self, *args, **kwargs) -> "BONG":
@@ -583,18 +603,12 @@ class BONG:
         try:
             if self.drift is not None:
                 prior = updates.predict_random_walk(prior, self.drift)
-            sites = self._run(prior.mean)
-            if not sites:
-                raise ValueError(
-                    "update() found no observed site: pass the observations to the model "
-                    "(e.g. update(x, y))"
-                )
-            if self.observed_sites is None:
-                self.observed_sites = tuple(sites)
-            weights = self._example_weights(sites)
+            # Linearised: the weights come from the first Jacobian's model run (one run
+            # fewer per update); Monte Carlo: from a run at the predicted mean.
+            weights = None if self.linearize else self._example_weights(self._observed(prior.mean))
             current = prior
             for _ in range(self.num_iters):
-                grad, factor, hessian = self._expectations(current, weights)
+                grad, factor, hessian, weights = self._expectations(current, weights)
                 if not bool(torch.isfinite(grad).all()):
                     raise OnlineDivergenceError(
                         self.num_updates,
