@@ -495,6 +495,19 @@ class BONG:
         predicted mean, at an update's first inner step) from the same model run.
         """
         chunk = self.jacobian_chunk_size
+        if self.linearize and self.hessian == "ef":
+            # The empirical Fisher needs only the per-example gradients J_i^T (w_i e_i): one
+            # vector-Jacobian product per example, not one per output (a classifier's C).
+            _, pullback, (e, examples, weights_here) = torch.func.vjp(
+                lambda theta: self._linear_terms(theta), belief.mean, has_aux=True
+            )
+            if weights is None:
+                weights = weights_here
+            weighted = weights[examples] * e
+            num_examples = weights.shape[0]
+            selector = examples == torch.arange(num_examples, device=examples.device).unsqueeze(-1)
+            (per_example,) = torch.func.vmap(pullback, chunk_size=chunk)(selector * weighted)
+            return per_example.sum(0), per_example, None, weights
         if self.linearize:
             jacobian, (e, examples, weights_here) = torch.func.jacrev(
                 lambda theta: self._linear_terms(theta), has_aux=True, chunk_size=chunk
@@ -504,12 +517,7 @@ class BONG:
             root = weights.sqrt()[examples]
             A, e = jacobian * root.unsqueeze(-1), e * root
             grad = A.transpose(-1, -2) @ e
-            if self.hessian == "lin":
-                return grad, A, None, weights
-            per_example = torch.zeros(
-                weights.shape[0], A.shape[-1], dtype=A.dtype, device=A.device
-            ).index_add_(0, examples, A * e.unsqueeze(-1))
-            return grad, per_example, None, weights
+            return grad, A, None, weights
         draws = updates.sample(belief, self.num_samples)
 
         def log_likelihood(theta):

@@ -470,3 +470,26 @@ def test_nan_inputs_are_reported_with_the_step():
     with pytest.raises(OnlineDivergenceError, match="update 1.*not finite"):
         f.update(torch.tensor([[float("nan"), 1.0]]), torch.ones(1))
     assert f.num_updates == 1 and torch.isfinite(f.mean).all()
+
+
+@pytest.mark.parametrize("family", ["full", "diag", "dlr"])
+def test_linearised_empirical_fisher_is_the_per_example_outer_product(float64, family):
+    # EF: -G = sum_i g_i g_i^T with g_i = x_i (y_i - p_i) for logistic regression.
+    x, y = torch.tensor([[0.8, -1.3], [0.1, 0.4], [-0.5, 0.9]]), torch.tensor([1.0, 0.0, 1.0])
+    m0 = torch.tensor([0.3, -0.2])
+    kwargs = {"rank": 2} if family == "dlr" else {}
+    f = BONG(
+        logistic_model,
+        family=family,
+        hessian="ef",
+        init_strategy=lambda site: {"w": m0}[site["name"]],
+        **kwargs,
+    )
+    f.update(x, y)
+    g = x * (y - torch.sigmoid(x @ m0)).unsqueeze(-1)
+    precision = torch.eye(2) + g.T @ g
+    if family == "diag":
+        precision = torch.diag(precision.diagonal())
+    cov = torch.linalg.inv(precision)
+    torch.testing.assert_close(f.mean, m0 + cov @ g.sum(0), atol=1e-12, rtol=0)
+    torch.testing.assert_close(f.covariance(), cov, atol=1e-12, rtol=0)
