@@ -34,6 +34,7 @@ Example::
     history.regrets.cumsum(0)
 """
 
+import abc
 import math
 import numbers
 from collections.abc import Callable, Sequence
@@ -320,7 +321,7 @@ def neural_contextual_model(
 
 
 # -- environments ---------------------------------------------------------------------------
-class _Bandit:
+class _Bandit(abc.ABC):
     """An environment: ``num_arms``, ``context()``, ``reward(context, action)``,
     ``expected_rewards(context)`` ``(num_arms,)``, ``best_mean(context)``."""
 
@@ -330,8 +331,13 @@ class _Bandit:
         """The next round's context (``None`` for a bandit without context)."""
         return None
 
-    def expected_rewards(self, context) -> torch.Tensor:  # pragma: no cover - abstract
-        raise NotImplementedError
+    @abc.abstractmethod
+    def expected_rewards(self, context) -> torch.Tensor:
+        """The expected reward of every arm in ``context``, ``(num_arms,)``."""
+
+    @abc.abstractmethod
+    def reward(self, context, action) -> torch.Tensor:
+        """One draw of the reward of arm ``action`` in ``context``."""
 
     def best_mean(self, context=None) -> torch.Tensor:
         """The expected reward of the best arm in this context."""
