@@ -1,6 +1,8 @@
-"""Inference: stochastic-gradient MCMC kernels with repulsion, a particle-aware MCMC,
+"""Inference: stochastic-gradient MCMC kernels with repulsion, their compound with Gibbs
+moves on discrete sites, a particle-aware MCMC,
 variationally inferred sampling (VIS), and natural-gradient VI (IVON, VOGN, VON)."""
 
+from .gibbs import Gibbs
 from .mcmc import MCMC
 from .ngvi import NaturalGradientVI, NGVIDivergenceError
 from .sgmcmc import (
@@ -21,6 +23,7 @@ __all__ = [
     "AdamSGLD",
     "ConstantStepSize",
     "CyclicalStepSize",
+    "Gibbs",
     "MCMC",
     "NGVIDivergenceError",
     "NaturalGradientVI",

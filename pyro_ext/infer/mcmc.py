@@ -13,7 +13,7 @@ from pyro.ops import streaming, welford
 from pyro.ops.streaming import StatsOfDict
 
 from ..ops.validation import check_int
-from .sgmcmc.kernels import SGMCMCKernel
+from .sgmcmc.kernels import ParticleKernel
 from .sgmcmc.potential import SamplerDivergenceError
 
 #: The classes a checkpoint may hold besides tensors and containers: Pyro's streaming
@@ -39,7 +39,8 @@ class MCMC(pyro.infer.MCMC):
     handling and checkpoints for the stochastic-gradient kernels of :mod:`pyro_ext.infer`.
 
     Other kernels (e.g. :class:`pyro.infer.NUTS`) run exactly as under
-    :class:`pyro.infer.MCMC`. For :class:`~pyro_ext.infer.SGMCMCKernel` s:
+    :class:`pyro.infer.MCMC`. For the particle kernels (:class:`~pyro_ext.infer.SGMCMCKernel` s
+    and :class:`~pyro_ext.infer.Gibbs`):
 
     - the ``L`` particles become chains: ``get_samples(group_by_chain=True)`` has shape
       ``(L, num_samples, ...)``, ``get_samples()`` ``(L * num_samples, ...)`` and
@@ -108,15 +109,17 @@ class MCMC(pyro.infer.MCMC):
         statistics: StatsOfDict | None = None,
     ):
         if (draws_device is not None or statistics is not None) and not isinstance(
-            kernel, SGMCMCKernel
+            kernel, ParticleKernel
         ):
-            raise ValueError("draws_device and statistics need a particle kernel (SGMCMCKernel)")
+            raise ValueError(
+                "draws_device and statistics need a particle kernel (SGMCMCKernel or Gibbs)"
+            )
         if statistics is not None and not isinstance(statistics, StatsOfDict):
             raise TypeError(
                 "statistics must be a pyro.ops.streaming.StatsOfDict, "
                 f"got {type(statistics).__name__}"
             )
-        if isinstance(kernel, SGMCMCKernel):
+        if isinstance(kernel, ParticleKernel):
             if num_chains != 1:
                 raise ValueError(
                     "particle kernels run their chains together: set num_particles on the "
@@ -157,7 +160,7 @@ class MCMC(pyro.infer.MCMC):
 
     def run(self, *args, **kwargs) -> None:
         """Run the sampler; see :meth:`pyro.infer.MCMC.run`."""
-        if not isinstance(self.kernel, SGMCMCKernel):
+        if not isinstance(self.kernel, ParticleKernel):
             return super().run(*args, **kwargs)
         self._args, self._kwargs = args, kwargs
         if self._initial_params is not None:
@@ -172,7 +175,7 @@ class MCMC(pyro.infer.MCMC):
         Continue the run saved at ``checkpoint_path``. Pass the same model arguments as
         to :meth:`run`; the draws equal those of an uninterrupted run with the same seed.
         """
-        if not isinstance(self.kernel, SGMCMCKernel) or self.checkpoint_path is None:
+        if not isinstance(self.kernel, ParticleKernel) or self.checkpoint_path is None:
             raise ValueError("resume() needs a particle kernel and a checkpoint_path")
         if not os.path.exists(self.checkpoint_path):
             raise FileNotFoundError(f"no checkpoint at checkpoint_path={self.checkpoint_path!r}")
@@ -209,7 +212,7 @@ class MCMC(pyro.infer.MCMC):
         the kernel's current state (no new warm-up, the same thinning). The draws are
         those a single run with the larger ``num_samples`` would have made.
         """
-        if not isinstance(self.kernel, SGMCMCKernel) or getattr(self, "_flat", None) is None:
+        if not isinstance(self.kernel, ParticleKernel) or getattr(self, "_flat", None) is None:
             raise ValueError("extend() continues a finished run of a particle kernel: run() first")
         num_samples = check_int(num_samples, "num_samples", low=1)
         start = self._total_steps
@@ -299,7 +302,7 @@ class MCMC(pyro.infer.MCMC):
         return rest
 
     def _update_statistics(self, z):
-        values = self.kernel.potential.constrain(z)
+        values = self.kernel.constrain_draws(z)
         self._statistics.update(
             {
                 (i, name): value[i]
@@ -327,7 +330,7 @@ class MCMC(pyro.infer.MCMC):
 
     def summary(self, prob=0.9):
         """See :meth:`pyro.infer.MCMC.summary`; counts the divergent particles of a diverged run."""
-        if isinstance(self.kernel, SGMCMCKernel) and getattr(self, "_flat", None) is not None:
+        if isinstance(self.kernel, ParticleKernel) and getattr(self, "_flat", None) is not None:
             if self._statistics is not None:
                 raise ValueError(
                     "this MCMC kept streaming statistics, not draws: use get_statistics()"
@@ -362,14 +365,12 @@ class MCMC(pyro.infer.MCMC):
 
     def _fingerprint(self):
         """What a checkpoint must match to resume: the sampler, its particles and the data."""
-        kernel, potential = self.kernel, self.kernel.potential
+        kernel = self.kernel
         leaves = torch.utils._pytree.tree_leaves((self._args, self._kwargs))
         return {
             "kernel": type(kernel).__name__,
             "num_particles": kernel.num_particles,
-            "sites": [
-                (name, list(site.unconstrained_shape)) for name, site in potential.layout.items()
-            ],
+            "sites": kernel.site_shapes(),
             "data shapes": [list(x.shape) for x in leaves if isinstance(x, torch.Tensor)],
         }
 
@@ -423,15 +424,15 @@ class MCMC(pyro.infer.MCMC):
         os.replace(tmp, self.checkpoint_path)
 
     def _collect(self, draws):
-        potential = self.kernel.potential
         num_particles = self.kernel.num_particles
         if draws:
             flat = torch.stack(draws, dim=1)  # (L, N, D)
         else:
-            device = self.draws_device or self.kernel.particles.device
-            flat = torch.zeros((num_particles, 0, potential.dim), device=device)
+            particles = self.kernel.particles
+            device = self.draws_device or particles.device
+            flat = particles.new_zeros((num_particles, 0, self.kernel.draw_dim), device=device)
         self._flat = flat
-        self._samples = potential.constrain(flat)
+        self._samples = self.kernel.constrain_draws(flat)
         self.transforms = {}
         self.num_chains = num_particles
         # A diverged run marks, for each particle that diverged, its last kept draw: the

@@ -207,25 +207,30 @@ class CompiledStep:
         self._cudagraphs = False
 
     # -- the pure step ---------------------------------------------------------------------
-    def _pure_step(self, state_type, data_spec, subsample_names, leaves):
+    def _pure_step(self, state_type, data_spec, subsample_names, discrete_names, leaves):
         potential, sampler, hyper = self.potential, self.sampler, self.hyper
         temperature, repulsion = self.temperature, self.repulsion
         num_state = len(state_type._fields)
         num_subsamples = len(subsample_names)
+        num_discrete = len(discrete_names)
 
         def step(*inputs):
             state = state_type(*inputs[:num_state])
             noise, step_size, adapt = inputs[num_state : num_state + 3]
             rest = inputs[num_state + 3 :]
             subsamples = dict(zip(subsample_names, rest[:num_subsamples]))
-            tensors = iter(rest[num_subsamples:])
+            rest = rest[num_subsamples:]
+            # The discrete sites' values (a Gibbs move changes them between steps): inputs
+            # of the graph, never constants of it.
+            conditioned = dict(zip(discrete_names, rest[:num_discrete]))
+            tensors = iter(rest[num_discrete:])
             args, kwargs = pytree.tree_unflatten(
                 [next(tensors) if isinstance(leaf, torch.Tensor) else leaf for leaf in leaves],
                 data_spec,
             )
 
             def total(z):
-                log_density = potential.log_density_all(z, subsamples, args, kwargs)
+                log_density = potential.log_density_all(z, subsamples, args, kwargs, conditioned)
                 return log_density.sum(), log_density
 
             grad, log_density = torch.func.grad(total, has_aux=True)(state.z)
@@ -240,7 +245,7 @@ class CompiledStep:
 
         return step
 
-    def _build(self, key, state, inputs, data_spec, subsample_names, leaves):
+    def _build(self, key, state, inputs, data_spec, subsample_names, discrete_names, leaves):
         state_type = type(state)
         if self.potential.vectorize is None and state.z.shape[0] > 1:
             # vectorize="auto": settle vmap or plate eagerly, so that the trace holds only
@@ -249,7 +254,7 @@ class CompiledStep:
                 self.potential.log_density_all(
                     state.z, dict(zip(subsample_names, inputs[len(state) + 3 :]))
                 )
-        step = self._pure_step(state_type, data_spec, subsample_names, leaves)
+        step = self._pure_step(state_type, data_spec, subsample_names, discrete_names, leaves)
         started = time.perf_counter()
         with pyro.validation_enabled(False), _without_sample_checks(), warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)  # tracer notes on scalars
@@ -291,9 +296,11 @@ class CompiledStep:
             self.compile_seconds,
         )
 
-    def _trace(self, key, state, inputs, data_spec, subsample_names, leaves):
+    def _trace(self, key, state, inputs, data_spec, subsample_names, discrete_names, leaves):
         try:
-            return self._build(key, state, inputs, data_spec, subsample_names, leaves)
+            return self._build(
+                key, state, inputs, data_spec, subsample_names, discrete_names, leaves
+            )
         except RuntimeError as error:
             if "_local_scalar_dense" not in str(error) and "data-dependent" not in str(error):
                 raise
@@ -310,6 +317,7 @@ class CompiledStep:
     # -- calling ---------------------------------------------------------------------------
     def __call__(self, state, noise, step_size, adapt, subsamples, args, kwargs) -> StepOutput:
         last = self._last
+        conditioned = self.potential.conditioned or {}
         if last is not None and last[0] is args and last[1] is kwargs:
             # The same arguments as last step (no set_data since): same shapes, same graph.
             _, _, key, fn, data_tensors, subsample_names = last
@@ -319,29 +327,34 @@ class CompiledStep:
                 step_size,
                 adapt,
                 *(subsamples[n] for n in subsample_names),
+                *(conditioned[n] for n in sorted(conditioned)),
                 *data_tensors,
             )
         else:
             key, fn, inputs, subsample_names = self._lookup(
-                state, noise, step_size, adapt, subsamples, args, kwargs
+                state, noise, step_size, adapt, subsamples, conditioned, args, kwargs
             )
-            data_tensors = inputs[len(state) + 3 + len(subsample_names) :]
+            data_tensors = inputs[len(state) + 3 + len(subsample_names) + len(conditioned) :]
             self._last = (args, kwargs, key, fn, data_tensors, subsample_names)
         return self._run(key, fn, state, inputs)
 
-    def _lookup(self, state, noise, step_size, adapt, subsamples, args, kwargs):
+    def _lookup(self, state, noise, step_size, adapt, subsamples, conditioned, args, kwargs):
         subsample_names = tuple(sorted(subsamples))
+        discrete_names = tuple(sorted(conditioned))
         leaves, data_spec, data_key = _data_spec(args, kwargs)
-        shapes = tuple((tuple(t.shape), t.dtype) for t in state) + tuple(
-            tuple(subsamples[n].shape) for n in subsample_names
+        shapes = (
+            tuple((tuple(t.shape), t.dtype) for t in state)
+            + tuple(tuple(subsamples[n].shape) for n in subsample_names)
+            + tuple((tuple(conditioned[n].shape), conditioned[n].dtype) for n in discrete_names)
         )
-        key = (type(state), shapes, subsample_names, data_key)
+        key = (type(state), shapes, subsample_names, discrete_names, data_key)
         inputs = (
             *state,
             noise,
             step_size,
             adapt,
             *(subsamples[n] for n in subsample_names),
+            *(conditioned[n] for n in discrete_names),
             *(leaf for leaf in leaves if isinstance(leaf, torch.Tensor)),
         )
         fn = self._fns.get(key)
@@ -356,7 +369,7 @@ class CompiledStep:
                     stacklevel=2,
                 )
             fn = self._fns[key] = self._trace(
-                key, state, inputs, data_spec, subsample_names, leaves
+                key, state, inputs, data_spec, subsample_names, discrete_names, leaves
             )
         return key, fn, inputs, subsample_names
 

@@ -61,7 +61,49 @@ class _ParticleParams(Mapping):
         return len(self._potential.layout)
 
 
-class SGMCMCKernel(MCMCKernel):
+class ParticleKernel(MCMCKernel):
+    """
+    A kernel that moves ``L`` particles together, each a chain, as
+    :class:`pyro_ext.infer.MCMC` runs it: the SG-MCMC kernels and the compound
+    :class:`~pyro_ext.infer.Gibbs`. A draw is a flat tensor ``(L, draw_dim)``
+    (:attr:`particles`) that :meth:`constrain_draws` turns into site values.
+    """
+
+    num_particles = 1
+    #: set by a check that rewound the chain: the step count it went back to
+    rewound_to = None
+    #: the :class:`SamplerDivergenceError` that stopped the last run, if any
+    divergence = None
+
+    @property
+    def particles(self) -> torch.Tensor:
+        """The current draw of every particle, ``(L, draw_dim)``."""
+        raise NotImplementedError
+
+    @property
+    def draw_dim(self) -> int:
+        """The width of a flat draw."""
+        return self.potential.dim
+
+    def constrain_draws(self, flat: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Site values of flat draws ``(..., draw_dim)``."""
+        return self.potential.constrain(flat)
+
+    def site_shapes(self) -> list:
+        """``[(site, shape)]`` of what a draw holds, for checkpoint fingerprints."""
+        return [(name, list(s.unconstrained_shape)) for name, s in self.potential.layout.items()]
+
+    @property
+    def verified_steps(self) -> int:
+        """Steps whose results are known to be finite."""
+        raise NotImplementedError
+
+    def verify(self) -> bool:
+        """Check the steps not yet checked; ``False`` when the chain was rewound."""
+        return True
+
+
+class SGMCMCKernel(ParticleKernel):
     """
     Base class of the stochastic-gradient kernels: ``L`` particles, optionally repelling
     one another, each a Markov chain on the model's latent sites.
@@ -130,6 +172,11 @@ class SGMCMCKernel(MCMCKernel):
 
     #: the name of the sampler in :data:`~.updates.SAMPLERS`
     sampler_name = None
+    #: discrete latent sites that a compound kernel (:class:`~pyro_ext.infer.Gibbs`)
+    #: moves; the potential conditions on their values instead of refusing them
+    discrete_sites = ()
+    #: the most values an element of such a site may take
+    max_support_size = 64
 
     def __init__(
         self,
@@ -178,16 +225,21 @@ class SGMCMCKernel(MCMCKernel):
         self._check_every = 1
         self._snapshot = None
         self._eager_until = 0
-        #: set by a check that rewound the chain: the step count it went back to
         self.rewound_to = None
-        #: the :class:`SamplerDivergenceError` that stopped the last run, if any
         self.divergence = None
 
     # -- framework wiring ------------------------------------------------------------
     def setup(self, warmup_steps: int, *args, **kwargs) -> None:
         self._warmup_steps = warmup_steps
         self._step = 0
-        self.potential = ParticlePotential(self.model, args, kwargs, vectorize=self.vectorize)
+        self.potential = ParticlePotential(
+            self.model,
+            args,
+            kwargs,
+            vectorize=self.vectorize,
+            discrete_sites=self.discrete_sites,
+            max_support_size=self.max_support_size,
+        )
         self.transforms = self.potential.transforms
         if self._initial_params is None:
             z = self.potential.initial_particles(self.num_particles, self.init_strategy)
@@ -391,7 +443,11 @@ class SGMCMCKernel(MCMCKernel):
         particles = (~finite).nonzero().flatten().tolist()
         columns = (~finite_columns).any(0).nonzero().flatten().tolist()
         sites = {self.potential.site_of(c) for c in columns}
-        sites.update(self.potential.nonfinite_sites(self._state.z[particles[0]], subsamples))
+        sites.update(
+            self.potential.nonfinite_sites(
+                self._state.z[particles[0]], subsamples, self.potential.conditioned_at(particles[0])
+            )
+        )
         self.divergence = SamplerDivergenceError(self._step, sorted(sites), particles)
         raise self.divergence
 

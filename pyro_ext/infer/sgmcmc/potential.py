@@ -13,6 +13,7 @@ import warnings
 from typing import NamedTuple
 
 import pyro
+import pyro.distributions as dist
 import torch
 from pyro.distributions.util import scale_and_mask, sum_rightmost
 from pyro.infer.autoguide.initialization import InitMessenger
@@ -103,6 +104,16 @@ class GaussianPriors(NamedTuple):
     mean: torch.Tensor
     #: ``(D,)`` bool, where the prior is a fixed Normal
     columns: torch.Tensor
+
+
+class DiscreteSite(NamedTuple):
+    """A discrete latent site that a Gibbs move updates: its value's shape, batch shape,
+    the values each element takes, and its dtype."""
+
+    shape: tuple
+    batch_shape: tuple
+    support: torch.Tensor
+    dtype: torch.dtype
 
 
 class _SiteLayout(NamedTuple):
@@ -226,10 +237,30 @@ class ParticlePotential:
         :class:`pyro.infer.SVGD` does); ``"auto"`` (default): vmap, and if vmap cannot
         batch one of the model's operations (e.g. boolean masking), the plate, with a
         warning that names the vmap error. :attr:`vectorize` then tells which ran.
+    :param discrete_sites: names of discrete latent sites that another move updates
+        (:class:`~pyro_ext.infer.Gibbs`): they are left out of the flat coordinates, and
+        every evaluation conditions them on per-particle values, :attr:`conditioned`.
+    :param int max_support_size: the most values a discrete site's elements may take
+        (each is enumerated by a Gibbs move).
     """
 
-    def __init__(self, model, model_args=(), model_kwargs=None, vectorize="auto"):
+    def __init__(
+        self,
+        model,
+        model_args=(),
+        model_kwargs=None,
+        vectorize="auto",
+        discrete_sites=(),
+        max_support_size=64,
+    ):
         check_choice(vectorize, "vectorize", VECTORIZE)
+        self.discrete_sites = tuple(discrete_sites)
+        self.max_support_size = max_support_size
+        #: name -> :class:`DiscreteSite` of the sites in ``discrete_sites``
+        self.discrete_layout: dict[str, DiscreteSite] = {}
+        #: per-particle values ``(L, *site shape)`` of the discrete sites, which every
+        #: evaluation conditions on (set by the move that updates them); ``None`` without
+        self.conditioned: dict[str, torch.Tensor] | None = None
         self.model = model
         self.model_args = tuple(model_args)
         self.model_kwargs = {} if model_kwargs is None else dict(model_kwargs)
@@ -246,6 +277,8 @@ class ParticlePotential:
             trace = pyro.poutine.trace(self.model).get_trace(*self.model_args, **self.model_kwargs)
         previous = getattr(self, "layout", None)
         self.layout: dict[str, _SiteLayout] = {}
+        self.discrete_layout = {}
+        self._check_discrete_names(trace)
         self.subsample_sizes: dict[str, tuple[int, int]] = {}
         start = 0
         for name, site in trace.nodes.items():
@@ -260,13 +293,18 @@ class ParticlePotential:
             if site["is_observed"]:
                 continue
             fn = site["fn"]
+            frames = _subsampled_frames(site)
+            if name in self.discrete_sites:
+                self.discrete_layout[name] = self._discrete_site(name, site, frames)
+                continue
             if fn.support.is_discrete:
                 raise ValueError(
                     f"latent site {name!r} is discrete (support {fn.support}); gradient-based "
-                    "samplers need continuous latent sites. Observe it, or marginalise it "
-                    "out of the model (e.g. with pyro_ext.timeseries for hidden Markov chains)."
+                    "samplers need continuous latent sites. Name it in the discrete_sites of "
+                    "pyro_ext.infer.Gibbs, which moves it by Gibbs or Metropolis-Hastings "
+                    "steps; or observe it, or marginalise it out of the model (e.g. with "
+                    "pyro_ext.timeseries for hidden Markov chains)."
                 )
-            frames = _subsampled_frames(site)
             if frames:
                 raise ValueError(
                     f"latent site {name!r} lies inside the subsampled plate {frames[0].name!r}; "
@@ -307,6 +345,58 @@ class ParticlePotential:
                     f"unconstrained shapes were {before}, are {after}); the particles cannot "
                     "carry over. Keep the latent sites' shapes independent of the data."
                 )
+
+    def _check_discrete_names(self, trace):
+        for name in self.discrete_sites:
+            site = trace.nodes.get(name)
+            if site is None or site["type"] != "sample":
+                raise ValueError(
+                    f"discrete_sites names {name!r}, which is not a sample site of the model"
+                )
+            if site["is_observed"]:
+                raise ValueError(
+                    f"discrete_sites names {name!r}, an observed site; name latent sites only"
+                )
+
+    def _discrete_site(self, name, site, frames):
+        """Validate one site of ``discrete_sites`` and read its support."""
+        fn = site["fn"]
+        if not fn.support.is_discrete:
+            raise ValueError(
+                f"discrete_sites names {name!r}, a continuous site (support {fn.support}); "
+                "the inner gradient kernel samples continuous sites, leave it out"
+            )
+        if frames:
+            raise ValueError(
+                f"discrete site {name!r} lies inside the subsampled plate {frames[0].name!r}; "
+                "a Gibbs move needs every element's full conditional, so it cannot follow a "
+                "site that changes with the minibatch. Draw it outside subsampled plates."
+            )
+        base = fn
+        while isinstance(base, (torch.distributions.Independent, dist.MaskedDistribution)):
+            base = base.base_dist
+        if not base.has_enumerate_support or base.event_shape != ():
+            raise ValueError(
+                f"discrete site {name!r} ({type(base).__name__}) cannot be enumerated element "
+                "by element; Gibbs moves need an enumerable distribution with scalar events "
+                "(Bernoulli, Categorical, Binomial), possibly with .to_event()"
+            )
+        support = base.enumerate_support(expand=False).reshape(-1)
+        # A batched distribution enumerates the union of its elements' supports; Bernoulli
+        # and Categorical share one, which is what the moves assume.
+        if support.numel() > self.max_support_size:
+            raise ValueError(
+                f"discrete site {name!r} takes {support.numel()} values, more than "
+                f"max_support_size={self.max_support_size}; every Gibbs move evaluates the "
+                "model once per value. Raise max_support_size, or reparametrise the site"
+            )
+        value = site["value"]
+        batch_ndim = value.dim() - fn.event_dim
+        return DiscreteSite(tuple(value.shape), value.shape[:batch_ndim], support, value.dtype)
+
+    def conditioned_at(self, particle: int) -> dict[str, torch.Tensor]:
+        """The discrete sites' values of one particle (empty without discrete sites)."""
+        return {name: v[particle] for name, v in (self.conditioned or {}).items()}
 
     @staticmethod
     def _shapes(args, kwargs):
@@ -515,19 +605,29 @@ class ParticlePotential:
         return values, log_jacobian
 
     def log_density(
-        self, z: torch.Tensor, subsamples: dict[str, torch.Tensor], args=None, kwargs=None
+        self,
+        z: torch.Tensor,
+        subsamples: dict[str, torch.Tensor],
+        args=None,
+        kwargs=None,
+        conditioned=None,
     ) -> torch.Tensor:
         """
         Log joint plus log-Jacobian at one flat unconstrained particle ``z`` of shape (D,),
-        on the model arguments ``args``/``kwargs`` (default: the current data).
+        on the model arguments ``args``/``kwargs`` (default: the current data), with the
+        discrete sites at ``conditioned`` (that particle's values; default: particle 0 of
+        :attr:`conditioned`).
         """
         values, log_jacobian = self._constrain(z)
+        if conditioned is None:
+            conditioned = self.conditioned_at(0)
+        values.update(conditioned)
         with LogJointMessenger(values, subsamples, exclude=self.exclude_log_prob) as joint:
             self.run_model(args, kwargs)
         return joint.log_joint + log_jacobian
 
     def log_density_plate(
-        self, z: torch.Tensor, subsamples, args=None, kwargs=None
+        self, z: torch.Tensor, subsamples, args=None, kwargs=None, conditioned=None
     ) -> torch.Tensor:
         """
         Log densities ``(L,)`` at particles ``z`` ``(L, D)`` by running the model once
@@ -536,13 +636,18 @@ class ParticlePotential:
         """
         num_particles, nesting = z.shape[0], self.max_plate_nesting
         values, log_jacobian = self._constrain(z)
-        for name, s in self.layout.items():
-            if len(s.batch_shape) > nesting:
+        if conditioned is None:
+            conditioned = self.conditioned or {}
+        values.update(conditioned)
+        batch_shapes = {name: s.batch_shape for name, s in self.layout.items()}
+        batch_shapes.update({name: s.batch_shape for name, s in self.discrete_layout.items()})
+        for name, batch_shape in batch_shapes.items():
+            if len(batch_shape) > nesting:
                 raise ValueError(
-                    f"site {name!r} has batch shape {tuple(s.batch_shape)} outside any "
+                    f"site {name!r} has batch shape {tuple(batch_shape)} outside any "
                     "pyro.plate; declare its dimensions with .to_event() or a plate"
                 )
-            pad = (1,) * (nesting - len(s.batch_shape))
+            pad = (1,) * (nesting - len(batch_shape))
             values[name] = values[name].reshape((num_particles,) + pad + values[name].shape[1:])
         with LogJointMessenger(
             values, subsamples, particle_dims=nesting, exclude=self.exclude_log_prob
@@ -551,8 +656,9 @@ class ParticlePotential:
                 self.run_model(args, kwargs)
         return joint.log_joint.reshape(-1).expand(num_particles) + log_jacobian
 
-    def nonfinite_sites(self, z: torch.Tensor, subsamples) -> list:
-        """Names of sites whose log density (or log-Jacobian) is not finite at particle ``z``."""
+    def nonfinite_sites(self, z: torch.Tensor, subsamples, conditioned=None) -> list:
+        """Names of sites whose log density (or log-Jacobian) is not finite at particle ``z``
+        (with the discrete sites at ``conditioned``, that particle's values)."""
         bad = []
         with torch.no_grad(), pyro.validation_enabled(False):
             values = {}
@@ -563,6 +669,7 @@ class ParticlePotential:
                     s.transform.log_abs_det_jacobian(unconstrained, values[name])
                 ).all():
                     bad.append(name)
+            values.update(self.conditioned_at(0) if conditioned is None else conditioned)
             with pyro.poutine.trace() as tracer, LogJointMessenger(values, subsamples, block=False):
                 self.run_model(None, None)
             for name, site in tracer.trace.nodes.items():
@@ -572,32 +679,37 @@ class ParticlePotential:
                         bad.append(name)
         return bad
 
-    def _log_density_vmap(self, z, subsamples, args=None, kwargs=None):
+    def _log_density_vmap(self, z, subsamples, args=None, kwargs=None, conditioned=None):
         return torch.func.vmap(
-            lambda particle: self.log_density(particle, subsamples, args, kwargs),
+            lambda particle, values: self.log_density(particle, subsamples, args, kwargs, values),
             randomness="different",
-        )(z)
+        )(z, conditioned)
 
-    def log_density_all(self, z, subsamples, args=None, kwargs=None):
+    def log_density_all(self, z, subsamples, args=None, kwargs=None, conditioned=None):
         """
         Log densities ``(L,)`` at particles ``z`` ``(L, D)``: one particle runs the model
-        directly, several are vectorised as :attr:`vectorize` says. Differentiable; the
-        caller disables value checks (they branch on tensor values).
+        directly, several are vectorised as :attr:`vectorize` says. The discrete sites take
+        the per-particle values ``conditioned`` ``{site: (L, ...)}`` (default:
+        :attr:`conditioned`). Differentiable; the caller disables value checks (they
+        branch on tensor values).
         """
+        if conditioned is None:
+            conditioned = self.conditioned or {}
         if z.shape[0] == 1:
-            return self.log_density(z[0], subsamples, args, kwargs).reshape(1)
+            single = {name: value[0] for name, value in conditioned.items()}
+            return self.log_density(z[0], subsamples, args, kwargs, single).reshape(1)
         if self.vectorize == "vmap":
-            return self._log_density_vmap(z, subsamples, args, kwargs)
+            return self._log_density_vmap(z, subsamples, args, kwargs, conditioned)
         if self.vectorize == "plate":
-            return self.log_density_plate(z, subsamples, args, kwargs)
+            return self.log_density_plate(z, subsamples, args, kwargs, conditioned)
         # vectorize="auto", first call: vmap runs any model written for one draw, unless
         # it uses an operation vmap cannot batch; then a particle plate, said aloud.
         try:
-            log_density = self._log_density_vmap(z, subsamples, args, kwargs)
+            log_density = self._log_density_vmap(z, subsamples, args, kwargs, conditioned)
             self.vectorize = "vmap"
         except RuntimeError as vmap_error:
             try:
-                log_density = self.log_density_plate(z, subsamples, args, kwargs)
+                log_density = self.log_density_plate(z, subsamples, args, kwargs, conditioned)
             except Exception as plate_error:
                 raise RuntimeError(
                     "could not evaluate the particles in one vectorised pass. "

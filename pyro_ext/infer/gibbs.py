@@ -1,0 +1,478 @@
+r"""
+A compound kernel: a stochastic-gradient kernel moves the continuous latent sites, and
+Gibbs or Metropolis-Hastings moves update the discrete ones from their exact full
+conditionals (the scheme of NumPyro's ``HMCGibbs`` / ``DiscreteHMCGibbs``; Pyro has
+neither). It is how the thesis' BSTS sampler moves the spike-and-slab indicators
+(section 1.2.2, after Scott & Varian 2014): ``p(gamma_j | gamma_{-j}, theta, y)`` from the
+exact marginal likelihood with the coefficients integrated out.
+
+Every move is vectorised: all ``L`` particles, and all values of the element being moved,
+are evaluated in one pass of the model's potential (:class:`~.sgmcmc.ParticlePotential`,
+the same layer the gradient step runs on).
+"""
+
+from collections.abc import Mapping
+
+import pyro
+import torch
+
+from ..ops.validation import check_choice, check_int
+from .sgmcmc.kernels import ParticleKernel, SGMCMCKernel
+from .sgmcmc.potential import SamplerDivergenceError
+
+__all__ = ["MOVES", "Gibbs"]
+
+#: the discrete moves :class:`Gibbs` offers
+MOVES = ("gibbs", "mh-flip", "mh-swap")
+
+
+class _GibbsParams(Mapping):
+    """The inner kernel's (unconstrained) continuous values and the discrete values."""
+
+    def __init__(self, continuous, discrete):
+        self.continuous, self.discrete = continuous, discrete
+
+    def __getitem__(self, name):
+        if name in self.discrete:
+            return self.discrete[name]
+        return self.continuous[name]
+
+    def __iter__(self):
+        yield from self.continuous
+        yield from self.discrete
+
+    def __len__(self):
+        return len(self.continuous) + len(self.discrete)
+
+
+class Gibbs(ParticleKernel):
+    r"""
+    Alternate a stochastic-gradient kernel on the continuous sites with moves on the
+    discrete sites ``discrete_sites`` (enumerable: Bernoulli, Categorical, Binomial;
+    batched or ``.to_event()``-ed, outside subsampled plates)::
+
+        kernel = Gibbs(SGLD(model, step_size=1e-3, num_particles=8), discrete_sites=["gamma"])
+        mcmc = MCMC(kernel, num_samples=1000, warmup_steps=500)
+        mcmc.run(X, y)
+        mcmc.get_samples()["gamma"].mean(0)   # posterior inclusion probabilities
+
+    Each particle carries its own discrete values, so the particles stay independent
+    chains (R-hat across them, as for the gradient kernels). Every ``every`` steps, before
+    the gradient step, the discrete sites are updated one element at a time, given the
+    continuous sites and all other elements, by ``moves``:
+
+    * ``"gibbs"`` (default): the element is drawn from its exact full conditional, which
+      is computed by enumerating its values (the model is run once per value, vectorised
+      with the particles): ``V`` evaluations per element for ``V`` values.
+    * ``"mh-flip"``: Metropolis-Hastings, proposing another value of the element
+      uniformly (a flip for a binary site): one evaluation per element. Cheaper than
+      ``"gibbs"`` for many-valued sites; it mixes less per sweep.
+    * ``"mh-swap"`` (binary sites): as many Metropolis-Hastings proposals as the site has
+      elements, each either a flip of a random element or, with probability 1/2, a swap
+      of a random included (1) and a random excluded (0) element, which keeps the model
+      size (the move that helps when correlated covariates compete for one slot). Both
+      proposals are symmetric.
+
+    The conditionals are exact: they use the full data, also when the gradient kernel
+    subsamples a plate (one plate, whose size a multiple of its ``subsample_size``: the
+    full data is evaluated as its consecutive minibatches, so a sweep costs a full-data
+    pass per value and element; ``every`` spaces the sweeps). They are drawn at temperature 1, whatever the
+    inner kernel's ``temperature``. The log joint includes the discrete sites' own prior
+    (their log probability), so a site whose prior depends on continuous sites (a mixture
+    weight, an inclusion probability) feeds back into the gradient step.
+
+    :param kernel: the :class:`~pyro_ext.infer.SGMCMCKernel` for the continuous sites
+        (eager or ``jit_compile``: its compiled step takes the discrete values as inputs,
+        so it is not recompiled when they change; each compiled step is then verified
+        before the next move reads it).
+    :param discrete_sites: a site name or a list of them.
+    :param str moves: ``"gibbs"``, ``"mh-flip"`` or ``"mh-swap"``.
+    :param int every: steps between discrete sweeps (1: every step).
+    :param int max_support_size: the most values an element may take (default 64): a
+        Gibbs sweep costs that many model evaluations per element, so a site with more
+        values is refused with an error.
+    """
+
+    def __init__(
+        self,
+        kernel: SGMCMCKernel,
+        discrete_sites,
+        moves: str = "gibbs",
+        every: int = 1,
+        max_support_size: int = 64,
+    ):
+        if not isinstance(kernel, SGMCMCKernel):
+            raise TypeError(
+                "kernel must be a pyro_ext.infer.SGMCMCKernel (SGLD, SGHMC, AdamSGLD), got "
+                f"{type(kernel).__name__}"
+            )
+        if isinstance(discrete_sites, str):
+            discrete_sites = [discrete_sites]
+        if not isinstance(discrete_sites, list | tuple) or not all(
+            isinstance(name, str) for name in discrete_sites
+        ):
+            raise TypeError(
+                f"discrete_sites must be a site name or a list of them, got {discrete_sites!r}"
+            )
+        if not discrete_sites:
+            raise ValueError("discrete_sites must name at least one discrete site")
+        if len(set(discrete_sites)) != len(discrete_sites):
+            raise ValueError(f"discrete_sites names a site twice: {list(discrete_sites)}")
+        check_choice(moves, "moves", MOVES)
+        self.every = check_int(every, "every", low=1)
+        self.max_support_size = check_int(max_support_size, "max_support_size", low=2)
+        self.kernel = kernel
+        self.discrete_sites = tuple(discrete_sites)
+        self.moves = moves
+        kernel.discrete_sites = self.discrete_sites
+        kernel.max_support_size = self.max_support_size
+        self.num_particles = kernel.num_particles
+        self._initial_discrete = None
+        self._discrete = None
+        self._step = 0
+        self._last_params = None
+        self._full_subsamples = None
+        #: Metropolis-Hastings acceptance rate of the discrete proposals so far (MH moves)
+        self.acceptance_rate = None
+        self._proposals = 0
+        self._accepted = 0
+
+    # -- what MCMC reads, delegated to the inner kernel ---------------------------------
+    @property
+    def potential(self):
+        return self.kernel.potential
+
+    @property
+    def transforms(self):
+        return self.kernel.transforms
+
+    @property
+    def rewound_to(self):
+        return self.kernel.rewound_to
+
+    @rewound_to.setter
+    def rewound_to(self, value):
+        self.kernel.rewound_to = value
+
+    @property
+    def divergence(self):
+        return self.kernel.divergence
+
+    @property
+    def verified_steps(self) -> int:
+        return self.kernel.verified_steps
+
+    def verify(self) -> bool:
+        return self.kernel.verify()
+
+    def cleanup(self):
+        self.kernel.cleanup()
+
+    def set_data(self, *args, **kwargs) -> None:
+        """Run the next steps on new model arguments (see :meth:`SGMCMCKernel.set_data`)."""
+        self.kernel.set_data(*args, **kwargs)
+        self._full_subsamples = self._all_indices()
+
+    def diagnostics(self):
+        diagnostics = dict(self.kernel.diagnostics())
+        if self.acceptance_rate is not None:
+            diagnostics["discrete_acceptance_rate"] = self.acceptance_rate
+        return diagnostics
+
+    def logging(self):
+        info = dict(self.kernel.logging())
+        if self.acceptance_rate is not None:
+            info["discrete accept"] = f"{self.acceptance_rate:.2f}"
+        return info
+
+    # -- draws -------------------------------------------------------------------------
+    @property
+    def particles(self) -> torch.Tensor:
+        """Continuous (unconstrained) and discrete values side by side, ``(L, draw_dim)``."""
+        z = self.kernel.particles
+        columns = [z] + [
+            self._discrete[name].reshape(self.num_particles, -1).to(z.dtype)
+            for name in self.discrete_sites
+        ]
+        return torch.cat(columns, -1)
+
+    @property
+    def draw_dim(self) -> int:
+        layout = self.potential.discrete_layout
+        return self.potential.dim + sum(
+            int(torch.Size(layout[name].shape).numel()) for name in self.discrete_sites
+        )
+
+    def constrain_draws(self, flat: torch.Tensor) -> dict[str, torch.Tensor]:
+        potential = self.potential
+        values = potential.constrain(flat[..., : potential.dim])
+        start, batch = potential.dim, flat.shape[:-1]
+        for name in self.discrete_sites:
+            site = potential.discrete_layout[name]
+            size = int(torch.Size(site.shape).numel())
+            column = flat[..., start : start + size]
+            values[name] = column.reshape(batch + site.shape).to(site.dtype)
+            start += size
+        return values
+
+    def site_shapes(self) -> list:
+        layout = self.potential.discrete_layout
+        return self.kernel.site_shapes() + [
+            (name, list(layout[name].shape)) for name in self.discrete_sites
+        ]
+
+    # -- set-up ------------------------------------------------------------------------
+    @property
+    def initial_params(self):
+        if self._discrete is not None:
+            return self._params(self.kernel.initial_params)
+        return self.kernel.initial_params
+
+    @initial_params.setter
+    def initial_params(self, params):
+        if params is None:
+            self.kernel.initial_params, self._initial_discrete = None, None
+            return
+        self._initial_discrete = {n: v for n, v in params.items() if n in self.discrete_sites}
+        self.kernel.initial_params = {
+            n: v for n, v in params.items() if n not in self.discrete_sites
+        }
+
+    def _all_indices(self):
+        """The full data as minibatches: a subsampled plate of size ``N`` and subsample size
+        ``B`` is cut into the ``N / B`` consecutive chunks, whose scaled log joints average
+        to the full-data log joint exactly."""
+        sizes = self.potential.subsample_sizes
+        if not sizes:
+            return []
+        if len(sizes) > 1:
+            raise ValueError(
+                f"the model subsamples {len(sizes)} plates ({sorted(sizes)}); a Gibbs move "
+                "evaluates the full data, which it can split into minibatches for one "
+                "subsampled plate only. Subsample one plate, or none."
+            )
+        ((name, (size, subsample_size)),) = sizes.items()
+        if size % subsample_size:
+            raise ValueError(
+                f"the subsampled plate {name!r} has size {size}, not a multiple of its "
+                f"subsample_size={subsample_size}; a Gibbs move evaluates the full data as "
+                "equal minibatches. Pick a subsample_size that divides the plate size."
+            )
+        device = self.kernel.particles.device
+        indices = torch.arange(size, device=device)
+        return [{name: chunk} for chunk in indices.split(subsample_size)]
+
+    def setup(self, warmup_steps: int, *args, **kwargs) -> None:
+        kernel = self.kernel
+        kernel.setup(warmup_steps, *args, **kwargs)
+        # The discrete move reads the particles: every compiled step is verified first,
+        # so a rewind never leaves the discrete values behind the continuous ones.
+        kernel._check_every = 1
+        potential = kernel.potential
+        if self.moves == "mh-swap":
+            for name in self.discrete_sites:
+                support = potential.discrete_layout[name].support
+                if support.numel() != 2:
+                    raise ValueError(
+                        f"moves='mh-swap' swaps included and excluded elements of binary "
+                        f"sites, but discrete site {name!r} takes {support.numel()} values; "
+                        "use moves='gibbs' or 'mh-flip'"
+                    )
+        self._full_subsamples = self._all_indices()
+        self._discrete = self._start_values()
+        potential.conditioned = self._discrete
+        self._step = 0
+        self._last_params = None
+        self._proposals = self._accepted = 0
+        self.acceptance_rate = None
+
+    def _start_values(self):
+        """The given initial values, else each particle's draw from the model given its
+        continuous sites (the discrete prior, or the conditional prior of a hierarchy)."""
+        potential, num_particles = self.potential, self.num_particles
+        given = self._initial_discrete or {}
+        values = {}
+        for name in self.discrete_sites:
+            if name not in given:
+                continue
+            site = potential.discrete_layout[name]
+            value = torch.as_tensor(given[name], dtype=site.dtype)
+            if tuple(value.shape) == site.shape:
+                value = value.expand((num_particles,) + site.shape)
+            if tuple(value.shape) != (num_particles,) + site.shape:
+                raise ValueError(
+                    f"initial_params[{name!r}] has shape {tuple(value.shape)}; expected "
+                    f"{site.shape} or {(num_particles,) + site.shape}"
+                )
+            values[name] = value.clone()
+        missing = [name for name in self.discrete_sites if name not in values]
+        if missing:
+            continuous = potential.constrain(self.kernel.particles.detach())
+            draws = {name: [] for name in missing}
+            for particle in range(num_particles):
+                data = {name: value[particle] for name, value in continuous.items()}
+                with (
+                    pyro.poutine.block(),
+                    pyro.poutine.trace() as tracer,
+                    pyro.poutine.condition(data=data),
+                ):
+                    potential.run_model()
+                for name in missing:
+                    draws[name].append(tracer.trace.nodes[name]["value"].detach())
+            values.update({name: torch.stack(draws[name]) for name in missing})
+        return {name: values[name] for name in self.discrete_sites}
+
+    # -- the step ----------------------------------------------------------------------
+    def _params(self, continuous):
+        self._last_params = _GibbsParams(continuous, dict(self._discrete))
+        return self._last_params
+
+    def sample(self, params):
+        if params is self._last_params:
+            continuous = params.continuous
+        else:
+            # A caller (e.g. a hook) replaced the values: continue from them.
+            continuous = {n: v for n, v in params.items() if n not in self.discrete_sites}
+            for name in self.discrete_sites:
+                if name in params:
+                    site = self.potential.discrete_layout[name]
+                    value = torch.as_tensor(params[name], dtype=site.dtype)
+                    self._discrete[name] = value.expand((self.num_particles,) + site.shape)
+            if isinstance(params, _GibbsParams):
+                continuous = params.continuous
+        if self._step % self.every == 0:
+            self._sweep()
+        continuous = self.kernel.sample(continuous)
+        self._step += 1
+        return self._params(continuous)
+
+    def _log_joint(self, z, conditioned):
+        """The full-data log joint of particles ``z`` with discrete values ``conditioned``."""
+        log_density_all = self.potential.log_density_all
+        if not self._full_subsamples:
+            return log_density_all(z, {}, conditioned=conditioned)
+        total = 0.0
+        for chunk in self._full_subsamples:
+            total = total + log_density_all(z, chunk, conditioned=conditioned)
+        return total / len(self._full_subsamples)
+
+    def _sweep(self):
+        z = self.kernel.particles.detach()
+        with torch.no_grad(), pyro.validation_enabled(False):
+            current = None
+            for name in self.discrete_sites:
+                if self.moves == "gibbs":
+                    self._gibbs_site(name, z)
+                else:
+                    current = self._metropolis_site(name, z, current)
+        self.potential.conditioned = self._discrete
+        if self._proposals:
+            self.acceptance_rate = self._accepted / self._proposals
+
+    def _others(self, name, repeats):
+        """The other discrete sites' values, repeated ``repeats`` times along particles."""
+        return {
+            other: value.repeat((repeats,) + (1,) * (value.dim() - 1))
+            for other, value in self._discrete.items()
+            if other != name
+        }
+
+    def _gibbs_site(self, name, z):
+        site = self.potential.discrete_layout[name]
+        support = site.support.to(device=z.device, dtype=site.dtype)
+        num_values, num_particles = support.numel(), z.shape[0]
+        elements = self._discrete[name].reshape(num_particles, -1)
+        z_all = z.repeat(num_values, 1)
+        conditioned = self._others(name, num_values)
+        particles = torch.arange(num_particles, device=z.device)
+        for element in range(elements.shape[1]):
+            candidates = elements.unsqueeze(0).repeat(num_values, 1, 1)  # (V, L, E)
+            candidates[:, :, element] = support.unsqueeze(-1)
+            conditioned[name] = candidates.reshape((num_values * num_particles,) + site.shape)
+            log_joint = self._log_joint(z_all, conditioned).reshape(num_values, num_particles).T
+            log_joint = torch.nan_to_num(log_joint, nan=-torch.inf, posinf=-torch.inf)
+            stuck = ~torch.isfinite(log_joint).any(-1)
+            if bool(stuck.any()):
+                raise SamplerDivergenceError(
+                    self.kernel._step, [name], stuck.nonzero().flatten().tolist()
+                )
+            choice = torch.distributions.Categorical(logits=log_joint).sample()
+            elements = candidates[choice, particles]
+        self._discrete[name] = elements.reshape((num_particles,) + site.shape)
+
+    def _metropolis_site(self, name, z, current):
+        site = self.potential.discrete_layout[name]
+        support = site.support.to(device=z.device, dtype=site.dtype)
+        num_values, num_particles = support.numel(), z.shape[0]
+        elements = self._discrete[name].reshape(num_particles, -1)
+        num_elements = elements.shape[1]
+        if current is None:
+            current = self._log_joint(z, self._discrete)
+        particles = torch.arange(num_particles, device=z.device)
+        for proposal_index in range(num_elements):
+            index = (elements.unsqueeze(-1) == support).to(torch.long).argmax(-1)  # (L, E)
+            if self.moves == "mh-flip":
+                # Element by element; another value, uniformly.
+                element = torch.full((num_particles,), proposal_index, device=z.device)
+                shift = torch.randint(1, num_values, (num_particles,), device=z.device)
+                new_index = (index[particles, element] + shift) % num_values
+                proposal = elements.clone()
+                proposal[particles, element] = support[new_index]
+            else:
+                proposal = support[self._flip_or_swap(index)]
+            conditioned = dict(self._discrete)
+            conditioned[name] = proposal.reshape((num_particles,) + site.shape)
+            proposed = self._log_joint(z, conditioned)
+            log_ratio = torch.nan_to_num(proposed - current, nan=-torch.inf)
+            accept = torch.rand_like(current).log() < log_ratio
+            elements = torch.where(accept.unsqueeze(-1), proposal, elements)
+            current = torch.where(accept, proposed, current)
+            self._discrete[name] = elements.reshape((num_particles,) + site.shape)
+            self._proposals += num_particles
+            self._accepted += int(accept.sum())
+        return current
+
+    @staticmethod
+    def _flip_or_swap(index):
+        """Per particle (a row of value indices ``(L, E)`` in ``{0, 1}``): flip one random
+        element, or with probability 1/2 swap a random 1 with a random 0 (a row without
+        both proposes to stay). Returns the proposed indices."""
+        num_particles, num_elements = index.shape
+        device = index.device
+        rows = torch.arange(num_particles, device=device)
+        ones = (index == 1).to(torch.float)
+        zeros = 1.0 - ones
+        can_swap = (ones.sum(-1) > 0) & (zeros.sum(-1) > 0)
+        uniform = torch.ones_like(ones)
+        one_at = torch.multinomial(torch.where(can_swap[:, None], ones, uniform), 1).squeeze(-1)
+        zero_at = torch.multinomial(torch.where(can_swap[:, None], zeros, uniform), 1).squeeze(-1)
+        flip_at = torch.randint(0, num_elements, (num_particles,), device=device)
+        swap = torch.rand(num_particles, device=device) < 0.5
+        proposal = index.clone()
+        flipped = torch.where(swap, proposal[rows, flip_at], 1 - proposal[rows, flip_at])
+        proposal[rows, flip_at] = flipped
+        do_swap = swap & can_swap
+        proposal[rows, one_at] = torch.where(do_swap, 0, proposal[rows, one_at])
+        proposal[rows, zero_at] = torch.where(do_swap, 1, proposal[rows, zero_at])
+        return proposal
+
+    # -- checkpointing -----------------------------------------------------------------
+    def state_dict(self):
+        """The inner kernel's state, the discrete values and the step count."""
+        return {
+            "step": self._step,
+            "kernel": self.kernel.state_dict(),
+            "discrete": dict(self._discrete),
+            "proposals": self._proposals,
+            "accepted": self._accepted,
+        }
+
+    def load_state_dict(self, state_dict):
+        """Restore a state saved by :meth:`state_dict`; call after :meth:`setup`."""
+        self.kernel.load_state_dict(state_dict["kernel"])
+        self._step = state_dict["step"]
+        self._discrete = dict(state_dict["discrete"])
+        self.potential.conditioned = self._discrete
+        self._proposals, self._accepted = state_dict["proposals"], state_dict["accepted"]
+        self.acceptance_rate = self._accepted / self._proposals if self._proposals else None
+        self._last_params = None

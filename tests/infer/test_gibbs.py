@@ -1,0 +1,336 @@
+"""The compound kernel: SG-MCMC on continuous sites, Gibbs / MH moves on discrete ones,
+checked against brute-force enumeration."""
+
+import itertools
+
+import pyro
+import pyro.distributions as dist
+import pytest
+import torch
+from pyro.ops.stats import effective_sample_size
+
+from pyro_ext.infer import MCMC, SGLD, Gibbs, SamplerDivergenceError
+
+# -- a two-component mixture with discrete assignments -----------------------------------
+Y = torch.tensor([-2.3, -1.1, 0.2, 0.9, 2.6], dtype=torch.float64)
+PRIOR_MU = torch.tensor([-2.0, 2.0], dtype=torch.float64)
+WEIGHT = 0.7
+
+
+def mixture(y):
+    mu = pyro.sample("mu", dist.Normal(PRIOR_MU.to(y.device), 1.0).to_event(1))
+    with pyro.plate("data", y.shape[0]):
+        z = pyro.sample("z", dist.Bernoulli(torch.tensor(WEIGHT, dtype=y.dtype, device=y.device)))
+        pyro.sample("obs", dist.Normal(mu[z.long()], 1.0), obs=y)
+
+
+def mixture_exact():
+    """P(z_n = 1 | y) and E[mu | y] by enumerating all 2^5 assignments (mu integrated out
+    in closed form: y | z is Gaussian)."""
+    configs = torch.tensor(list(itertools.product([0.0, 1.0], repeat=5)), dtype=torch.float64)
+    log_evidence, mu_means = [], []
+    for z in configs:
+        k = z.long()
+        cov = torch.eye(5, dtype=torch.float64) + (k[:, None] == k[None, :]).double()
+        prior = dist.Bernoulli(torch.tensor(WEIGHT, dtype=torch.float64)).log_prob(z).sum()
+        log_evidence.append(dist.MultivariateNormal(PRIOR_MU[k], cov).log_prob(Y) + prior)
+        mu_means.append(
+            torch.stack([(PRIOR_MU[c] + Y[k == c].sum()) / (1 + (k == c).sum()) for c in (0, 1)])
+        )
+    posterior = torch.stack(log_evidence).softmax(0)
+    return (posterior[:, None] * configs).sum(0), (posterior[:, None] * torch.stack(mu_means)).sum(
+        0
+    )
+
+
+def test_mixture_assignments_match_enumeration(device):
+    exact_z, exact_mu = mixture_exact()
+    kernel = Gibbs(SGLD(mixture, step_size=1e-2, num_particles=8), "z")
+    mcmc = MCMC(kernel, num_samples=1000, warmup_steps=200, disable_progbar=True)
+    mcmc.run(Y.to(device))
+    chains = {name: value.cpu() for name, value in mcmc.get_samples(group_by_chain=True).items()}
+    z, mu = chains["z"], chains["mu"]
+    assert z.shape == (8, 1000, 5)
+    assert z.dtype == torch.float64 and set(z.unique().tolist()) <= {0, 1}
+    # Within Monte Carlo error: 4 standard errors from the chains' effective sample size
+    # (the assignment of y = 0.2 mixes slowest, n_eff ~ 300 of 8,000 draws), plus 0.01 for
+    # the SGLD step's bias on mu (under 0.01 at this step size).
+    for draws, exact in ((z, exact_z), (mu, exact_mu)):
+        ess = effective_sample_size(draws, chain_dim=0, sample_dim=1)
+        standard_error = draws.reshape(-1, 5 if draws is z else 2).std(0) / ess.sqrt()
+        error = (draws.mean((0, 1)) - exact).abs()
+        assert (error < 4 * standard_error + 0.01).all(), (error, standard_error)
+
+
+# -- spike and slab with the coefficients integrated out ---------------------------------
+D, N, SLAB, PI = 8, 40, 1.0, 0.3
+
+
+def spike_slab_data():
+    generator = torch.Generator().manual_seed(1)
+    X = torch.randn(N, D, generator=generator, dtype=torch.float64)
+    X[:, 1] = X[:, 0] + 0.3 * torch.randn(N, generator=generator, dtype=torch.float64)
+    beta = torch.tensor([0.8, 0.0, 0.5, 0.0, 0.0, 0.3, 0.0, 0.0], dtype=torch.float64)
+    y = X @ beta + 0.7 * torch.randn(N, generator=generator, dtype=torch.float64)
+    return X, y
+
+
+def spike_slab(X, y):
+    sigma = pyro.sample("sigma", dist.HalfNormal(torch.tensor(1.0, dtype=X.dtype, device=X.device)))
+    pi = torch.full((D,), PI, dtype=X.dtype, device=X.device)
+    gamma = pyro.sample("gamma", dist.Bernoulli(pi).to_event(1))
+    included = X * gamma  # beta_j ~ N(0, SLAB^2) where gamma_j = 1, exactly 0 elsewhere
+    eye = torch.eye(N, dtype=X.dtype, device=X.device)
+    cov = sigma**2 * eye + SLAB**2 * included @ included.T
+    zero = torch.zeros(N, dtype=X.dtype, device=X.device)
+    pyro.sample("y", dist.MultivariateNormal(zero, covariance_matrix=cov), obs=y)
+
+
+def spike_slab_exact(X, y):
+    """Inclusion probabilities from all 2^8 models, sigma integrated on a fine grid: with
+    ``X_g X_g' = U diag(lam) U'``, ``y ~ N(0, U diag(sigma^2 + lam) U')``."""
+    sigma2 = torch.linspace(1e-3, 4.0, 4000, dtype=torch.float64).pow(2)
+    half_normal = dist.HalfNormal(torch.tensor(1.0, dtype=torch.float64))
+    log_prior_sigma = half_normal.log_prob(sigma2.sqrt())
+    models = torch.tensor(list(itertools.product([0.0, 1.0], repeat=D)), dtype=torch.float64)
+    log_evidence = []
+    for gamma in models:
+        included = X * gamma
+        lam, U = torch.linalg.eigh(SLAB**2 * included @ included.T)
+        variances = sigma2[:, None] + lam.clamp(min=0)  # (grid, N)
+        log_like = -0.5 * (
+            variances.log().sum(-1)
+            + ((U.T @ y) ** 2 / variances).sum(-1)
+            + N * torch.log(torch.tensor(2 * torch.pi, dtype=torch.float64))
+        )
+        prior = dist.Bernoulli(torch.tensor(PI, dtype=torch.float64)).log_prob(gamma).sum()
+        log_evidence.append(torch.logsumexp(log_like + log_prior_sigma, 0) + prior)
+    posterior = torch.stack(log_evidence).softmax(0)
+    return (posterior[:, None] * models).sum(0)
+
+
+@pytest.mark.parametrize("moves", ["gibbs", "mh-flip", "mh-swap"])
+def test_spike_and_slab_inclusion_matches_all_256_models(moves):
+    X, y = spike_slab_data()
+    exact = spike_slab_exact(X, y)
+    assert 0.1 < exact[1] < 0.3 and exact[0] > 0.9  # the correlated pair competes
+    kernel = Gibbs(SGLD(spike_slab, step_size=5e-3, num_particles=8), ["gamma"], moves=moves)
+    mcmc = MCMC(kernel, num_samples=600, warmup_steps=100, disable_progbar=True)
+    mcmc.run(X, y)
+    inclusion = mcmc.get_samples()["gamma"].mean(0)
+    assert (inclusion - exact).abs().max() < 0.03, (inclusion, exact)
+    if moves != "gibbs":
+        assert 0.05 < kernel.acceptance_rate < 0.6
+
+
+def test_compiled_inner_step_gives_the_eager_draws():
+    X, y = spike_slab_data()
+    draws = []
+    for jit_compile in (False, "trace"):
+        pyro.set_rng_seed(3)
+        inner = SGLD(spike_slab, step_size=5e-3, num_particles=4, jit_compile=jit_compile)
+        mcmc = MCMC(Gibbs(inner, "gamma"), num_samples=20, warmup_steps=5, disable_progbar=True)
+        mcmc.run(X, y)
+        draws.append(mcmc.get_samples())
+    assert torch.equal(draws[0]["gamma"], draws[1]["gamma"])
+    assert torch.allclose(draws[0]["sigma"], draws[1]["sigma"], rtol=1e-10)
+
+
+def test_same_seed_same_draws_and_checkpoint_resume(tmp_path):
+    def run(**kwargs):
+        pyro.set_rng_seed(7)
+        kernel = Gibbs(SGLD(mixture, step_size=5e-3, num_particles=3), "z", moves="mh-flip")
+        mcmc = MCMC(kernel, num_samples=30, warmup_steps=10, disable_progbar=True, **kwargs)
+        mcmc.run(Y)
+        return mcmc, kernel
+
+    first, _ = run()
+    second, _ = run()
+    for name in ("z", "mu"):
+        assert torch.equal(first.get_samples()[name], second.get_samples()[name])
+    # An interrupted run resumes to the draws of an uninterrupted one.
+    path = tmp_path / "gibbs.pt"
+    pyro.set_rng_seed(7)
+    kernel = Gibbs(SGLD(mixture, step_size=5e-3, num_particles=3), "z", moves="mh-flip")
+    interrupted = MCMC(
+        kernel,
+        num_samples=30,
+        warmup_steps=10,
+        disable_progbar=True,
+        checkpoint_path=path,
+        checkpoint_every=20,
+        hook_fn=lambda kernel, params, stage, index: _stop_at(stage, index),
+    )
+    with pytest.raises(KeyboardInterrupt):
+        interrupted.run(Y)
+    resumed = MCMC(
+        Gibbs(SGLD(mixture, step_size=5e-3, num_particles=3), "z", moves="mh-flip"),
+        num_samples=30,
+        warmup_steps=10,
+        disable_progbar=True,
+        checkpoint_path=path,
+        checkpoint_every=20,
+    )
+    resumed.resume(Y)
+    for name in ("z", "mu"):
+        assert torch.equal(first.get_samples()[name], resumed.get_samples()[name])
+
+
+def _stop_at(stage, index):
+    if stage == "Sample" and index == 25:
+        raise KeyboardInterrupt
+
+
+def test_discrete_site_prior_depends_on_a_continuous_site():
+    # p ~ Beta(2, 2), b_i ~ Bernoulli(p), no data: the joint is the prior, so the
+    # inclusion frequency is E[p] = 0.5 and p's posterior mean given 3 flips is exact.
+    def model():
+        p = pyro.sample("p", dist.Beta(torch.tensor(2.0), torch.tensor(2.0)))
+        with pyro.plate("flips", 3):
+            pyro.sample("b", dist.Bernoulli(p))
+
+    kernel = Gibbs(SGLD(model, step_size=2e-2, num_particles=8), "b")
+    mcmc = MCMC(kernel, num_samples=800, warmup_steps=100, disable_progbar=True)
+    mcmc.run()
+    samples = mcmc.get_samples()
+    assert abs(float(samples["b"].mean()) - 0.5) < 0.04
+    # Given all three flips are 1, p | b ~ Beta(5, 2), mean 5/7.
+    ones = samples["b"].sum(-1) == 3
+    assert abs(float(samples["p"][ones].mean()) - 5 / 7) < 0.05
+
+
+def test_categorical_site_moves_through_all_values():
+    probs = torch.tensor([0.1, 0.2, 0.3, 0.4])
+
+    def model():
+        pyro.sample("x", dist.Normal(0.0, 1.0))
+        pyro.sample("c", dist.Categorical(probs))
+
+    for moves in ("gibbs", "mh-flip"):
+        kernel = Gibbs(SGLD(model, step_size=0.1, num_particles=4), "c", moves=moves)
+        mcmc = MCMC(kernel, num_samples=1500, warmup_steps=50, disable_progbar=True)
+        mcmc.run()
+        c = mcmc.get_samples()["c"]
+        assert c.dtype == torch.long
+        frequencies = torch.bincount(c, minlength=4).double() / c.numel()
+        assert torch.allclose(frequencies, probs.double(), atol=0.03), (moves, frequencies)
+
+
+def test_divergence_keeps_draws_and_names_the_step():
+    def model(y):
+        scale = pyro.sample("scale", dist.LogNormal(0.0, 1.0))
+        with pyro.plate("data", y.shape[0]):
+            z = pyro.sample("z", dist.Bernoulli(0.5))
+            pyro.sample("obs", dist.Normal(z * 100.0, scale), obs=y)
+
+    y = torch.tensor([0.0, 100.0, 1e4])
+    kernel = Gibbs(SGLD(model, step_size=10.0, num_particles=2), "z")
+    mcmc = MCMC(kernel, num_samples=50, warmup_steps=5, disable_progbar=True)
+    with pytest.raises(SamplerDivergenceError) as info:
+        mcmc.run(y)
+    assert info.value.step >= 0
+    assert mcmc.get_samples()["z"].shape[-1] == 3
+
+
+# -- bad input ---------------------------------------------------------------------------
+def _run(kernel, *args):
+    MCMC(kernel, num_samples=2, warmup_steps=1, disable_progbar=True).run(*args)
+
+
+def test_bad_input_is_named():
+    sgld = SGLD(mixture, step_size=1e-3)
+    with pytest.raises(TypeError, match="kernel must be"):
+        Gibbs(pyro.infer.NUTS(mixture), "z")
+    with pytest.raises(TypeError, match="discrete_sites"):
+        Gibbs(sgld, 3)
+    with pytest.raises(ValueError, match="at least one"):
+        Gibbs(sgld, [])
+    with pytest.raises(ValueError, match="twice"):
+        Gibbs(sgld, ["z", "z"])
+    with pytest.raises(ValueError, match="moves"):
+        Gibbs(sgld, "z", moves="hmc")
+    with pytest.raises(TypeError, match="every"):
+        Gibbs(sgld, "z", every=1.5)
+    with pytest.raises(ValueError, match="every"):
+        Gibbs(sgld, "z", every=0)
+    with pytest.raises(ValueError, match="continuous site"):
+        _run(Gibbs(SGLD(mixture, step_size=1e-3), ["z", "mu"]), Y)
+    with pytest.raises(ValueError, match="observed site"):
+        _run(Gibbs(SGLD(mixture, step_size=1e-3), ["z", "obs"]), Y)
+    with pytest.raises(ValueError, match="not a sample site"):
+        _run(Gibbs(SGLD(mixture, step_size=1e-3), ["zz"]), Y)
+    # A discrete site left out of discrete_sites: the error says where to name it.
+    with pytest.raises(ValueError, match="discrete_sites of pyro_ext.infer.Gibbs"):
+        _run(SGLD(mixture, step_size=1e-3), Y)
+
+
+def test_too_many_values_subsampled_plate_and_swap_on_categorical():
+    def many(num_values):
+        def model():
+            pyro.sample("x", dist.Normal(0.0, 1.0))
+            pyro.sample("c", dist.Categorical(torch.ones(num_values)))
+
+        return model
+
+    with pytest.raises(ValueError, match="takes 100 values, more than max_support_size=64"):
+        _run(Gibbs(SGLD(many(100), step_size=1e-3), "c"))
+    _run(Gibbs(SGLD(many(100), step_size=1e-3), "c", max_support_size=100))
+    with pytest.raises(ValueError, match="mh-swap"):
+        _run(Gibbs(SGLD(many(3), step_size=1e-3), "c", moves="mh-swap"))
+
+    def subsampled(y):
+        mu = pyro.sample("mu", dist.Normal(0.0, 1.0))
+        with pyro.plate("data", y.shape[0], subsample_size=2) as index:
+            z = pyro.sample("z", dist.Bernoulli(0.5))
+            pyro.sample("obs", dist.Normal(mu + z, 1.0), obs=y[index])
+
+    with pytest.raises(ValueError, match="inside the subsampled plate 'data'"):
+        _run(Gibbs(SGLD(subsampled, step_size=1e-3), "z"), Y)
+
+    def continuous_only():
+        pyro.sample("x", dist.Normal(0.0, 1.0))
+        pyro.sample("w", dist.Dirichlet(torch.ones(3)))
+
+    with pytest.raises(ValueError, match="continuous site"):
+        _run(Gibbs(SGLD(continuous_only, step_size=1e-3), "w"))
+
+
+def shift_model(y, subsample_size=20):
+    gamma = pyro.sample("gamma", dist.Bernoulli(0.5))
+    mu = pyro.sample("mu", dist.Normal(0.0, 1.0))
+    with pyro.plate("data", y.shape[0], subsample_size=subsample_size) as index:
+        pyro.sample("obs", dist.Normal(mu * gamma, 0.1), obs=y[index])
+
+
+def test_global_discrete_site_with_a_subsampled_likelihood_uses_all_data():
+    # gamma switches a mean shift on; the data (all shifted) decide it. The Gibbs move
+    # sees all 200 points although each gradient step sees 20.
+    y = torch.full((200,), 1.0) + 0.1 * torch.randn(200)
+    kernel = Gibbs(SGLD(shift_model, step_size=1e-6, num_particles=2), "gamma")
+    mcmc = MCMC(
+        kernel,
+        num_samples=50,
+        warmup_steps=50,
+        disable_progbar=True,
+        initial_params={"mu": torch.tensor(1.0), "gamma": torch.tensor(0.0)},
+    )
+    mcmc.run(y)
+    assert float(mcmc.get_samples()["gamma"].mean()) == 1.0
+    # The move's full-data log joint (the mean of the minibatches' scaled log joints)
+    # equals the log joint of the model without subsampling.
+    z = kernel.kernel.particles
+    mu = kernel.potential.constrain(z)["mu"]
+    for gamma in (0.0, 1.0):
+        discrete = {"gamma": torch.full((2,), gamma)}
+        full = [
+            pyro.poutine.trace(
+                pyro.poutine.condition(shift_model, {"mu": m, "gamma": torch.tensor(gamma)})
+            )
+            .get_trace(y, None)
+            .log_prob_sum()
+            for m in mu
+        ]
+        assert torch.allclose(kernel._log_joint(z, discrete), torch.stack(full), rtol=1e-5)
+
+    with pytest.raises(ValueError, match="not a multiple of its subsample_size=30"):
+        _run(Gibbs(SGLD(shift_model, step_size=1e-3), "gamma"), y, 30)
