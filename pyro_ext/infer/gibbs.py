@@ -86,7 +86,13 @@ class Gibbs(ParticleKernel):
         so it is not recompiled when they change; each compiled step is then verified
         before the next move reads it).
     :param discrete_sites: a site name or a list of them.
-    :param str moves: ``"gibbs"``, ``"mh-flip"`` or ``"mh-swap"``.
+    :param moves: ``"gibbs"``, ``"mh-flip"`` or ``"mh-swap"`` for every site, or a dict
+        ``{site: move}`` (sites left out get ``"gibbs"``) whose moves may also be callables
+        ``move(values, *model_args, **model_kwargs) -> new value`` of the site ``(L, ...)``,
+        given every site's current values ``values`` (constrained, ``(L, ...)``): a
+        model-specific update that must leave the site's full conditional invariant, as
+        NumPyro's ``HMCGibbs(gibbs_fn=...)`` takes (e.g. a collapsed Gibbs scan on
+        sufficient statistics, far cheaper than running the model per value).
     :param int every: steps between discrete sweeps (1: every step).
     :param int max_support_size: the most values an element may take (default 64): a
         Gibbs sweep costs that many model evaluations per element, so a site with more
@@ -118,7 +124,7 @@ class Gibbs(ParticleKernel):
             raise ValueError("discrete_sites must name at least one discrete site")
         if len(set(discrete_sites)) != len(discrete_sites):
             raise ValueError(f"discrete_sites names a site twice: {list(discrete_sites)}")
-        check_choice(moves, "moves", MOVES)
+        self._moves = self._check_moves(moves, discrete_sites)
         self.every = check_int(every, "every", low=1)
         self.max_support_size = check_int(max_support_size, "max_support_size", low=2)
         self.kernel = kernel
@@ -136,6 +142,24 @@ class Gibbs(ParticleKernel):
         self.acceptance_rate = None
         self._proposals = 0
         self._accepted = 0
+
+    @staticmethod
+    def _check_moves(moves, discrete_sites):
+        if isinstance(moves, str):
+            check_choice(moves, "moves", MOVES)
+            return {name: moves for name in discrete_sites}
+        if not isinstance(moves, dict):
+            raise TypeError(f"moves must be one of {MOVES} or a dict {{site: move}}, got {moves!r}")
+        unknown = set(moves) - set(discrete_sites)
+        if unknown:
+            raise ValueError(f"moves names sites not in discrete_sites: {sorted(unknown)}")
+        out = {}
+        for name in discrete_sites:
+            move = moves.get(name, "gibbs")
+            if not callable(move):
+                check_choice(move, f"moves[{name!r}]", MOVES)
+            out[name] = move
+        return out
 
     # -- what MCMC reads, delegated to the inner kernel ---------------------------------
     @property
@@ -269,8 +293,8 @@ class Gibbs(ParticleKernel):
         # so a rewind never leaves the discrete values behind the continuous ones.
         kernel._check_every = 1
         potential = kernel.potential
-        if self.moves == "mh-swap":
-            for name in self.discrete_sites:
+        for name in self.discrete_sites:
+            if self._moves[name] == "mh-swap":
                 support = potential.discrete_layout[name].support
                 if support.numel() != 2:
                     raise ValueError(
@@ -361,10 +385,15 @@ class Gibbs(ParticleKernel):
         with torch.no_grad(), pyro.validation_enabled(False):
             current = None
             for name in self.discrete_sites:
-                if self.moves == "gibbs":
+                move = self._moves[name]
+                if callable(move):
+                    self._custom_move(name, move, z)
+                    current = None
+                elif move == "gibbs":
                     self._gibbs_site(name, z)
+                    current = None
                 else:
-                    current = self._metropolis_site(name, z, current)
+                    current = self._metropolis_site(name, move, z, current)
         self.potential.conditioned = self._discrete
         if self._proposals:
             self.acceptance_rate = self._accepted / self._proposals
@@ -400,7 +429,22 @@ class Gibbs(ParticleKernel):
             elements = candidates[choice, particles]
         self._discrete[name] = elements.reshape((num_particles,) + site.shape)
 
-    def _metropolis_site(self, name, z, current):
+    def _custom_move(self, name, move, z):
+        potential = self.potential
+        site = potential.discrete_layout[name]
+        values = potential.constrain(z)
+        values.update(self._discrete)
+        new = move(values, *potential.model_args, **potential.model_kwargs)
+        expected = (z.shape[0],) + site.shape
+        if not isinstance(new, torch.Tensor) or tuple(new.shape) != expected:
+            got = tuple(new.shape) if isinstance(new, torch.Tensor) else type(new).__name__
+            raise ValueError(
+                f"the move of discrete site {name!r} returned {got}; expected a tensor of "
+                f"shape {expected} (one value per particle)"
+            )
+        self._discrete[name] = new.to(site.dtype)
+
+    def _metropolis_site(self, name, move, z, current):
         site = self.potential.discrete_layout[name]
         support = site.support.to(device=z.device, dtype=site.dtype)
         num_values, num_particles = support.numel(), z.shape[0]
@@ -411,7 +455,7 @@ class Gibbs(ParticleKernel):
         particles = torch.arange(num_particles, device=z.device)
         for proposal_index in range(num_elements):
             index = (elements.unsqueeze(-1) == support).to(torch.long).argmax(-1)  # (L, E)
-            if self.moves == "mh-flip":
+            if move == "mh-flip":
                 # Element by element; another value, uniformly.
                 element = torch.full((num_particles,), proposal_index, device=z.device)
                 shift = torch.randint(1, num_values, (num_particles,), device=z.device)

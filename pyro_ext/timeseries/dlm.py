@@ -476,6 +476,10 @@ class DLM:
                     for x in (G, F, W)
                 ]
             tv = True
+        elif tv:
+            # A time-varying component (a regression) puts a time axis on G, F, W: V gets
+            # one too, or a batched observation scale would read as one.
+            V = V.unsqueeze(-3).expand(*V.shape[:-2], num_steps, 1, 1)
         k = 3 if tv else 2
         batch = torch.broadcast_shapes(
             *[x.shape[:-k] for x in (G, F, W, V)], m0.shape[:-1], P0.shape[:-2]
@@ -504,6 +508,44 @@ class DLM:
     def log_likelihood(self, y, observation_precision=None):
         """Exact ``log p(y_{1:T})`` (conditional on ``observation_precision`` if given)."""
         return kalman_log_likelihood(*self._args(y, observation_precision))
+
+    def signal_covariance(self, num_steps):
+        r"""
+        The dense covariance ``(..., T, T)`` of the noise-free signal ``F x_t`` over
+        ``num_steps`` steps of a time-invariant DLM whose initial mean is 0 (add the
+        observation noise to get ``Cov(y)``): ``Cov(F x_t, F x_s) = F G^{t-s} P_s F'`` for
+        ``t >= s``, with ``P_s = G^{s-1} P_1 G^{s-1}' + sum_{k<s-1} G^k W G^k'``.
+
+        Built without a loop over steps (the powers of ``G`` by doubling, ``P_s`` by a
+        cumulative sum), so a dense Gaussian (Cholesky of ``T x T``) can replace the Kalman
+        filter where many right-hand sides share one model: ``T`` of a few hundred.
+        """
+        T = check_int(num_steps, "num_steps", low=1)
+        (G, F, W, _, m0, P0), tv, _ = self._assemble(T)
+        if tv:
+            raise ValueError("signal_covariance needs a time-invariant DLM (no Regression)")
+        # Value checks follow the global validation switch (vmap cannot branch on values).
+        if Distribution._validate_args and bool((m0 != 0).any()):
+            raise ValueError("signal_covariance needs a zero initial mean")
+        S = G.shape[-1]
+        eye = torch.eye(S, dtype=G.dtype, device=G.device).expand(G.shape)
+        powers = eye.unsqueeze(-3)  # G^0 .. G^{n-1}, (..., n, S, S)
+        step = G
+        while powers.shape[-3] < T:
+            powers = torch.cat([powers, step.unsqueeze(-3) @ powers], -3)
+            step = step @ step
+        powers = powers[..., :T, :, :]
+        # P_s for s = 1..T: G^{s-1} P_1 G^{s-1}' plus the accumulated transition noise.
+        noise = powers @ W.unsqueeze(-3) @ powers.mT  # G^k W G^k'
+        accumulated = torch.cumsum(noise, -3) - noise  # sum over k < s - 1
+        P = powers @ P0.unsqueeze(-3) @ powers.mT + accumulated  # (..., T, S, S)
+        H = F.unsqueeze(-3) @ powers  # F G^d, (..., T, 1, S)
+        PF = (P @ F.mT.unsqueeze(-3)).squeeze(-1)  # P_s F', (..., T, S)
+        t = torch.arange(T, device=G.device)
+        lag = (t.unsqueeze(-1) - t).clamp(min=0)  # t - s where t >= s
+        lower = (H[..., 0, :][..., lag, :] * PF.unsqueeze(-3)).sum(-1)  # [t, s]
+        lower = torch.tril(lower)
+        return lower + torch.tril(lower, -1).mT
 
     def filter(self, y):
         """:class:`~pyro_ext.timeseries.kalman.KalmanFilterResult` of the stacked model."""

@@ -334,3 +334,33 @@ def test_global_discrete_site_with_a_subsampled_likelihood_uses_all_data():
 
     with pytest.raises(ValueError, match="not a multiple of its subsample_size=30"):
         _run(Gibbs(SGLD(shift_model, step_size=1e-3), "gamma"), y, 30)
+
+
+def test_a_model_specific_move_per_site():
+    # The mixture's assignments given mu are independent: a user's move draws all five at
+    # once from their exact conditional (what NumPyro's HMCGibbs(gibbs_fn=...) takes).
+    def assignments(values, y):
+        mu = values["mu"]  # (L, 2)
+        log_one = torch.log(torch.tensor(WEIGHT)) + dist.Normal(mu[:, 1:], 1.0).log_prob(y)
+        log_zero = torch.log(torch.tensor(1 - WEIGHT)) + dist.Normal(mu[:, :1], 1.0).log_prob(y)
+        return torch.bernoulli(torch.sigmoid(log_one - log_zero))
+
+    exact_z, _ = mixture_exact()
+    kernel = Gibbs(SGLD(mixture, step_size=1e-2, num_particles=8), "z", moves={"z": assignments})
+    mcmc = MCMC(kernel, num_samples=1000, warmup_steps=200, disable_progbar=True)
+    mcmc.run(Y)
+    z = mcmc.get_samples(group_by_chain=True)["z"]
+    ess = effective_sample_size(z, chain_dim=0, sample_dim=1)
+    standard_error = z.reshape(-1, 5).std(0) / ess.sqrt()
+    error = (z.mean((0, 1)) - exact_z).abs()
+    assert (error < 4 * standard_error + 0.01).all(), (error, standard_error)
+
+    with pytest.raises(ValueError, match=r"returned \(3,\); expected a tensor of shape \(8, 5\)"):
+        bad = Gibbs(
+            SGLD(mixture, step_size=1e-2, num_particles=8), "z", moves={"z": lambda v, y: y[:3]}
+        )
+        _run(bad, Y)
+    with pytest.raises(ValueError, match="not in discrete_sites"):
+        Gibbs(SGLD(mixture, step_size=1e-2), "z", moves={"w": "gibbs"})
+    with pytest.raises(ValueError, match=r"moves\['z'\]"):
+        Gibbs(SGLD(mixture, step_size=1e-2), "z", moves={"z": "flip"})

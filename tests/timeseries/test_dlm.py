@@ -213,3 +213,30 @@ def test_distribution_samples_have_the_model_covariance():
     empirical = torch.cov(draws.T)
     # Relative error of a sample covariance from 20000 draws: about sqrt(2 / 20000) = 1%.
     assert torch.allclose(empirical, exact, rtol=0.06, atol=0.06 * exact.diagonal().min())
+
+
+@pytest.mark.parametrize("trend", ["level", "linear"])
+def test_signal_covariance_is_the_kalman_likelihoods_gaussian(trend):
+    # The dense covariance (powers of G by doubling, no loop over steps) plus the
+    # observation noise gives the same log-density as the Kalman filter.
+    from pyro_ext.timeseries.dlm import Autoregressive, LocalLinearTrend
+
+    f64 = torch.float64
+    level = (
+        LocalLevel(torch.tensor(0.1, dtype=f64), init_scale=2.0)
+        if trend == "level"
+        else LocalLinearTrend(torch.tensor(0.1, dtype=f64), torch.tensor(0.02, dtype=f64), 2.0)
+    )
+    components = [
+        Autoregressive(torch.tensor([0.7], dtype=f64), torch.tensor(0.2, dtype=f64), 1.0),
+        level,
+        Seasonal(12, torch.tensor(0.05, dtype=f64), harmonics=2, form="cyclic", init_scale=1.0),
+    ]
+    dlm = DLM(components, torch.tensor(0.5, dtype=f64))
+    for T in (1, 37, 64):
+        y = torch.randn(T, dtype=f64)
+        cov = dlm.signal_covariance(T) + 0.25 * torch.eye(T, dtype=f64)
+        dense = torch.distributions.MultivariateNormal(torch.zeros(T, dtype=f64), cov)
+        assert torch.allclose(dense.log_prob(y), dlm.log_likelihood(y), rtol=1e-10)
+    with pytest.raises(ValueError, match="time-invariant"):
+        DLM([Regression(torch.randn(10, 2, dtype=f64))], 1.0).signal_covariance(10)

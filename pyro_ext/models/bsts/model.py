@@ -17,7 +17,22 @@ state carrying the input) *exactly*; the test suite checks both against a dense 
 The gain: static matrices use the fast blocked likelihood of
 :func:`~pyro_ext.timeseries.kalman.kalman_log_likelihood` instead of the per-step scan.
 
-**Spike and slab.**  The discrete indicators ``gamma_i ~ Bernoulli(pi_i)`` are summed out
+**Spike and slab, point mass** (``selection="point_mass"``, the default, as R's ``bsts``
+of Scott & Varian 2014 that the thesis used).  Indicators ``gamma_j ~ Bernoulli(pi_j)``;
+``beta_j = 0`` exactly where ``gamma_j = 0``, ``beta_j ~ N(0, slab^2)`` where it is 1.  The
+coefficients enter the Kalman state as static regression states
+(:class:`~pyro_ext.timeseries.Regression` on ``X * gamma``), so the likelihood
+``p(y | gamma, theta)`` has ``beta`` integrated out exactly, and ``gamma`` moves by Gibbs
+on that exact marginal (:class:`~pyro_ext.infer.Gibbs`) while the continuous parameters
+move by SG-MCMC.  ``inclusion_probabilities()`` is the posterior frequency of
+``gamma_j = 1``; the ``beta`` draws come from their exact conditional posterior given each
+draw of ``(gamma, theta)`` (the filtered regression states at the last week).  In variant
+``"RA"`` the channels have indicators ``gamma_q`` too: ``q_i`` is multiplied by them (it
+enters the goodwill, not the state, so it stays a sampled site, from its slab where
+excluded).
+
+**Spike and slab, narrow Gaussian spike** (``selection="ssvs"``, stochastic search
+variable selection).  The discrete indicators are summed out
 in closed form: with a narrow Gaussian spike, ``beta_i ~ pi_i N(0, slab^2) +
 (1 - pi_i) N(0, spike^2)`` (:class:`SpikeSlabNormal`), which is the exact marginal of the
 "narrow spike" spike-and-slab prior and is differentiable, so gradient samplers apply.  As
@@ -26,7 +41,12 @@ in closed form: with a narrow Gaussian spike, ``beta_i ~ pi_i N(0, slab^2) +
 ``r_i = pi_i N(beta_i; 0, slab^2) / p(beta_i)`` averaged over posterior draws (exact, no
 relaxation).  ``pi_i = 1`` (forced inclusion) gives a plain Gaussian slab and ``r_i = 1``.
 The thesis' slab is conditional on sigma^2; here it is a fixed ``slab_scale`` on the
-standardised scale, which avoids a sigma-beta funnel for gradient samplers.
+standardised scale, which avoids a sigma-beta funnel for gradient samplers.  Here
+"included" means "``|beta_j|`` larger than about ``spike_scale``": the spike width is a
+threshold of practical significance (in standardised units: sd of sales per sd of the
+covariate), and the answer moves with it.  A covariate that soaks up a little of the
+trend (a random walk, say) counts as included; the point mass does not have that problem
+(``benchmarks/bsts_selection.py`` compares the two over simulated truths).
 
 **Noise scales in polar coordinates.**  ``sigma_obs`` and ``sigma_goodwill`` are one site,
 ``noise_scales`` (:class:`NoiseScales`: the two HalfNormal priors unchanged), whose
@@ -68,6 +88,7 @@ from ...timeseries.dlm import (
     LinearGaussian,
     LocalLevel,
     LocalLinearTrend,
+    Regression,
     dlm_observe,
 )
 from ...timeseries.kalman import kalman_filter
@@ -78,6 +99,7 @@ VARIANTS = ("B", "RA", "RF")
 NOISES = ("gaussian", "student_t")
 TRENDS = ("local_level", "local_linear_trend")
 METHODS = ("sgld", "vis", "nuts")
+SELECTIONS = ("point_mass", "ssvs")
 PERIOD = 365.25 / 7
 
 
@@ -354,9 +376,14 @@ def _preconditioned_kernel():
     return PreconditionedSGHMC
 
 
+#: draws that are not static continuous parameters: the Student-t precisions (one per
+#: week) and the point mass's indicators (binary; their R-hat is reported, not targeted)
+_NOT_TARGETED = ("obs_precision", "gamma", "gamma_q")
+
+
 def _max_rhat(chains):
-    """Largest split-R-hat over the static sites of ``{site: (chains, draws, ...)}``."""
-    return max(float(split_rhat(v).max()) for n, v in chains.items() if n != "obs_precision")
+    """Largest split-R-hat over the static continuous sites of ``{site: (chains, draws, ...)}``."""
+    return max(float(split_rhat(v).max()) for n, v in chains.items() if n not in _NOT_TARGETED)
 
 
 def _hn(scale, dtype):
@@ -378,6 +405,10 @@ class RetailBSTS:
 
     :param str variant: ``"B"``, ``"RA"`` or ``"RF"``.
     :param float expected_model_size: expected number of included regressors.
+    :param str selection: ``"point_mass"`` (default: ``beta_j`` exactly 0 or drawn from
+        the slab, ``beta`` integrated out by the Kalman filter, indicators moved by Gibbs)
+        or ``"ssvs"`` (narrow Gaussian spike of sd ``spike_scale``, indicators summed
+        out); see the module docstring.
     :param str noise: ``"gaussian"`` or ``"student_t"`` (scale mixture; ``df`` fixed).
     :param str trend: ``"local_level"`` or ``"local_linear_trend"``.
     :param int seasonal_harmonics: harmonics of the yearly trigonometric seasonal
@@ -390,7 +421,9 @@ class RetailBSTS:
     :param delta_prior: Beta ``(a, b)`` concentrations of the decay rate (both > 0).
     :param delta_range: ``(lo, hi)`` within ``[0, 1]``; ``delta = lo + (hi - lo) Beta(a, b)``.
     :param float slab_scale: slab sd (standardised units).
-    :param float spike_scale: spike sd (standardised units), ``< slab_scale``.
+    :param float spike_scale: with ``selection="ssvs"``, the spike sd (standardised
+        units), ``< slab_scale``: coefficients smaller than about this count as excluded,
+        so it is a threshold of practical significance.
     :param float q_scale: prior sd of forced-in ``q`` (standardised units).
     :param prior_scales: dict overriding the HalfNormal scales of ``sigma_obs``,
         ``sigma_goodwill``, ``sigma_level``, ``sigma_slope``, ``sigma_season``.
@@ -400,6 +433,7 @@ class RetailBSTS:
         self,
         variant="RF",
         expected_model_size=5,
+        selection="point_mass",
         noise="student_t",
         trend="local_level",
         seasonal_harmonics=2,
@@ -415,6 +449,7 @@ class RetailBSTS:
         prior_scales=None,
     ):
         check_choice(variant, "variant", VARIANTS)
+        check_choice(selection, "selection", SELECTIONS)
         check_choice(noise, "noise", NOISES)
         check_choice(trend, "trend", TRENDS)
         expected_model_size = check_positive(expected_model_size, "expected_model_size")
@@ -442,6 +477,7 @@ class RetailBSTS:
             raise ValueError("spike_scale and slab_scale must satisfy 0 < spike_scale < slab_scale")
         q_scale = check_positive(q_scale, "q_scale")
         self.variant, self.noise, self.trend = variant, noise, trend
+        self.selection = selection
         self.expected_model_size = float(expected_model_size)
         self.seasonal_harmonics, self.seasonal_period = (
             int(seasonal_harmonics),
@@ -519,10 +555,12 @@ class RetailBSTS:
         return pi_q, pi_b
 
     # ------------------------------------------------------------------ Pyro program
-    def state_space(self, params):
+    def state_space(self, params, regression=None):
         """The :class:`~pyro_ext.timeseries.DLM` of the residual ``y - D - X beta`` for
         parameter values ``params`` (a dict of posterior draws or of scalars; keys other
-        than the DLM's are ignored)."""
+        than the DLM's are ignored). With ``regression`` ``(..., T, p)`` (the included
+        covariates, ``X * gamma``), static regression states with prior
+        ``N(0, slab_scale^2)`` come last: the DLM of ``y - D`` with ``beta`` integrated."""
         sigma_obs, sigma_goodwill = params["sigma_obs"], params["sigma_goodwill"]
         sigma_level, sigma_season = params["sigma_level"], params.get("sigma_season")
         sigma_slope = params.get("sigma_slope")
@@ -538,6 +576,8 @@ class RetailBSTS:
             eye = torch.eye(n, dtype=torch.float64)
             W = sigma_season.pow(2)[..., None, None] * eye
             comps.append(LinearGaussian(G, F, W, torch.zeros(n, dtype=torch.float64), eye.clone()))
+        if regression is not None:
+            comps.append(Regression(regression, init_scale=self.slab_scale))
         return DLM(comps, sigma_obs, self.df if self.noise == "student_t" else None)
 
     def _sample_params(self, k, p):
@@ -556,10 +596,19 @@ class RetailBSTS:
             )
         out = {"delta": pyro.sample("delta", base)}
         pi_q, pi_b = self._pi_q, self._pi_b
-        out["q"] = pyro.sample(
-            "q", self._coef_prior(pi_q, self.q_scale, self._q_forced).to_event(1)
-        )
-        if self.uses_covariates:
+        if self.selection == "point_mass":
+            slab = dist.Normal(torch.zeros_like(pi_q), torch.full_like(pi_q, self.q_scale))
+            out["q"] = pyro.sample("q", slab.to_event(1))
+            if not self._q_forced:
+                gamma_q = pyro.sample("gamma_q", dist.Bernoulli(pi_q).to_event(1))
+                out["q"] = out["q"] * gamma_q
+            if self.uses_covariates and not self._beta_forced:
+                out["gamma"] = pyro.sample("gamma", dist.Bernoulli(pi_b).to_event(1))
+        else:
+            out["q"] = pyro.sample(
+                "q", self._coef_prior(pi_q, self.q_scale, self._q_forced).to_event(1)
+            )
+        if self.uses_covariates and self.selection == "ssvs":
             prior = self._coef_prior(pi_b, self.slab_scale, self._beta_forced)
             out["beta"] = pyro.sample("beta", prior.to_event(1))
         ps = self.prior_scales
@@ -600,8 +649,118 @@ class RetailBSTS:
         """The Pyro program on standardised data ``y (T,)``, ``u (T, k)``, ``X (T, p)``."""
         params = self._sample_params(u.shape[-1], X.shape[-1])
         resid = y - self._mean_offset(params, u, X)
-        dlm = self.state_space(params)
-        dlm_observe("obs", dlm, resid)
+        if self.selection == "point_mass" and self.uses_covariates:
+            # beta integrated out: the exact marginal likelihood from the whitened
+            # innovations of the residual and of the covariates (one Kalman filter).
+            dlm = self.state_space(params)
+            precision = None
+            if dlm.observation_df is not None:
+                half = torch.as_tensor(dlm.observation_df / 2, dtype=y.dtype)
+                precision = pyro.sample(
+                    "obs_precision", dist.Gamma(half, half).expand([y.shape[-1]]).to_event(1)
+                )
+            stats = self._whitened_statistics(dlm, resid, X, precision)
+            pyro.factor("obs", self._collapsed_log_likelihood(stats, params.get("gamma")))
+            return
+        dlm_observe("obs", self.state_space(params), resid)
+
+    def _whitened_statistics(self, dlm, resid, X, precision=None):
+        """
+        Whiten the residual ``r = y - D`` and the covariates by the DLM's dense covariance
+        ``Sigma = L L'`` (:meth:`~pyro_ext.timeseries.DLM.signal_covariance` plus the
+        observation noise; one Cholesky, shared by all ``1 + p`` right-hand sides): the
+        log-likelihood of ``r`` under the DLM without regression, ``M = Z' Z`` and
+        ``b = Z' L^{-1} r`` with ``Z = L^{-1} X``. Missing weeks drop out. For one draw of
+        the parameters: ``resid`` ``(T,)``, ``X`` ``(T, p)``.
+        """
+        T = resid.shape[-1]
+        observed = ~torch.isnan(resid)
+        noise = dlm.observation_scale.pow(2).expand(T)
+        if precision is not None:
+            noise = noise / precision
+        cov = dlm.signal_covariance(T) + torch.diag_embed(noise)
+        # A missing week's row and column become the identity's, its data 0: it adds
+        # log N(0; 0, 1), which is taken back below.
+        mask = observed.to(cov.dtype)
+        cov = cov * mask.unsqueeze(-1) * mask + torch.diag_embed(1 - mask)
+        series = torch.cat([resid.unsqueeze(-1), X], -1)  # (T, 1 + p)
+        series = torch.where(observed.unsqueeze(-1), series, torch.zeros_like(series))
+        chol = torch.linalg.cholesky(cov)
+        z = torch.linalg.solve_triangular(chol, series, upper=False)
+        log_likelihood = -0.5 * (
+            z[..., 0].pow(2).sum(-1) + mask.sum(-1) * math.log(2 * math.pi)
+        ) - chol.diagonal(dim1=-2, dim2=-1).log().sum(-1)
+        Z = z[..., 1:]
+        return log_likelihood, Z.mT @ Z, (Z.mT @ z[..., :1]).squeeze(-1)
+
+    def _collapsed_log_likelihood(self, stats, gamma=None):
+        """``log p(y | gamma, theta)`` with ``beta_gamma ~ N(0, slab^2 I)`` integrated out:
+        ``l_r - log det(A) / 2 + slab^2 b_g' A^{-1} b_g / 2`` with ``A = I + slab^2 M_g``
+        (Sylvester and Woodbury on the whitened model ``W r = Z beta + N(0, I)``). Batched
+        over leading dims of ``stats`` and ``gamma``."""
+        log_likelihood, M, b = stats
+        if gamma is not None:
+            M = M * gamma.unsqueeze(-1) * gamma.unsqueeze(-2)
+            b = b * gamma
+        s2 = self.slab_scale**2
+        eye = torch.eye(M.shape[-1], dtype=M.dtype, device=M.device)
+        chol = torch.linalg.cholesky(eye + s2 * M)
+        log_det = 2 * chol.diagonal(dim1=-2, dim2=-1).log().sum(-1)
+        solved = torch.linalg.solve_triangular(chol, b.unsqueeze(-1), upper=False)
+        return log_likelihood - 0.5 * log_det + 0.5 * s2 * solved.pow(2).sum((-2, -1))
+
+    def _params_of(self, values):
+        """The model's parameters from site values (``(..., ...)``), as the model has them."""
+        params = dict(values)
+        scales = params["noise_scales"]
+        params["sigma_obs"], params["sigma_goodwill"] = scales[..., 0], scales[..., 1]
+        if "gamma_q" in params:
+            params["q"] = params["q"] * params["gamma_q"]
+        return params
+
+    def _statistics_of(self, values, y, u, X):
+        """Whitened statistics for one draw of the site values."""
+        params = self._params_of(values)
+        resid = y - self._mean_offset(params, u, X)
+        return self._whitened_statistics(
+            self.state_space(params), resid, X, params.get("obs_precision")
+        )
+
+    def _gamma_move(self, values, y, u, X):
+        """
+        The collapsed Gibbs scan of R's ``bsts`` over the indicators ``gamma``: one filter
+        per particle gives ``M`` and ``b``; each ``gamma_j`` is then drawn from its exact
+        full conditional, ``logit p(gamma_j = 1 | ...) = logit pi_j + l(gamma_j = 1) -
+        l(gamma_j = 0)``, with ``p x p`` algebra (no further filtering).
+        """
+        stats = torch.func.vmap(lambda v: self._statistics_of(v, y, u, X))(
+            {n: v for n, v in values.items() if n != "gamma"}
+        )
+        gamma = values["gamma"].clone()
+        pi = self._pi_b.to(gamma)
+        prior_logit = torch.log(pi) - torch.log1p(-pi)
+        for j in range(gamma.shape[-1]):
+            with_j, without_j = gamma.clone(), gamma.clone()
+            with_j[:, j], without_j[:, j] = 1.0, 0.0
+            logit = (
+                prior_logit[j]
+                + self._collapsed_log_likelihood(stats, with_j)
+                - self._collapsed_log_likelihood(stats, without_j)
+            )
+            gamma[:, j] = (torch.rand_like(logit) < torch.sigmoid(logit)).to(gamma.dtype)
+        return gamma
+
+    @property
+    def discrete_sites(self) -> list[str]:
+        """The indicator sites that the Gibbs moves update (point mass; after ``fit``)."""
+        if self.selection != "point_mass":
+            return []
+        sites = []
+        if self.uses_covariates and not self._beta_forced:
+            sites.append("gamma")
+        if not self._q_forced:
+            sites.append("gamma_q")
+        return sites
 
     # ------------------------------------------------------------------ fitting
     def _prepare(self, sales, spend, covariates, standardize):
@@ -757,6 +916,12 @@ class RetailBSTS:
             bool((pi >= 1).all()) for pi in (self._pi_q, self._pi_b)
         )
         self._data = (y, u, X)
+        if self.discrete_sites and method != "sgld":
+            raise ValueError(
+                f"method={method!r} cannot move the point mass's indicators "
+                f"{self.discrete_sites}: use method='sgld' (SG-MCMC with Gibbs moves), or "
+                "selection='ssvs', whose indicators are summed out"
+            )
         pyro.set_rng_seed(seed)
         pyro.clear_param_store()
         t0 = time.perf_counter()
@@ -793,6 +958,8 @@ class RetailBSTS:
         else:
             self._fit_vis(VIS, num_samples, num_particles, **kwargs)
         self.fit_seconds = time.perf_counter() - t0
+        if self.selection == "point_mass":
+            self._point_mass_draws(seed)
         scales = self._chains["noise_scales"]
         self._chains["sigma_obs"], self._chains["sigma_goodwill"] = scales[..., 0], scales[..., 1]
         self.samples = {n: v.reshape(-1, *v.shape[2:]) for n, v in self._chains.items()}
@@ -811,14 +978,62 @@ class RetailBSTS:
             values={"noise_scales": median}, fallback=pyro.infer.autoguide.init_to_median
         )
 
+    def _point_mass_draws(self, seed, chunk=256):
+        """Effective ``q`` (times its indicators) and draws of ``beta`` from its exact
+        conditional posterior given each draw of ``(gamma, theta)``: with the whitened
+        statistics, ``N(Q^{-1} b_g, Q^{-1})``, ``Q = M_g + I / slab^2``."""
+        chains = self._chains
+        if "gamma_q" in chains:
+            chains["q"] = chains["q"] * chains["gamma_q"]
+        if not self.uses_covariates:
+            return
+        y, u, X = self._data
+        shape = chains["delta"].shape  # (chains, draws)
+        flat = {
+            n: v.reshape(-1, *v.shape[2:])
+            for n, v in chains.items()
+            if n not in ("gamma", "beta", "q")
+        }
+        # The sites as sampled: q before its indicators (params_of applies them again).
+        flat["q"] = chains["q"].reshape(-1, *chains["q"].shape[2:])
+        flat.pop("gamma_q", None)
+        gamma = chains.get("gamma")
+        gamma = None if gamma is None else gamma.reshape(-1, gamma.shape[-1])
+        generator = torch.Generator().manual_seed(int(seed))
+        p, draws = X.shape[-1], []
+        statistics = torch.func.vmap(lambda v: self._statistics_of(v, y, u, X))
+        # Value checks branch on tensor values, which vmap cannot batch.
+        with torch.no_grad(), pyro.validation_enabled(False):
+            for start in range(0, shape.numel(), chunk):
+                _, M, b = statistics({n: v[start : start + chunk] for n, v in flat.items()})
+                if gamma is not None:
+                    g = gamma[start : start + chunk]
+                    M = M * g.unsqueeze(-1) * g.unsqueeze(-2)
+                    b = b * g
+                eye = torch.eye(p, dtype=M.dtype)
+                chol = torch.linalg.cholesky(M + eye / self.slab_scale**2)
+                mean = torch.cholesky_solve(b.unsqueeze(-1), chol).squeeze(-1)
+                noise = torch.randn(*mean.shape, 1, generator=generator, dtype=mean.dtype)
+                # chol^{-T} noise has covariance Q^{-1}.
+                beta = mean + torch.linalg.solve_triangular(chol.mT, noise, upper=True).squeeze(-1)
+                if gamma is not None:
+                    beta = beta * g
+                draws.append(beta)
+        chains["beta"] = torch.cat(draws).reshape(*shape, p)
+
     def _map_init(self, num_steps, lr=0.05):
-        """Median of a short AutoNormal SVI fit, to start the particles near the mode."""
+        """Median of a short AutoNormal SVI fit, to start the particles near the mode (with
+        every indicator of a point mass at 1: a guide cannot hold discrete sites)."""
+        model = self.model
+        if self.discrete_sites:
+            y, u, X = self._data
+            ones = {"gamma": torch.ones(X.shape[1], dtype=torch.float64)}
+            ones["gamma_q"] = torch.ones(u.shape[1], dtype=torch.float64)
+            model = pyro.poutine.condition(self.model, data=ones)
         guide = pyro.infer.autoguide.AutoNormal(
-            self.model, init_scale=0.05, init_loc_fn=self._init_to_median()
+            model, init_scale=0.05, init_loc_fn=self._init_to_median()
         )
-        svi = pyro.infer.SVI(
-            self.model, guide, pyro.optim.Adam({"lr": lr}), pyro.infer.Trace_ELBO()
-        )
+        svi = pyro.infer.SVI(model, guide, pyro.optim.Adam({"lr": lr}), pyro.infer.Trace_ELBO())
         for _ in range(num_steps):
             svi.step(*self._data)
         return guide
@@ -837,8 +1052,11 @@ class RetailBSTS:
         disable_progbar=True,
         rhat_target=1.05,
         max_samples=None,
+        moves="gibbs",
         **kernel_kwargs,
     ):
+        from ...infer import Gibbs
+
         kernels = dict(kernels, preconditioned=_preconditioned_kernel())
         if kernel is None:
             # The preconditioned kernel takes its initial mass from the AutoNormal scales;
@@ -867,6 +1085,11 @@ class RetailBSTS:
             kern = kernels[kernel](
                 self.model, step_size=step_size, num_particles=num_particles, **kernel_kwargs
             )
+            if self.discrete_sites:
+                site_moves = {name: moves for name in self.discrete_sites}
+                if moves == "gibbs" and "gamma" in site_moves:
+                    site_moves["gamma"] = self._gamma_move
+                kern = Gibbs(kern, self.discrete_sites, moves=site_moves)
             mcmc = MCMC(
                 kern,
                 num_samples=num_samples,
@@ -980,7 +1203,9 @@ class RetailBSTS:
         self._check_fitted()
         out = {}
         for n in self.static_sites():
-            out[n] = split_rhat(self._chains[n])
+            rhat = split_rhat(self._chains[n])
+            # An indicator that never moved in any chain (always 0 or always 1): 0 / 0.
+            out[n] = torch.where(torch.isnan(rhat), torch.ones_like(rhat), rhat)
         return out
 
     def _orig_q(self, q):
@@ -1008,6 +1233,24 @@ class RetailBSTS:
         out["sigma_obs"] = ms(s["sigma_obs"] * self._y_scale)
         return out
 
+    def coefficient_draws(self) -> dict[str, torch.Tensor]:
+        """Posterior draws in original units: ``delta`` ``(n,)``, ``q`` ``(n, k)`` (sales per
+        unit of spend), ``beta`` ``(n, p)`` (zeros for variant B, and for the draws that
+        exclude a covariate) and ``sigma_obs`` ``(n,)`` (sales units), for intervals and
+        coverage checks (:meth:`coefficients` gives their mean and sd)."""
+        self._check_fitted()
+        s = self.samples
+        n = s["delta"].shape[0]
+        beta = s.get("beta")
+        if beta is None:
+            beta = torch.zeros(n, self._p, dtype=torch.float64)
+        return {
+            "delta": s["delta"],
+            "q": self._orig_q(s["q"]),
+            "beta": self._orig_beta(beta),
+            "sigma_obs": s["sigma_obs"] * self._y_scale,
+        }
+
     def _responsibility(self, values, pi, slab):
         d = SpikeSlabNormal(pi, torch.full_like(pi, self.spike_scale), torch.full_like(pi, slab))
         return d.responsibility(values).mean(0)
@@ -1018,11 +1261,19 @@ class RetailBSTS:
         self._check_fitted()
         if "beta" not in self.samples:
             return torch.zeros(self._p, dtype=torch.float64)
+        if self.selection == "point_mass":
+            if "gamma" not in self.samples:
+                return torch.ones(self._p, dtype=torch.float64)
+            return self.samples["gamma"].mean(0)
         return self._responsibility(self.samples["beta"], self._pi_b, self.slab_scale)
 
     def channel_inclusion_probabilities(self):
         """Posterior inclusion probabilities of the channels, ``(k,)`` (1 unless RA)."""
         self._check_fitted()
+        if self.selection == "point_mass":
+            if "gamma_q" not in self.samples:
+                return torch.ones(self.num_channels, dtype=torch.float64)
+            return self.samples["gamma_q"].mean(0)
         return self._responsibility(self.samples["q"], self._pi_q, self.q_scale)
 
     # ------------------------------------------------------------------ prediction

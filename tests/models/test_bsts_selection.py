@@ -1,0 +1,164 @@
+"""RetailBSTS(selection="point_mass"): beta integrated out exactly, indicators by Gibbs."""
+
+import itertools
+
+import pyro
+import pytest
+import torch
+
+from pyro_ext.models.bsts import RetailBSTS, simulate_retail
+
+torch.set_num_threads(1)
+
+
+def _set_up(noise, p_missing=(), variant="RF", expected_model_size=2, weeks=80, seed=3):
+    """A model read for data (as fit does), the standardised data and one prior draw."""
+    d = simulate_retail(num_weeks=weeks, seed=seed, noise=noise)
+    m = RetailBSTS(variant=variant, expected_model_size=expected_model_size, noise=noise)
+    m.fit(
+        d.sales,
+        d.spend,
+        d.covariates,
+        num_samples=2,
+        warmup_steps=2,
+        num_particles=2,
+        map_init_steps=1,
+        rhat_target=None,
+    )
+    y, u, X = (t.clone() for t in m._data)
+    for week in p_missing:
+        y[week] = float("nan")
+    trace = pyro.poutine.trace(m.model).get_trace(y, u, X)
+    values = {
+        name: site["value"]
+        for name, site in trace.nodes.items()
+        if site["type"] == "sample" and not site["is_observed"]
+    }
+    return m, (y, u, X), values
+
+
+@pytest.fixture(scope="module")
+def point_mass_fit():
+    d = simulate_retail(num_weeks=104, seed=21, noise="gaussian")
+    m = RetailBSTS(variant="RF", expected_model_size=2, noise="gaussian")
+    m.fit(
+        d.sales,
+        d.spend,
+        d.covariates,
+        num_samples=100,
+        warmup_steps=100,
+        num_particles=4,
+        seed=0,
+        covariate_names=d.covariate_names,
+    )
+    return m, d
+
+
+@pytest.mark.parametrize("noise", ["gaussian", "student_t"])
+def test_collapsed_likelihood_equals_kalman_with_regression_states(noise):
+    # beta_gamma ~ N(0, slab^2 I) integrated out: the dense whitening (Sylvester + Woodbury)
+    # against the Kalman filter with static regression states on X * gamma.
+    m, (y, u, X), values = _set_up(noise, p_missing=(5, 40))
+    params = m._params_of(values)
+    resid = y - m._mean_offset(params, u, X)
+    precision = params.get("obs_precision")
+    stats = m._whitened_statistics(m.state_space(params), resid, X, precision)
+    for gamma in ([1.0, 0, 0, 1, 0, 1, 1], [0.0] * 7, [1.0] * 7):
+        gamma = torch.tensor(gamma, dtype=torch.float64)
+        collapsed = m._collapsed_log_likelihood(stats, gamma)
+        kalman = m.state_space(params, X * gamma).log_likelihood(resid, precision)
+        assert torch.allclose(collapsed, kalman, rtol=1e-9, atol=1e-8)
+
+
+def test_collapsed_gibbs_move_matches_enumeration(point_mass_fit):
+    # theta fixed at a posterior draw: the indicator scan's stationary law is
+    # p(gamma | theta, y), here enumerated over all 2^7 models with the Kalman likelihood
+    # of each (regression states on X * gamma).
+    m, _ = point_mass_fit
+    y, u, X = m._data
+    sites = ("delta", "q", "noise_scales", "sigma_level", "sigma_season")
+    values = {name: m.samples[name][7] for name in sites}
+    params = m._params_of(values)
+    resid = y - m._mean_offset(params, u, X)
+    dlm_of = m.state_space
+    pi = m._pi_b
+    models = torch.tensor(list(itertools.product([0.0, 1.0], repeat=7)), dtype=torch.float64)
+    log_posterior = torch.stack(
+        [
+            dlm_of(params, X * g).log_likelihood(resid)
+            + torch.distributions.Bernoulli(pi).log_prob(g).sum()
+            for g in models
+        ]
+    )
+    exact = (log_posterior.softmax(0)[:, None] * models).sum(0)
+    num_particles = 200
+    batch = {
+        n: v.expand(num_particles, *v.shape).clone() for n, v in values.items() if n != "gamma"
+    }
+    batch["gamma"] = torch.zeros(num_particles, 7, dtype=torch.float64)
+    frequency = torch.zeros(7, dtype=torch.float64)
+    sweeps = 40
+    with pyro.validation_enabled(False):
+        for sweep in range(sweeps + 5):
+            batch["gamma"] = m._gamma_move(batch, y, u, X)
+            if sweep >= 5:
+                frequency += batch["gamma"].mean(0) / sweeps
+    # The check bites: some covariate's inclusion is uncertain given this theta.
+    assert ((exact > 0.1) & (exact < 0.9)).any(), exact
+    assert (frequency - exact).abs().max() < 0.03, (frequency, exact)
+
+
+def test_point_mass_is_the_default_and_reports_indicator_draws(point_mass_fit):
+    m, d = point_mass_fit
+    assert m.selection == "point_mass" and m.discrete_sites == ["gamma"]
+    gamma, beta = m.samples["gamma"], m.samples["beta"]
+    assert set(gamma.unique().tolist()) <= {0.0, 1.0}
+    # beta is exactly 0 in the draws that exclude a covariate, and nonzero elsewhere.
+    assert (beta[gamma == 0] == 0).all() and (beta[gamma == 1] != 0).all()
+    assert torch.equal(m.inclusion_probabilities(), gamma.mean(0))
+    draws = m.coefficient_draws()
+    assert draws["beta"].shape == gamma.shape
+    assert torch.equal(draws["beta"] == 0, gamma == 0)
+    rhat = m.rhat()
+    assert {"gamma", "beta", "delta", "q"} <= set(rhat)
+    assert all(torch.isfinite(v).all() for v in rhat.values())
+    assert m.channel_inclusion_probabilities().tolist() == [1.0] * 5
+
+
+def test_point_mass_finds_the_strong_covariate_and_drops_random_walks(point_mass_fit):
+    m, d = point_mass_fit
+    inclusion = dict(zip(d.covariate_names, m.inclusion_probabilities().tolist()))
+    assert inclusion["hols"] > 0.9  # beta 2.5 noise sds
+    for null in ("unemp_ix", "price_ix", "cc_ix"):  # random walks, beta 0
+        assert inclusion[null] < 0.2, inclusion
+    forecast = m.forecast(d.spend[:4], d.covariates[:4])
+    assert forecast.shape[1] == 4 and torch.isfinite(forecast).all()
+
+
+def test_variant_ra_moves_channel_indicators_too():
+    d = simulate_retail(num_weeks=60, seed=4, noise="gaussian")
+    m = RetailBSTS(variant="RA", expected_model_size=3, noise="gaussian", seasonal_harmonics=1)
+    m.fit(d.sales, d.spend, d.covariates, num_samples=20, warmup_steps=20, num_particles=2)
+    assert m.discrete_sites == ["gamma", "gamma_q"]
+    channels = m.channel_inclusion_probabilities()
+    assert channels.shape == (5,) and ((channels >= 0) & (channels <= 1)).all()
+    # q is reported with its indicators applied: 0 where a channel is excluded.
+    assert (m.samples["q"][m.samples["gamma_q"] == 0] == 0).all()
+
+
+def test_forced_covariates_need_no_indicators():
+    d = simulate_retail(num_weeks=40, seed=2, noise="gaussian")
+    m = RetailBSTS(variant="RF", expected_model_size=7, noise="gaussian", seasonal_harmonics=0)
+    m.fit(d.sales, d.spend, d.covariates, num_samples=10, warmup_steps=10, num_particles=2)
+    assert m.discrete_sites == []
+    assert m.inclusion_probabilities().tolist() == [1.0] * 7
+    assert m.samples["beta"].shape[-1] == 7 and (m.samples["beta"] != 0).all()
+
+
+def test_methods_that_cannot_move_indicators_say_what_to_do():
+    d = simulate_retail(num_weeks=30, seed=2, noise="gaussian")
+    for method in ("nuts", "vis"):
+        with pytest.raises(ValueError, match="selection='ssvs'"):
+            RetailBSTS(expected_model_size=2).fit(d.sales, d.spend, d.covariates, method=method)
+    with pytest.raises(ValueError, match="selection must be one of"):
+        RetailBSTS(selection="spike")
