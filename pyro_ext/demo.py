@@ -559,6 +559,14 @@ def bsts(quick=False):
     q_true = ", ".join(f"{float(v):.3f}" for v in data.truth["q"])
     q_est = ", ".join(f"{float(v):.3f}" for v in coefs["q"]["mean"])
     print(f"    spend effects q: {q_est} (truth {q_true})")
+    inclusion = model.inclusion_probabilities()
+    selected = ", ".join(
+        f"{name} {float(p):.2f}{'*' if true else ''}"
+        for name, p, true in zip(data.covariate_names, inclusion, data.truth["inclusion"])
+    )
+    print(
+        f"    P(covariate included), point-mass spike and Gibbs moves (* truly non-zero): {selected}"
+    )
     draws = model.forecast(data.spend[train:], data.covariates[train:])
     truth = data.sales[train:]
     mape = float(((draws.mean(0) - truth).abs() / truth.abs()).mean())

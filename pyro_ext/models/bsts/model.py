@@ -376,14 +376,16 @@ def _preconditioned_kernel():
     return PreconditionedSGHMC
 
 
-#: draws that are not static continuous parameters: the Student-t precisions (one per
-#: week) and the point mass's indicators (binary; their R-hat is reported, not targeted)
-_NOT_TARGETED = ("obs_precision", "gamma", "gamma_q")
+def _split_rhat(draws):
+    """Split-R-hat, 1 where it is 0 / 0: an indicator that no chain ever moved."""
+    rhat = split_rhat(draws)
+    return torch.where(torch.isnan(rhat), torch.ones_like(rhat), rhat)
 
 
 def _max_rhat(chains):
-    """Largest split-R-hat over the static continuous sites of ``{site: (chains, draws, ...)}``."""
-    return max(float(split_rhat(v).max()) for n, v in chains.items() if n not in _NOT_TARGETED)
+    """Largest split-R-hat over the static sites of ``{site: (chains, draws, ...)}`` (the
+    point mass's indicators included: their frequencies are the inclusion probabilities)."""
+    return max(float(_split_rhat(v).max()) for n, v in chains.items() if n != "obs_precision")
 
 
 def _hn(scale, dtype):
@@ -849,7 +851,13 @@ class RetailBSTS:
         split-R-hat over the static sites is ``>= rhat_target``, the chains continue
         (:meth:`pyro_ext.infer.MCMC.extend`) by ``num_samples / 2`` draws per particle, up
         to ``max_samples``; ``rhat_target=None`` runs exactly ``num_samples``.  The number
-        of extensions is ``self.sampling_extensions``.
+        of extensions is ``self.sampling_extensions``.  With ``selection="point_mass"`` the
+        kernel is compounded with moves on the indicators (:class:`~pyro_ext.infer.Gibbs`):
+        ``moves="gibbs"`` (default) is the collapsed scan of R's ``bsts``, each ``gamma_j``
+        from its exact conditional given the others and the continuous parameters, ``beta``
+        integrated out (one dense factorisation per particle and sweep, then ``p x p``
+        algebra); ``"mh-flip"`` / ``"mh-swap"`` run the model per proposal instead.  The
+        stopping rule's R-hat covers the indicators too.
         ``kernel="preconditioned"`` (the default when ``map_init_steps > 0``) is SGHMC
         with a constant diagonal mass equal to the inverse posterior variance of each
         unconstrained coordinate: started from the AutoNormal scales, re-estimated once
@@ -1203,9 +1211,7 @@ class RetailBSTS:
         self._check_fitted()
         out = {}
         for n in self.static_sites():
-            rhat = split_rhat(self._chains[n])
-            # An indicator that never moved in any chain (always 0 or always 1): 0 / 0.
-            out[n] = torch.where(torch.isnan(rhat), torch.ones_like(rhat), rhat)
+            out[n] = _split_rhat(self._chains[n])
         return out
 
     def _orig_q(self, q):
