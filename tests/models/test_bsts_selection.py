@@ -56,55 +56,56 @@ def point_mass_fit():
 
 @pytest.mark.parametrize("noise", ["gaussian", "student_t"])
 def test_collapsed_likelihood_equals_kalman_with_regression_states(noise):
-    # beta_gamma ~ N(0, slab^2 I) integrated out: the dense whitening (Sylvester + Woodbury)
-    # against the Kalman filter with static regression states on X * gamma.
+    # q and beta integrated out (the goodwill is linear in q given delta): the dense
+    # whitening (Sylvester + Woodbury) against the Kalman filter with static regression
+    # states on [adstocked spend, X] * gamma, prior N(0, 1) (q_scale = slab_scale = 1).
     m, (y, u, X), values = _set_up(noise, p_missing=(5, 40))
     params = m._params_of(values)
-    resid = y - m._mean_offset(params, u, X)
+    design = m._design(params, u, X)
     precision = params.get("obs_precision")
-    stats = m._whitened_statistics(m.state_space(params), resid, X, precision)
+    stats = m._whitened_statistics(m.state_space(params), y, design, precision)
+    ones = torch.ones(5, dtype=torch.float64)
     for gamma in ([1.0, 0, 0, 1, 0, 1, 1], [0.0] * 7, [1.0] * 7):
-        gamma = torch.tensor(gamma, dtype=torch.float64)
+        gamma = torch.cat([ones, torch.tensor(gamma, dtype=torch.float64)])
         collapsed = m._collapsed_log_likelihood(stats, gamma)
-        kalman = m.state_space(params, X * gamma).log_likelihood(resid, precision)
+        kalman = m.state_space(params, design * gamma).log_likelihood(y, precision)
         assert torch.allclose(collapsed, kalman, rtol=1e-9, atol=1e-8)
 
 
 def test_collapsed_gibbs_move_matches_enumeration(point_mass_fit):
     # theta fixed at a posterior draw: the indicator scan's stationary law is
     # p(gamma | theta, y), here enumerated over all 2^7 models with the Kalman likelihood
-    # of each (regression states on X * gamma).
+    # of each (regression states on [adstocked spend, X * gamma]).
     m, _ = point_mass_fit
     y, u, X = m._data
-    sites = ("delta", "q", "noise_scales", "sigma_level", "sigma_season")
+    sites = ("delta", "noise_scales", "sigma_level", "sigma_season")
     values = {name: m.samples[name][7] for name in sites}
     params = m._params_of(values)
-    resid = y - m._mean_offset(params, u, X)
-    dlm_of = m.state_space
+    design = m._design(params, u, X)
     pi = m._pi_b
+    ones = torch.ones(5, dtype=torch.float64)
     models = torch.tensor(list(itertools.product([0.0, 1.0], repeat=7)), dtype=torch.float64)
     log_posterior = torch.stack(
         [
-            dlm_of(params, X * g).log_likelihood(resid)
+            m.state_space(params, design * torch.cat([ones, g])).log_likelihood(y)
             + torch.distributions.Bernoulli(pi).log_prob(g).sum()
             for g in models
         ]
     )
     exact = (log_posterior.softmax(0)[:, None] * models).sum(0)
+    # The check bites: some covariate's inclusion is uncertain given this theta.
+    assert ((exact > 0.1) & (exact < 0.9)).any(), exact
     num_particles = 200
-    batch = {
-        n: v.expand(num_particles, *v.shape).clone() for n, v in values.items() if n != "gamma"
-    }
+    batch = {n: v.expand(num_particles, *v.shape).clone() for n, v in values.items()}
     batch["gamma"] = torch.zeros(num_particles, 7, dtype=torch.float64)
+    move = m._indicator_move("gamma")
     frequency = torch.zeros(7, dtype=torch.float64)
     sweeps = 40
     with pyro.validation_enabled(False):
         for sweep in range(sweeps + 5):
-            batch["gamma"] = m._gamma_move(batch, y, u, X)
+            batch["gamma"] = move(batch, y, u, X)
             if sweep >= 5:
                 frequency += batch["gamma"].mean(0) / sweeps
-    # The check bites: some covariate's inclusion is uncertain given this theta.
-    assert ((exact > 0.1) & (exact < 0.9)).any(), exact
     assert (frequency - exact).abs().max() < 0.03, (frequency, exact)
 
 
@@ -142,8 +143,10 @@ def test_variant_ra_moves_channel_indicators_too():
     assert m.discrete_sites == ["gamma", "gamma_q"]
     channels = m.channel_inclusion_probabilities()
     assert channels.shape == (5,) and ((channels >= 0) & (channels <= 1)).all()
-    # q is reported with its indicators applied: 0 where a channel is excluded.
+    # q is drawn from its exact conditional: 0 where a channel is excluded.
     assert (m.samples["q"][m.samples["gamma_q"] == 0] == 0).all()
+    assert (m.samples["q"][m.samples["gamma_q"] == 1] != 0).all()
+    assert float(max(r.max() for r in m.rhat().values())) < 1.5
 
 
 def test_forced_covariates_need_no_indicators():

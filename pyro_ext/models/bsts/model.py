@@ -599,11 +599,9 @@ class RetailBSTS:
         out = {"delta": pyro.sample("delta", base)}
         pi_q, pi_b = self._pi_q, self._pi_b
         if self.selection == "point_mass":
-            slab = dist.Normal(torch.zeros_like(pi_q), torch.full_like(pi_q, self.q_scale))
-            out["q"] = pyro.sample("q", slab.to_event(1))
+            # q and beta are integrated out (the model, below); only indicators are sampled.
             if not self._q_forced:
-                gamma_q = pyro.sample("gamma_q", dist.Bernoulli(pi_q).to_event(1))
-                out["q"] = out["q"] * gamma_q
+                out["gamma_q"] = pyro.sample("gamma_q", dist.Bernoulli(pi_q).to_event(1))
             if self.uses_covariates and not self._beta_forced:
                 out["gamma"] = pyro.sample("gamma", dist.Bernoulli(pi_b).to_event(1))
         else:
@@ -650,10 +648,10 @@ class RetailBSTS:
     def model(self, y, u, X):
         """The Pyro program on standardised data ``y (T,)``, ``u (T, k)``, ``X (T, p)``."""
         params = self._sample_params(u.shape[-1], X.shape[-1])
-        resid = y - self._mean_offset(params, u, X)
-        if self.selection == "point_mass" and self.uses_covariates:
-            # beta integrated out: the exact marginal likelihood from the whitened
-            # innovations of the residual and of the covariates (one Kalman filter).
+        if self.selection == "point_mass":
+            # q and beta integrated out: the goodwill is linear in q given delta (the
+            # adstocked spend), so [q, beta] are the coefficients of one Gaussian regression
+            # whose exact marginal likelihood comes from the dense whitening below.
             dlm = self.state_space(params)
             precision = None
             if dlm.observation_df is not None:
@@ -661,10 +659,43 @@ class RetailBSTS:
                 precision = pyro.sample(
                     "obs_precision", dist.Gamma(half, half).expand([y.shape[-1]]).to_event(1)
                 )
-            stats = self._whitened_statistics(dlm, resid, X, precision)
-            pyro.factor("obs", self._collapsed_log_likelihood(stats, params.get("gamma")))
+            stats = self._whitened_statistics(dlm, y, self._design(params, u, X), precision)
+            pyro.factor("obs", self._collapsed_log_likelihood(stats, self._indicators(params)))
             return
+        resid = y - self._mean_offset(params, u, X)
         dlm_observe("obs", self.state_space(params), resid)
+
+    def _adstock(self, params, u):
+        """The goodwill each channel's unit spend builds, ``(..., T, k)``: ``D = U q``."""
+        phi = (1.0 - params["delta"]).unsqueeze(-1)
+        spend = u.mT  # (k, T)
+        if self.spend_lag == 0:
+            pad = torch.zeros_like(spend[..., :1])
+            return goodwill_offset(phi, torch.cat([spend, pad], -1))[..., 1:].mT
+        return goodwill_offset(phi, spend).mT
+
+    def _design(self, params, u, X):
+        """The point mass's regression: adstocked spend and the covariates, ``(T, k + p)``."""
+        adstock = self._adstock(params, u)
+        if not self.uses_covariates:
+            return adstock
+        return torch.cat([adstock, X.expand(*adstock.shape[:-1], X.shape[-1])], -1)
+
+    def _indicators(self, params):
+        """``[gamma_q, gamma]`` with 1 for forced-in coefficients; ``None`` if all are."""
+        k = self._pi_q.shape[0]
+        p = self._p if self.uses_covariates else 0
+        if "gamma_q" not in params and "gamma" not in params:
+            return None
+        ref = params.get("gamma_q", params.get("gamma"))
+        gamma_q = params.get("gamma_q", ref.new_ones(ref.shape[:-1] + (k,)))
+        gamma = params.get("gamma", ref.new_ones(ref.shape[:-1] + (p,)))
+        return torch.cat([gamma_q, gamma[..., :p]], -1)
+
+    def _slab_variances(self):
+        k = self._pi_q.shape[0]
+        p = self._p if self.uses_covariates else 0
+        return torch.tensor([self.q_scale**2] * k + [self.slab_scale**2] * p, dtype=torch.float64)
 
     def _whitened_statistics(self, dlm, resid, X, precision=None):
         """
@@ -697,51 +728,62 @@ class RetailBSTS:
 
     def _collapsed_log_likelihood(self, stats, gamma=None):
         """``log p(y | gamma, theta)`` with ``beta_gamma ~ N(0, slab^2 I)`` integrated out:
-        ``l_r - log det(A) / 2 + slab^2 b_g' A^{-1} b_g / 2`` with ``A = I + slab^2 M_g``
-        (Sylvester and Woodbury on the whitened model ``W r = Z beta + N(0, I)``). Batched
-        over leading dims of ``stats`` and ``gamma``."""
+        ``l_r - log det(A) / 2 + b_g' A^{-1} b_g / 2`` with ``A = I + S M S``, ``b_g = S b``,
+        ``S = diag(prior sd * gamma)`` (Sylvester and Woodbury on the whitened model
+        ``W r = Z beta + N(0, I)``). Batched over leading dims of ``stats`` and ``gamma``."""
         log_likelihood, M, b = stats
+        scale = self._slab_variances().to(M).sqrt()  # the prior sd of each coefficient
         if gamma is not None:
-            M = M * gamma.unsqueeze(-1) * gamma.unsqueeze(-2)
-            b = b * gamma
-        s2 = self.slab_scale**2
+            scale = scale * gamma
+        # With S = diag(scale * gamma): A = I + S M S, and b_g = S b.
+        M = M * scale.unsqueeze(-1) * scale.unsqueeze(-2)
+        b = b * scale
         eye = torch.eye(M.shape[-1], dtype=M.dtype, device=M.device)
-        chol = torch.linalg.cholesky(eye + s2 * M)
+        chol = torch.linalg.cholesky(eye + M)
         log_det = 2 * chol.diagonal(dim1=-2, dim2=-1).log().sum(-1)
         solved = torch.linalg.solve_triangular(chol, b.unsqueeze(-1), upper=False)
-        return log_likelihood - 0.5 * log_det + 0.5 * s2 * solved.pow(2).sum((-2, -1))
+        return log_likelihood - 0.5 * log_det + 0.5 * solved.pow(2).sum((-2, -1))
 
     def _params_of(self, values):
         """The model's parameters from site values (``(..., ...)``), as the model has them."""
         params = dict(values)
         scales = params["noise_scales"]
         params["sigma_obs"], params["sigma_goodwill"] = scales[..., 0], scales[..., 1]
-        if "gamma_q" in params:
-            params["q"] = params["q"] * params["gamma_q"]
         return params
 
     def _statistics_of(self, values, y, u, X):
-        """Whitened statistics for one draw of the site values."""
+        """Whitened statistics of the point mass's regression for one draw of the values."""
         params = self._params_of(values)
-        resid = y - self._mean_offset(params, u, X)
         return self._whitened_statistics(
-            self.state_space(params), resid, X, params.get("obs_precision")
+            self.state_space(params), y, self._design(params, u, X), params.get("obs_precision")
         )
 
-    def _gamma_move(self, values, y, u, X):
+    def _indicator_move(self, site):
+        """The collapsed Gibbs scan over the indicator site ``site`` (``"gamma_q"`` or
+        ``"gamma"``), as :class:`~pyro_ext.infer.Gibbs` takes a move."""
+        return lambda values, y, u, X: self._collapsed_scan(values, y, u, X, site)[site]
+
+    def _collapsed_scan(self, values, y, u, X, site=None):
         """
-        The collapsed Gibbs scan of R's ``bsts`` over the indicators ``gamma``: one filter
-        per particle gives ``M`` and ``b``; each ``gamma_j`` is then drawn from its exact
-        full conditional, ``logit p(gamma_j = 1 | ...) = logit pi_j + l(gamma_j = 1) -
-        l(gamma_j = 0)``, with ``p x p`` algebra (no further filtering).
+        The collapsed Gibbs scan of R's ``bsts`` over the indicators ``[gamma_q, gamma]``:
+        one dense factorisation per particle gives ``M`` and ``b`` of the regression on
+        ``[adstocked spend, covariates]``; each indicator is then drawn from its exact full
+        conditional, ``logit p(gamma_j = 1 | ...) = logit pi_j + l(gamma_j = 1) -
+        l(gamma_j = 0)``, with ``(k + p)``-square algebra (no further filtering). Returns
+        the new values of both sites (the other site's indicators are left as they are).
         """
+        sites = [n for n in ("gamma_q", "gamma") if n in values]
         stats = torch.func.vmap(lambda v: self._statistics_of(v, y, u, X))(
-            {n: v for n, v in values.items() if n != "gamma"}
+            {n: v for n, v in values.items() if n not in sites}
         )
-        gamma = values["gamma"].clone()
-        pi = self._pi_b.to(gamma)
+        gamma = self._indicators(values).clone()
+        k = self._pi_q.shape[0]
+        pi = torch.cat([self._pi_q, self._pi_b[: gamma.shape[-1] - k]]).to(gamma)
+        movable = (pi < 1).nonzero().flatten().tolist()
+        if site is not None:
+            movable = [j for j in movable if (j < k) == (site == "gamma_q")]
         prior_logit = torch.log(pi) - torch.log1p(-pi)
-        for j in range(gamma.shape[-1]):
+        for j in movable:
             with_j, without_j = gamma.clone(), gamma.clone()
             with_j[:, j], without_j[:, j] = 1.0, 0.0
             logit = (
@@ -750,7 +792,7 @@ class RetailBSTS:
                 - self._collapsed_log_likelihood(stats, without_j)
             )
             gamma[:, j] = (torch.rand_like(logit) < torch.sigmoid(logit)).to(gamma.dtype)
-        return gamma
+        return {"gamma_q": gamma[:, :k], "gamma": gamma[:, k:]}
 
     @property
     def discrete_sites(self) -> list[str]:
@@ -987,47 +1029,45 @@ class RetailBSTS:
         )
 
     def _point_mass_draws(self, seed, chunk=256):
-        """Effective ``q`` (times its indicators) and draws of ``beta`` from its exact
-        conditional posterior given each draw of ``(gamma, theta)``: with the whitened
-        statistics, ``N(Q^{-1} b_g, Q^{-1})``, ``Q = M_g + I / slab^2``."""
+        """Draws of ``q`` and ``beta`` from their exact conditional posterior given each
+        draw of ``(gamma, theta)``: with the whitened statistics, ``N(Q^{-1} G b, Q^{-1})``,
+        ``Q = G M G + diag(1 / prior variances)``, ``G = diag(gamma)``; exactly 0 where an
+        indicator is 0."""
         chains = self._chains
-        if "gamma_q" in chains:
-            chains["q"] = chains["q"] * chains["gamma_q"]
-        if not self.uses_covariates:
-            return
         y, u, X = self._data
+        k = u.shape[1]
+        p = X.shape[1] if self.uses_covariates else 0
         shape = chains["delta"].shape  # (chains, draws)
-        flat = {
-            n: v.reshape(-1, *v.shape[2:])
-            for n, v in chains.items()
-            if n not in ("gamma", "beta", "q")
-        }
-        # The sites as sampled: q before its indicators (params_of applies them again).
-        flat["q"] = chains["q"].reshape(-1, *chains["q"].shape[2:])
-        flat.pop("gamma_q", None)
-        gamma = chains.get("gamma")
-        gamma = None if gamma is None else gamma.reshape(-1, gamma.shape[-1])
+        flat = {n: v.reshape(-1, *v.shape[2:]) for n, v in chains.items()}
+        indicator_sites = [n for n in ("gamma_q", "gamma") if n in flat]
+        gamma = self._indicators(flat)
+        prior_precision = 1.0 / self._slab_variances()
         generator = torch.Generator().manual_seed(int(seed))
-        p, draws = X.shape[-1], []
         statistics = torch.func.vmap(lambda v: self._statistics_of(v, y, u, X))
+        draws = []
         # Value checks branch on tensor values, which vmap cannot batch.
         with torch.no_grad(), pyro.validation_enabled(False):
             for start in range(0, shape.numel(), chunk):
-                _, M, b = statistics({n: v[start : start + chunk] for n, v in flat.items()})
+                values = {
+                    n: v[start : start + chunk] for n, v in flat.items() if n not in indicator_sites
+                }
+                _, M, b = statistics(values)
                 if gamma is not None:
                     g = gamma[start : start + chunk]
                     M = M * g.unsqueeze(-1) * g.unsqueeze(-2)
                     b = b * g
-                eye = torch.eye(p, dtype=M.dtype)
-                chol = torch.linalg.cholesky(M + eye / self.slab_scale**2)
+                chol = torch.linalg.cholesky(M + torch.diag(prior_precision).to(M))
                 mean = torch.cholesky_solve(b.unsqueeze(-1), chol).squeeze(-1)
                 noise = torch.randn(*mean.shape, 1, generator=generator, dtype=mean.dtype)
                 # chol^{-T} noise has covariance Q^{-1}.
-                beta = mean + torch.linalg.solve_triangular(chol.mT, noise, upper=True).squeeze(-1)
+                coef = mean + torch.linalg.solve_triangular(chol.mT, noise, upper=True).squeeze(-1)
                 if gamma is not None:
-                    beta = beta * g
-                draws.append(beta)
-        chains["beta"] = torch.cat(draws).reshape(*shape, p)
+                    coef = coef * g
+                draws.append(coef)
+        coef = torch.cat(draws).reshape(*shape, k + p)
+        chains["q"] = coef[..., :k]
+        if self.uses_covariates:
+            chains["beta"] = coef[..., k:]
 
     def _map_init(self, num_steps, lr=0.05):
         """Median of a short AutoNormal SVI fit, to start the particles near the mode (with
@@ -1095,8 +1135,8 @@ class RetailBSTS:
             )
             if self.discrete_sites:
                 site_moves = {name: moves for name in self.discrete_sites}
-                if moves == "gibbs" and "gamma" in site_moves:
-                    site_moves["gamma"] = self._gamma_move
+                if moves == "gibbs":
+                    site_moves = {name: self._indicator_move(name) for name in site_moves}
                 kern = Gibbs(kern, self.discrete_sites, moves=site_moves)
             mcmc = MCMC(
                 kern,
