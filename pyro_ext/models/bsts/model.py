@@ -19,17 +19,19 @@ The gain: static matrices use the fast blocked likelihood of
 
 **Spike and slab, point mass** (``selection="point_mass"``, the default, as R's ``bsts``
 of Scott & Varian 2014 that the thesis used).  Indicators ``gamma_j ~ Bernoulli(pi_j)``;
-``beta_j = 0`` exactly where ``gamma_j = 0``, ``beta_j ~ N(0, slab^2)`` where it is 1.  The
-coefficients enter the Kalman state as static regression states
-(:class:`~pyro_ext.timeseries.Regression` on ``X * gamma``), so the likelihood
-``p(y | gamma, theta)`` has ``beta`` integrated out exactly, and ``gamma`` moves by Gibbs
-on that exact marginal (:class:`~pyro_ext.infer.Gibbs`) while the continuous parameters
-move by SG-MCMC.  ``inclusion_probabilities()`` is the posterior frequency of
-``gamma_j = 1``; the ``beta`` draws come from their exact conditional posterior given each
-draw of ``(gamma, theta)`` (the filtered regression states at the last week).  In variant
-``"RA"`` the channels have indicators ``gamma_q`` too: ``q_i`` is multiplied by them (it
-enters the goodwill, not the state, so it stays a sampled site, from its slab where
-excluded).
+``beta_j = 0`` exactly where ``gamma_j = 0``, ``beta_j ~ N(0, slab^2)`` where it is 1.  Given
+``delta`` the goodwill is linear in ``q`` (``D = U_delta q`` with the adstocked spend
+``U_delta``), so ``[q, beta]`` are the coefficients of one Gaussian regression of ``y`` on
+``[U_delta, X]`` with the DLM's noise, and both are integrated out exactly: the likelihood
+``p(y | gamma, theta)`` comes from one dense whitening of the data by the DLM's covariance
+(:meth:`~pyro_ext.timeseries.DLM.signal_covariance`; the same value as the Kalman filter
+with static regression states, :class:`~pyro_ext.timeseries.Regression`, which the tests
+check).  The indicators move by the collapsed Gibbs scan of ``bsts`` inside
+:class:`~pyro_ext.infer.Gibbs`, the remaining continuous parameters (``delta``, the noise
+scales) by SG-MCMC.  ``inclusion_probabilities()`` is the posterior frequency of
+``gamma_j = 1``; the ``q`` and ``beta`` draws come from their exact conditional posterior
+given each draw of ``(gamma, theta)`` (exactly 0 where excluded).  In variant ``"RA"`` the
+channels have indicators ``gamma_q`` too.
 
 **Spike and slab, narrow Gaussian spike** (``selection="ssvs"``, stochastic search
 variable selection).  The discrete indicators are summed out
