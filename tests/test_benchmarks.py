@@ -1,5 +1,6 @@
 """The benchmark scripts run end to end in their quick mode (full runs: ``make bench``)."""
 
+import inspect
 import os
 import subprocess
 import sys
@@ -51,8 +52,73 @@ def check_online(text):
         assert "the same algorithm" in speed
 
 
+def check_bsts_selection(text):
+    # Both variants of every selection the model has (today's model without the keyword
+    # runs ssvs only and says point_mass was not run); inclusion probabilities and coverage
+    # fractions in [0, 1], R-hat and fit time positive.
+    from pyro_ext.models.bsts import RetailBSTS
+
+    has_keyword = "selection" in inspect.signature(RetailBSTS).parameters
+    selections = ("ssvs", "point_mass") if has_keyword else ("ssvs",)
+    if not has_keyword:
+        assert "Not run: point_mass" in text
+    table = text.split("## Selection, coverage, convergence, time")[1].split("\n## ")[0]
+    rows = [r.split("|")[1:-1] for r in table.splitlines() if r.startswith("| ")][1:]
+    assert [(r[0].strip(), r[1].strip()) for r in rows] == [
+        (sel, v) for sel in selections for v in ("RF", "RA")
+    ]
+
+    def number(cell):
+        return float(cell.strip().strip("*").split()[0])
+
+    for row in rows:
+        assert row[2].strip() == "1", row  # one seed
+        for cell in row[3:12]:
+            if cell.strip() != "n/a":
+                assert 0 <= number(cell) <= 1, row
+        assert number(row[3]) >= 0 and number(row[4]) >= 0
+        assert number(row[12]) > 0.9, row  # split-R-hat
+        assert all(float(v) > 0 for v in row[13].split(" / ")), row
+    assert "## The simulated truths" in text and "| 100 |" in text
+
+
+def check_bsts_peers(text):
+    # Both data sets, each with a row per RetailBSTS selection, the spend_lag=0 row and the
+    # peers (PyMC-Marketing as "not installed" where it is not); holdout MAPEs that are
+    # numbers; the ROAS data's truth row beside the estimates.
+    sections = text.split("\n## ")[1:]
+    assert [s.split(":")[0] for s in sections] == [
+        "Robyn `dt_simulated_weekly`",
+        "PyMC-Marketing `mmm_roas_data`",
+    ]
+    for section in sections:
+        summary, contributions = section.split("Channel contributions")
+        rows = [r for r in summary.splitlines() if r.startswith("| ") and "| method |" not in r]
+        methods = [r.split("|")[1].strip() for r in rows]
+        assert methods == [
+            'RetailBSTS `selection="point_mass"`',
+            'RetailBSTS `selection="ssvs"`',
+            'RetailBSTS `selection="point_mass"`, `spend_lag=0`',
+            "PyMC-Marketing `MMM` (NUTS)",
+            "statsmodels `UnobservedComponents` (MLE)",
+        ]
+        for row in rows:
+            if "PyMC" in row and "not installed" in row:
+                continue
+            cell = row.split("|")[2].strip()
+            assert cell.endswith(" %") and 0 <= float(cell[:-2]) < 1000, row
+        for method in methods:
+            assert f"| {method} |" in contributions, method
+    assert "| **truth** | " in sections[1] and "| **truth** | " not in sections[0]
+
+
 #: content checks of a quick run's results, beyond "a table was written", by script name
-CONTENT_CHECKS = {"online": check_online, "online_bandits": check_online_bandits}
+CONTENT_CHECKS = {
+    "bsts_peers": check_bsts_peers,
+    "bsts_selection": check_bsts_selection,
+    "online": check_online,
+    "online_bandits": check_online_bandits,
+}
 
 
 @pytest.mark.parametrize("script", BENCHMARKS, ids=lambda path: path.stem)

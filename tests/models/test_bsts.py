@@ -376,9 +376,10 @@ def test_recovery_sgld():
 
 
 def test_recovery_vis():
-    # fit(method="vis"): an AutoNormal refined by 5 Adam-preconditioned Langevin steps.
+    # fit(method="vis"): an AutoNormal refined by 5 Adam-preconditioned Langevin steps
+    # (on the narrow spike: a guide cannot hold the point mass's indicators).
     d = simulate_retail(num_weeks=234, seed=0, noise="gaussian")
-    m = RetailBSTS(variant="RF", noise="gaussian")
+    m = RetailBSTS(variant="RF", selection="ssvs", noise="gaussian")
     m.fit(
         d.sales,
         d.spend,
@@ -398,7 +399,7 @@ def test_recovery_vis():
 
 def test_vis_divergence_is_reported(short_data):
     d = short_data
-    m = RetailBSTS(variant="RF", noise="gaussian", seasonal_harmonics=1)
+    m = RetailBSTS(variant="RF", selection="ssvs", noise="gaussian", seasonal_harmonics=1)
     with pytest.raises(RuntimeError, match="diverged at SVI iteration"):
         m.fit(
             d.sales,
@@ -488,3 +489,100 @@ def test_one_step_predictions_decompose_the_likelihood(fitted, short_data):
     log_lik = dlm.log_likelihood(y - fitted._mean_offset(draw, u, X))
     expected = float(log_lik) - y.shape[0] * math.log(float(fitted._y_scale))
     assert abs(float(one_step) - expected) < 1e-6 * abs(expected)
+
+
+def test_simulator_random_truth_deterministic_and_varies():
+    d = simulate_retail(num_weeks=80, seed=100, random_truth=True)
+    again = simulate_retail(num_weeks=80, seed=100, random_truth=True)
+    assert torch.equal(d.sales, again.sales)
+    for key, value in d.truth.items():
+        other = again.truth[key]
+        assert torch.equal(value, other) if torch.is_tensor(value) else value == other, key
+    assert d.truth["random_truth"] is True
+    assert {"channel_inclusion", "channel_effect", "covariate_effect"} <= set(d.truth)
+    # Same spend, covariates and state noise as the fixed truth; only the truth differs.
+    fixed = simulate_retail(num_weeks=80, seed=100)
+    assert torch.equal(d.spend, fixed.spend) and torch.equal(d.covariates, fixed.covariates)
+    assert "random_truth" not in fixed.truth
+    # The truths vary across seeds.
+    truths = [simulate_retail(num_weeks=40, seed=s, random_truth=True).truth for s in range(10)]
+    assert len({t["delta"] for t in truths}) == 10
+    assert len({tuple(t["inclusion"].tolist()) for t in truths}) >= 5
+    assert len({tuple(t["channel_inclusion"].tolist()) for t in truths}) >= 3
+    # The discrete truth and the effect sizes do not depend on the series length.
+    longer = simulate_retail(num_weeks=200, seed=100, random_truth=True).truth
+    assert longer["delta"] == d.truth["delta"]
+    assert torch.equal(longer["inclusion"], d.truth["inclusion"])
+    assert torch.equal(longer["covariate_effect"], d.truth["covariate_effect"])
+    assert torch.equal(longer["channel_effect"], d.truth["channel_effect"])
+
+
+def test_simulator_random_truth_constraints():
+    f64 = torch.float64
+    included_count, null_count, signs = torch.zeros(7), torch.zeros(7), []
+    for seed in range(50):
+        d = simulate_retail(num_weeks=120, seed=seed, random_truth=True, dtype=f64)
+        t = d.truth
+        assert 0.15 < t["delta"] < 0.6 and t["ar"] == 1 - t["delta"]
+        on = t["channel_inclusion"]
+        assert int(on.sum()) >= 2
+        assert torch.equal(on, t["q"] != 0) and (t["q"][~on] == 0).all()
+        assert (t["q"][on] > 0).all()
+        effect = t["channel_effect"]
+        assert ((effect[on] >= 0.75) & (effect[on] <= 2.0)).all() and (effect[~on] == 0).all()
+        inc = t["inclusion"]
+        assert 1 <= int(inc.sum()) <= 4 and torch.equal(inc, t["beta"] != 0)
+        assert (t["beta"][~inc] == 0).all()
+        # One sd of a true covariate moves sales by 0.5-1.5 noise sds.
+        moved = (t["beta"] * d.covariates.std(0)).abs() / t["noise_scale"]
+        assert ((moved[inc] >= 0.5 - 1e-9) & (moved[inc] <= 1.5 + 1e-9)).all()
+        assert torch.allclose(t["beta"] * d.covariates.std(0), t["covariate_effect"])
+        assert torch.isfinite(d.sales).all()
+        included_count += inc
+        null_count += ~inc
+        signs += t["beta"][inc].sign().tolist()
+    # Each covariate, the random walks included, is sometimes true and sometimes null; about
+    # 40 % of them are true (Bernoulli(0.4) conditioned on 1-4 of 7: about 0.37); both signs.
+    assert (included_count > 0).all() and (null_count > 0).all()
+    assert 0.25 < float(included_count.sum()) / (50 * 7) < 0.5
+    assert 1.0 in signs and -1.0 in signs
+
+
+def test_simulator_random_truth_refuses_a_given_truth():
+    for kw in (dict(delta=0.3), dict(q=(0.1,) * 5), dict(beta=(0.0,) * 7)):
+        with pytest.raises(ValueError, match="random_truth"):
+            simulate_retail(num_weeks=20, random_truth=True, **kw)
+    with pytest.raises(TypeError, match="random_truth"):
+        simulate_retail(num_weeks=20, random_truth="yes")
+    # Explicit values still work without random_truth, and the defaults are today's.
+    d = simulate_retail(num_weeks=20, delta=0.5, q=(0.0,) * 5)
+    assert d.truth["delta"] == 0.5 and (d.truth["q"] == 0).all()
+    d = simulate_retail(num_weeks=20)
+    assert d.truth["delta"] == 0.3
+    assert torch.allclose(d.truth["beta"], torch.tensor([0.4, 0, 0, 0, 0, 2.5, -1.5]))
+
+
+@pytest.mark.slow
+def test_point_mass_selection_on_random_truths():
+    # Variable selection on truths the model has not seen (benchmarks/bsts_selection.py,
+    # whose seeds are 100-109; these are others): with the point-mass prior, variant RF,
+    # Gaussian noise as simulated and the default fit, the true covariates get a mean
+    # posterior inclusion probability of at least 0.8 and the null ones (random walks and
+    # the rest) at most 0.2.
+    true_p, null_p = [], []
+    for seed in range(200, 210):
+        d = simulate_retail(num_weeks=234, seed=seed, random_truth=True)
+        m = RetailBSTS(variant="RF", selection="point_mass", noise="gaussian")
+        m.fit(
+            d.sales[:104],
+            d.spend[:104],
+            d.covariates[:104],
+            method="sgld",
+            seed=seed,
+            covariate_names=d.covariate_names,
+        )
+        p, truth = m.inclusion_probabilities(), d.truth["inclusion"]
+        true_p += p[truth].tolist()
+        null_p += p[~truth].tolist()
+    assert sum(true_p) / len(true_p) >= 0.8, true_p
+    assert sum(null_p) / len(null_p) <= 0.2, null_p

@@ -13,6 +13,10 @@ The generative process mirrors the case study: weekly sales of a restaurant chai
 
 Spend is non-negative, spiky (flighted TV / OOH / radio bursts) or evenly spread (online,
 search), as in the thesis' Figure 1.2.
+
+``random_truth=True`` draws the truth (decay rate, which channels and covariates matter and
+by how much) from the seed as well, for benchmarks of variable selection and interval
+coverage over many different truths rather than one.
 """
 
 import math
@@ -26,6 +30,21 @@ __all__ = ["RetailData", "simulate_retail"]
 
 PERIOD = 365.25 / 7  # 52.18 weeks
 
+# Today's fixed truth (``random_truth=False``).
+DEFAULT_DELTA = 0.3
+DEFAULT_Q = (0.02, 0.03, 0.05, 0.04, 0.0)
+DEFAULT_BETA = (0.4, 0.0, 0.0, 0.0, 0.0, 2.5, -1.5)
+
+# ``random_truth=True``: the ranges the truth is drawn from.
+RANDOM_DELTA = (0.15, 0.6)
+RANDOM_CHANNEL_PROB = 0.7  # each channel effective with this probability ...
+RANDOM_MIN_CHANNELS = 2  # ... conditioned on at least this many effective channels
+RANDOM_CHANNEL_EFFECT = (0.75, 2.0)  # sd of an effective channel's goodwill, in noise sds
+RANDOM_COVARIATE_PROB = 0.4  # each covariate matters with this probability ...
+RANDOM_COVARIATES = (1, 4)  # ... conditioned on this many (inclusive) mattering
+RANDOM_COVARIATE_EFFECT = (0.5, 1.5)  # |beta| x sd of its covariate, in noise sds
+RANDOM_WALK_COVARIATES = ("unemp_ix", "price_ix", "cc_ix")
+
 
 class RetailData(NamedTuple):
     """Output of :func:`simulate_retail`.
@@ -38,7 +57,12 @@ class RetailData(NamedTuple):
     :ivar truth: true values: ``delta``, ``ar`` (``1 - delta``), ``q`` ``(k,)``, ``beta``
         ``(p,)``, ``inclusion`` (bool ``(p,)``), ``goodwill`` ``(T,)``, ``level`` ``(T,)``,
         ``seasonal`` ``(T,)``, ``noise_scale``, ``goodwill_scale``, ``level_scale``,
-        ``df`` (``None`` for Gaussian noise), ``spend_lag``.
+        ``df`` (``None`` for Gaussian noise), ``spend_lag``; with ``random_truth=True`` also
+        ``random_truth`` (``True``), ``channel_inclusion`` (bool ``(k,)``, ``q != 0``),
+        ``channel_effect`` ``(k,)`` (sd of each channel's goodwill contribution over the
+        simulated weeks, in noise sds; 0 for an ineffective channel) and
+        ``covariate_effect`` ``(p,)`` (``beta_j`` times the sd of covariate ``j``, in noise
+        sds, signed; 0 for a null covariate).
     """
 
     sales: torch.Tensor
@@ -55,19 +79,87 @@ def _bump(week, centre, width):
     return torch.exp(-0.5 * (d / width) ** 2)
 
 
+def _truth_generator(seed):
+    """The generator of ``random_truth``: seeded by ``seed`` but not the data's stream."""
+    return torch.Generator().manual_seed((int(seed) * 0x9E3779B97F4A7C15 + 0x5EED) % 2**63)
+
+
+def _bernoulli_subset(g, n, prob, low, high):
+    """``n`` independent Bernoulli(``prob``) flags conditioned on ``low <= sum <= high``
+    (rejection)."""
+    while True:
+        flags = torch.rand(n, generator=g, dtype=torch.float64) < prob
+        if low <= int(flags.sum()) <= high:
+            return flags
+
+
+def _random_truth(seed, spend, covariates, spend_lag, noise_scale):
+    """Draw ``delta``, ``q``, ``beta`` for ``random_truth=True`` (see :func:`simulate_retail`).
+
+    All draws come first and in a fixed order, so they do not depend on the series length;
+    only the conversion of effect sizes into ``q`` and ``beta`` reads the simulated spend
+    and covariates.
+    """
+    g = _truth_generator(seed)
+
+    def uniform(lo, hi, n=None):
+        u = torch.rand(n or 1, generator=g, dtype=torch.float64)
+        return lo + (hi - lo) * (u if n else u[0])
+
+    k, p = spend.shape[1], covariates.shape[1]
+    delta = float(uniform(*RANDOM_DELTA))
+    channels = _bernoulli_subset(g, k, RANDOM_CHANNEL_PROB, RANDOM_MIN_CHANNELS, k)
+    channel_effect = torch.where(
+        channels, uniform(*RANDOM_CHANNEL_EFFECT, k), torch.zeros(k, dtype=torch.float64)
+    )
+    included = _bernoulli_subset(g, p, RANDOM_COVARIATE_PROB, *RANDOM_COVARIATES)
+    sign = torch.where(torch.rand(p, generator=g, dtype=torch.float64) < 0.5, -1.0, 1.0)
+    magnitude = uniform(*RANDOM_COVARIATE_EFFECT, p)
+    covariate_effect = torch.where(included, sign * magnitude, torch.zeros(p, dtype=torch.float64))
+
+    # Goodwill contribution of each channel with q_i = 1 (the states' recursion, noise-free).
+    phi, T = 1.0 - delta, spend.shape[0]
+    unit = torch.zeros(T, k, dtype=torch.float64)
+    a = spend.mean(0) / delta
+    for s in range(T):
+        u = spend[s - spend_lag] if s - spend_lag >= 0 else spend.mean(0)
+        a = phi * a + u
+        unit[s] = a
+    unit_sd = unit.std(0) if T > 1 else torch.zeros(k, dtype=torch.float64)
+    # A channel that never varies over a (very short) series has no scale to set q by: it
+    # gets q = effect x 0.03 x noise_scale, today's typical magnitude; likewise a constant
+    # covariate's beta is its effect (in noise sds) as if its sd were 1.
+    ones = torch.ones(k, dtype=torch.float64)
+    usable = torch.isfinite(unit_sd) & (unit_sd > 0)
+    q = noise_scale * torch.where(
+        usable, channel_effect / unit_sd.where(usable, ones), 0.03 * channel_effect
+    )
+    x_sd = covariates.std(0) if T > 1 else torch.zeros(p, dtype=torch.float64)
+    usable = torch.isfinite(x_sd) & (x_sd > 0)
+    beta = noise_scale * covariate_effect / x_sd.where(usable, torch.ones(p, dtype=torch.float64))
+    return {
+        "delta": delta,
+        "q": q,
+        "beta": beta,
+        "channel_effect": channel_effect,
+        "covariate_effect": covariate_effect,
+    }
+
+
 def simulate_retail(
     num_weeks=234,
     seed=0,
     noise="gaussian",
     df=5.0,
-    delta=0.3,
-    q=(0.02, 0.03, 0.05, 0.04, 0.0),
-    beta=(0.4, 0.0, 0.0, 0.0, 0.0, 2.5, -1.5),
+    delta=None,
+    q=None,
+    beta=None,
     noise_scale=1.0,
     goodwill_scale=0.2,
     level_scale=0.15,
     spend_lag=1,
     dtype=None,
+    random_truth=False,
 ):
     """Simulate ``num_weeks`` weeks of retail sales, spend and covariates.
 
@@ -81,16 +173,54 @@ def simulate_retail(
     ``q`` is sales per thousand spent.
 
     :param str noise: ``"gaussian"`` or ``"student_t"`` (``df`` degrees of freedom).
-    :param float delta: goodwill decay rate in (0, 1); the AR coefficient is ``1 - delta``.
-    :param q: ``k = 5`` channel effectiveness coefficients.
-    :param beta: ``p = 7`` covariate coefficients (zeros mark null regressors).
+    :param float delta: goodwill decay rate in (0, 1); the AR coefficient is ``1 - delta``
+        (default 0.3).
+    :param q: ``k = 5`` channel effectiveness coefficients (default
+        ``(0.02, 0.03, 0.05, 0.04, 0.0)``).
+    :param beta: ``p = 7`` covariate coefficients (zeros mark null regressors; default
+        ``(0.4, 0.0, 0.0, 0.0, 0.0, 2.5, -1.5)``).
     :param int spend_lag: spend of week ``t - spend_lag`` enters the goodwill of week ``t``
         (1 as in eq. (1.4)).
+    :param bool random_truth: draw ``delta``, ``q`` and ``beta`` from the seed too (then
+        they must not be given: a :class:`ValueError` otherwise).  The spend, covariates
+        and noise are the same as with ``random_truth=False`` and the same seed; the truth
+        comes from a second generator seeded by ``seed``, and its discrete part (which
+        channels and covariates matter, their effect sizes in noise sds, ``delta``) does
+        not depend on ``num_weeks``:
+
+        * ``delta ~ Uniform(0.15, 0.6)``;
+        * each channel is effective with probability 0.7, conditioned on at least 2 being
+          so; an effective channel's ``q_i > 0`` is set so that the sd over the simulated
+          weeks of its goodwill contribution (spend filtered by the true decay, with
+          ``q_i = 1`` and the spend lag) equals ``Uniform(0.75, 2.0)`` noise sds (today's
+          defaults give about 2 for ``tv`` and ``ooh`` and 0.3-0.7 for the evenly spread
+          ``online`` and ``search``); the others are exactly 0;
+        * each covariate matters with probability 0.4, conditioned on 1 to 4 mattering; a
+          mattering covariate gets a random sign and ``|beta_j| = Uniform(0.5, 1.5) x
+          noise_scale / sd(x_j)`` (the sd over the simulated weeks), so that one sd of it
+          moves sales by 0.5-1.5 noise sds; the others are exactly 0.  ``unemp_ix``,
+          ``price_ix`` and ``cc_ix`` are random walks, the hardest nulls (a random-walk
+          regressor can stand in for part of the local level).
+
+        Everything drawn is recorded in ``truth``.
     :returns: :class:`RetailData`.
     """
     num_weeks = check_int(num_weeks, "num_weeks", low=2)
     check_choice(noise, "noise", ("gaussian", "student_t"))
-    delta = check_real(delta, "delta", 0, 1, low_open=True, high_open=True)
+    if not isinstance(random_truth, bool):
+        raise TypeError(f"random_truth must be a bool, got {type(random_truth).__name__}")
+    if random_truth:
+        given = [n for n, v in (("delta", delta), ("q", q), ("beta", beta)) if v is not None]
+        if given:
+            raise ValueError(
+                f"random_truth=True draws delta, q and beta from the seed: do not give "
+                f"{', '.join(given)}"
+            )
+    else:
+        delta = DEFAULT_DELTA if delta is None else delta
+        q = DEFAULT_Q if q is None else q
+        beta = DEFAULT_BETA if beta is None else beta
+        delta = check_real(delta, "delta", 0, 1, low_open=True, high_open=True)
     spend_lag = check_int(spend_lag, "spend_lag", 0, 1)
     T = int(num_weeks)
     dtype = dtype or torch.get_default_dtype()
@@ -142,6 +272,9 @@ def simulate_retail(
     covariates = torch.stack([temp, rain, unemp, price, cc, hols, sport], -1)
     covariate_names = ["avg_temp", "avg_rain", "unemp_ix", "price_ix", "cc_ix", "hols", "sport_ev"]
 
+    if random_truth:
+        drawn = _random_truth(int(seed), spend, covariates, spend_lag, float(noise_scale))
+        delta, q, beta = drawn["delta"], drawn["q"], drawn["beta"]
     q = torch.as_tensor(q, dtype=torch.float64)
     beta = torch.as_tensor(beta, dtype=torch.float64)
     if q.shape != (5,) or beta.shape != (7,):
@@ -186,6 +319,11 @@ def simulate_retail(
         "df": float(df) if noise == "student_t" else None,
         "spend_lag": spend_lag,
     }
+    if random_truth:
+        truth["random_truth"] = True
+        truth["channel_inclusion"] = q != 0
+        truth["channel_effect"] = drawn["channel_effect"].to(dtype)
+        truth["covariate_effect"] = drawn["covariate_effect"].to(dtype)
     return RetailData(
         sales.to(dtype),
         spend.to(dtype),
