@@ -40,16 +40,13 @@ Run from the repository root::
     python benchmarks/bsts_selection.py --quick     # smoke test: 1 seed, tiny sampler
     python benchmarks/bsts_selection.py --selections ssvs --seeds 10
 
-``selection`` needs a ``RetailBSTS`` that has the keyword; without it the ``"ssvs"`` rows
-run today's model (no keyword: the narrow-spike prior) and ``"point_mass"`` is reported
-as unavailable.  The report is printed and written to
+The report is printed and written to
 ``benchmarks/results/bsts_selection.md`` (rewritten after every seed, so an interrupted
 run leaves the seeds it finished).
 """
 
 import argparse
 import hashlib
-import inspect
 import math
 import statistics
 import subprocess
@@ -79,11 +76,6 @@ TARGET_TRUE, TARGET_NULL, TARGET_RHAT = 0.8, 0.2, 1.05
 NUM_WEEKS, NUM_TRAIN = 234, 104
 
 
-def has_selection_keyword():
-    """Whether this ``RetailBSTS`` takes ``selection=`` (the point-mass prior landed)."""
-    return "selection" in inspect.signature(RetailBSTS).parameters
-
-
 def code_version():
     """Which ``RetailBSTS`` ran: the git commit and a hash of the files that define it (they
     may carry uncommitted changes), read at the start of the run."""
@@ -101,12 +93,10 @@ def code_version():
     return f"commit {commit or 'unknown'}, sha256 of {' + '.join(files)}: {digest.hexdigest()[:12]}"
 
 
-def make_model(variant, selection, noise):
-    kwargs = dict(variant=variant, noise=noise)
-    if has_selection_keyword():
-        kwargs["selection"] = selection
-    elif selection != "ssvs":
-        raise RuntimeError("RetailBSTS has no `selection` keyword yet")
+def make_model(variant, selection, noise, expected_model_size=None):
+    kwargs = dict(variant=variant, noise=noise, selection=selection)
+    if expected_model_size is not None:
+        kwargs["expected_model_size"] = expected_model_size
     return RetailBSTS(**kwargs)
 
 
@@ -166,8 +156,8 @@ def max_rhat(model):
     return worst, site, nonfinite
 
 
-def run_one(data, variant, selection, seed, noise, quick):
-    model = make_model(variant, selection, noise)
+def run_one(data, variant, selection, seed, noise, quick, expected_model_size=None):
+    model = make_model(variant, selection, noise, expected_model_size)
     seconds, failures = robust_fit(model, data, seed, quick)
     truth = data.truth
     draws = model.coefficient_draws()
@@ -333,7 +323,7 @@ def truth_table(truths, names, channels):
     return markdown(header, rows)
 
 
-def report(results, truths, seeds, names, channels, args, elapsed, done, unavailable, version):
+def report(results, truths, seeds, names, channels, args, elapsed, done, notes, version):
     quick = args.quick
     mode = "quick (smoke test: 1 seed, tiny sampler)" if quick else "full"
     partial = "" if done == len(seeds) else f" **Partial: {done} of {len(seeds)} seeds done.**"
@@ -352,7 +342,8 @@ def report(results, truths, seeds, names, channels, args, elapsed, done, unavail
         f"{(' ' + cmd) if cmd else ''}`. Seeds {seeds[0]}..{seeds[-1]}: "
         f"`simulate_retail(num_weeks={NUM_WEEKS}, seed=s, random_truth=True)`, the first "
         f"{NUM_TRAIN} weeks train; `RetailBSTS(variant=v, selection=sel, noise=...)` (noise: "
-        f"{noise}), "
+        f"{noise}; expected_model_size: "
+        f"{args.expected_model_size or 'the package default, 5'}), "
         f'`fit(method="sgld", seed=s)` with {sizes}. Code: {version}.\n\n'
         f"**Targets**: mean inclusion probability of the true covariates ≥ {TARGET_TRUE} and "
         f"of the null covariates ≤ {TARGET_NULL}; split-R̂ < {TARGET_RHAT} for RA on every "
@@ -368,8 +359,8 @@ def report(results, truths, seeds, names, channels, args, elapsed, done, unavail
         "coefficient is 0, a misspecification rather than a selection error, hence the "
         "columns without it."
     )
-    if unavailable:
-        preamble += "\n\n" + unavailable
+    if notes:
+        preamble += "\n\n" + notes
     sections = [
         "## Selection, coverage, convergence, time\n\n" + summary_table(results, names),
         "## Inclusion probability per covariate\n\nMean inclusion probability when the "
@@ -406,6 +397,12 @@ def main(argv=None):
         choices=("gaussian", "student_t"),
         help="observation noise of the model (the simulated noise is Gaussian)",
     )
+    parser.add_argument(
+        "--expected-model-size",
+        type=float,
+        default=None,
+        help="RetailBSTS's expected_model_size (default: the package's, 5)",
+    )
     parser.add_argument("--output", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
@@ -415,14 +412,6 @@ def main(argv=None):
     seeds = [args.first_seed + i for i in range(args.seeds or (1 if args.quick else 10))]
 
     selections = list(args.selections)
-    unavailable = ""
-    if not has_selection_keyword() and any(s != "ssvs" for s in selections):
-        missing = [s for s in selections if s != "ssvs"]
-        selections = [s for s in selections if s == "ssvs"]
-        unavailable = (
-            f"Not run: {', '.join(missing)} (this `RetailBSTS` has no `selection` keyword; "
-            "the ssvs rows are today's model, called without it)."
-        )
     results = {(sel, v): [] for sel in selections for v in args.variants}
     truths = {}
     names = channels = None
@@ -435,7 +424,9 @@ def main(argv=None):
             for variant in args.variants:
                 key = (sel, variant)
                 try:
-                    r = run_one(data, variant, sel, seed, args.noise, args.quick)
+                    r = run_one(
+                        data, variant, sel, seed, args.noise, args.quick, args.expected_model_size
+                    )
                 except Exception as error:  # one broken configuration must not end the run
                     if args.quick:
                         raise
@@ -451,7 +442,7 @@ def main(argv=None):
                     + "".join("1" if t else "0" for t in r["truth_inclusion"]),
                     flush=True,
                 )
-        note = unavailable
+        note = ""
         if errors:
             note += ("\n\n" if note else "") + "Errors (configuration skipped for that seed):\n\n"
             note += "\n".join(f"- {e}" for e in errors)
