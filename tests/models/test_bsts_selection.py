@@ -165,3 +165,13 @@ def test_methods_that_cannot_move_indicators_say_what_to_do():
             RetailBSTS(expected_model_size=2).fit(d.sales, d.spend, d.covariates, method=method)
     with pytest.raises(ValueError, match="selection must be one of"):
         RetailBSTS(selection="spike")
+
+
+def test_no_covariates_prepare_without_warnings():
+    import warnings
+
+    d = simulate_retail(num_weeks=30, seed=1, noise="gaussian")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _, _, X = RetailBSTS(noise="gaussian")._prepare(d.sales, d.spend, None, True)
+    assert X.shape == (30, 0)

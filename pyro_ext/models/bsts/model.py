@@ -842,7 +842,7 @@ class RetailBSTS:
             self._x_loc = X.mean(0)
             self._x_scale = (
                 X.std(0).where(X.std(0) > 0, torch.ones_like(X[0]))
-                if X.shape[0] > 1
+                if X.shape[0] > 1 and X.shape[1] > 0  # no std of an empty column set
                 else torch.ones_like(X[0])
             )
         else:
