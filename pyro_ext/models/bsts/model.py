@@ -914,13 +914,13 @@ class RetailBSTS:
         than ``1 / sd`` and mixes several times slower on the weakly identified
         ``delta`` and noise scales; ``"sgld"`` and ``"sghmc"`` are unpreconditioned.
         The defaults (8 particles, 200 + 2 x 200 steps) give split-R-hat <= 1.03 on every
-        static site for the 208-week Robyn data in ~12 s (Gaussian noise, one CPU thread,
-        seeds 0-2; ``benchmarks/bsts.py``).  The two white-noise scales sit on a curved
+        static site for the 208-week Robyn data (``benchmarks/bsts.py`` has the times).  The two white-noise scales sit on a curved
         ridge (observation noise against a fast-decaying goodwill AR(1)); the
         :class:`NoiseScales` site samples them in polar coordinates, which straightens it
         (max R-hat 1.15 -> 1.01 at 400 + 2 x 400 steps, and no more divergences on its
-        stiff flank).  Student-t noise (208 extra precision latents and the per-step
-        Kalman scan) costs ~4x (43 s on Robyn).  The mass is floored at
+        stiff flank).  Student-t noise adds 208 precision latents; with
+        ``selection="ssvs"`` it also needs the per-step Kalman scan (about 4x the time of
+        Gaussian noise), while the point mass's dense whitening takes it at no extra cost.  The mass is floored at
         ``adam_floor = 0.6`` times Adam's ``sqrt(E[grad^2])`` (a lower floor mixes faster
         but diverged on a simulated series).
 
