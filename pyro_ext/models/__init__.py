@@ -10,11 +10,13 @@ from .bnn import (
     predictive_moments,
     rmse,
 )
+from .bsts import RetailBSTS, simulate_retail
 from .vae import CVAE, VAE, importance_log_likelihood, refined_mean_proposal
 
 __all__ = [
     "BayesianMLP",
     "CVAE",
+    "RetailBSTS",
     "VAE",
     "bnn",
     "bsts",
@@ -24,5 +26,6 @@ __all__ = [
     "predictive_moments",
     "refined_mean_proposal",
     "rmse",
+    "simulate_retail",
     "vae",
 ]
