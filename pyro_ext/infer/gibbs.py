@@ -171,6 +171,11 @@ class Gibbs(ParticleKernel):
         return self.kernel.transforms
 
     @property
+    def compile_seconds(self) -> float:
+        """Seconds the inner kernel spent tracing and compiling its step."""
+        return self.kernel.compile_seconds
+
+    @property
     def rewound_to(self):
         return self.kernel.rewound_to
 

@@ -513,3 +513,18 @@ def test_arviz_marks_the_divergent_particles_last_draws():
     last_kept = error.step - 1
     assert sorted(diverging[:, last_kept].nonzero()[0].tolist()) == sorted(error.particles)
     assert diverging.sum() == len(error.particles)
+
+
+def test_an_inductor_failure_falls_back_to_the_traced_step(monkeypatch):
+    def broken(*args, **kwargs):
+        raise AssertionError("vr must not be None for symbol q1")
+
+    monkeypatch.setattr(torch._inductor, "compile", broken)
+    x, y = logistic_data(torch.device("cpu"))
+    traced = draws(SGLD(logistic_model, step_size=1e-3, num_particles=2, jit_compile="trace"), x, y)
+    with pytest.warns(RuntimeWarning, match="TorchInductor could not compile"):
+        fallback = draws(
+            SGLD(logistic_model, step_size=1e-3, num_particles=2, jit_compile=True), x, y
+        )
+    a, b = traced.get_samples(), fallback.get_samples()
+    assert a.keys() == b.keys() and all(torch.equal(a[name], b[name]) for name in a)

@@ -175,3 +175,20 @@ def test_no_covariates_prepare_without_warnings():
         warnings.simplefilter("error")
         _, _, X = RetailBSTS(noise="gaussian")._prepare(d.sales, d.spend, None, True)
     assert X.shape == (30, 0)
+
+
+def test_unconverged_chains_are_reported():
+    d = simulate_retail(num_weeks=40, seed=2, noise="gaussian")
+    m = RetailBSTS(variant="RF", expected_model_size=2, noise="gaussian", seasonal_harmonics=0)
+    with pytest.warns(RuntimeWarning, match="have not converged: the largest split-R-hat"):
+        m.fit(
+            d.sales,
+            d.spend,
+            d.covariates,
+            num_samples=4,
+            warmup_steps=2,
+            num_particles=2,
+            map_init_steps=1,
+            rhat_target=1.0001,
+            max_samples=4,
+        )

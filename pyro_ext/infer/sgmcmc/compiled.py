@@ -279,7 +279,19 @@ class CompiledStep:
             # use its on-disk graph cache: a later run of the same model compiles in a second.
             fake_mode = FakeTensorMode(shape_env=ShapeEnv())
             examples = [fake_mode.from_tensor(t, static_shapes=True) for t in inputs]
-            compiled = torch._inductor.compile(graph, examples, options=options)
+            try:
+                compiled = torch._inductor.compile(graph, examples, options=options)
+            except Exception as error:  # an inductor limitation must not stop the chain
+                self.compile_seconds += time.perf_counter() - started
+                warnings.warn(
+                    "jit_compile=True: TorchInductor could not compile this model's step "
+                    f"({type(error).__name__}: {str(error).splitlines()[0][:200]}); it runs "
+                    "as the traced graph instead (jit_compile='trace': the same results, "
+                    "slower). Pass jit_compile='trace' to skip the attempt.",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+                return graph
             self.compile_seconds += time.perf_counter() - started
             self._log_compile_time()
             return compiled

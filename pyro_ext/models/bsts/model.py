@@ -1185,6 +1185,17 @@ class RetailBSTS:
                 break
             chains = mcmc.get_samples(group_by_chain=True)
             self.sampling_extensions += 1
+        if rhat_target is not None:
+            worst = _max_rhat(chains)
+            if worst >= rhat_target:
+                warnings.warn(
+                    f"the chains have not converged: the largest split-R-hat is {worst:.3f} "
+                    f"(rhat_target={rhat_target}) after {mcmc.num_samples} draws per particle "
+                    f"(max_samples={max_samples}). Raise max_samples or warmup_steps, or "
+                    "check rhat() for the site concerned before using the posterior.",
+                    RuntimeWarning,
+                    stacklevel=3,
+                )
         self._mcmc = mcmc
         self._chains = dict(chains)
 
