@@ -68,3 +68,20 @@ def mean_sd(values, digits=2):
     if len(values) == 1:
         return f"{values[0]:.{digits}f}"
     return f"{statistics.mean(values):.{digits}f} ± {statistics.stdev(values):.{digits}f}"
+
+
+def robust_fit(model, *args, seed=0, **kwargs):
+    """``model.fit(*args, seed=seed, **kwargs)`` that survives a run which still diverges
+    after the model's own step-size halving: it is retried once with seed + 1000. Returns
+    the list of failed attempts, which the reports show."""
+    from pyro_ext.infer import SamplerDivergenceError
+
+    failures = []
+    for s in (seed, seed + 1000):
+        try:
+            model.fit(*args, seed=s, **kwargs)
+            return failures
+        except SamplerDivergenceError as error:
+            failures.append(f"seed {s}: {str(error)[:80]}")
+            print("fit failed:", failures[-1], flush=True)
+    raise RuntimeError(f"every fit attempt failed: {failures}")

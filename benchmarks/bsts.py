@@ -66,11 +66,11 @@ import torch  # noqa: E402
 from _common import (  # noqa: E402
     REPO,  # importing _common also sets $PYRO_EXT_DATA's default
     markdown,
+    robust_fit,
     write_report,
 )
 
 from pyro_ext.datasets import load_marketing_mix  # noqa: E402
-from pyro_ext.infer import SamplerDivergenceError  # noqa: E402
 from pyro_ext.models.bsts import (  # noqa: E402
     RetailBSTS,
     allocate_budget,
@@ -88,21 +88,6 @@ ROBYN_COVARIATES = ["competitor_sales_B", "newsletter", "event1", "event2"]
 
 
 # ----------------------------------------------------------------------------- helpers
-def robust_fit(model, *args, seed=0, **kwargs):
-    """``model.fit`` that survives a run that still diverges after the model's own
-    step-size halving: it is retried once with seed + 1000. Returns the list of failed
-    attempts, which the tables report."""
-    failures = []
-    for s in (seed, seed + 1000):
-        try:
-            model.fit(*args, seed=s, **kwargs)
-            return failures
-        except SamplerDivergenceError as error:
-            failures.append(f"seed {s}: {str(error)[:80]}")
-            print("fit failed:", failures[-1], flush=True)
-    raise RuntimeError(f"every fit attempt failed: {failures}")
-
-
 def mape(actual, predicted):
     return float(100 * ((actual - predicted).abs() / actual.abs()).mean())
 

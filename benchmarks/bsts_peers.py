@@ -96,12 +96,12 @@ from _common import (  # noqa: E402
     REPO,  # importing _common also sets $PYRO_EXT_DATA's default
     command_line_args,
     markdown,
+    robust_fit,
     spread,
     write_report,
 )
 
 from pyro_ext.datasets import load_marketing_mix  # noqa: E402
-from pyro_ext.infer import SamplerDivergenceError  # noqa: E402
 from pyro_ext.models.bsts import RetailBSTS, goodwill_offset  # noqa: E402
 
 RESULTS = REPO / "benchmarks" / "results" / "bsts_peers.md"
@@ -204,20 +204,6 @@ def fit_kwargs(quick):
             num_samples=20, warmup_steps=30, num_particles=4, map_init_steps=30, rhat_target=None
         )
     return {}
-
-
-def robust_fit(model, *args, seed=0, **kwargs):
-    """``model.fit`` retried once with seed + 1000 if it still diverges after the model's own
-    step-size halving; returns the failed attempts."""
-    failures = []
-    for s in (seed, seed + 1000):
-        try:
-            model.fit(*args, seed=s, **kwargs)
-            return failures
-        except SamplerDivergenceError as error:
-            failures.append(f"seed {s}: {str(error)[:80]}")
-            print("fit failed:", failures[-1], flush=True)
-    raise RuntimeError(f"every fit attempt failed: {failures}")
 
 
 def channel_goodwill(model, spend):

@@ -1009,9 +1009,9 @@ class RetailBSTS:
             self._chains = mcmc.get_samples(group_by_chain=True)
         else:
             self._fit_vis(VIS, num_samples, num_particles, **kwargs)
-        self.fit_seconds = time.perf_counter() - t0
         if self.selection == "point_mass":
             self._point_mass_draws(seed)
+        self.fit_seconds = time.perf_counter() - t0
         scales = self._chains["noise_scales"]
         self._chains["sigma_obs"], self._chains["sigma_goodwill"] = scales[..., 0], scales[..., 1]
         self.samples = {n: v.reshape(-1, *v.shape[2:]) for n, v in self._chains.items()}
