@@ -1,6 +1,7 @@
 """Stochastic-gradient MCMC kernels for :class:`pyro.infer.MCMC`."""
 
 import math
+from abc import abstractmethod
 from collections.abc import Callable, Mapping
 
 import torch
@@ -76,9 +77,9 @@ class ParticleKernel(MCMCKernel):
     divergence = None
 
     @property
+    @abstractmethod
     def particles(self) -> torch.Tensor:
         """The current draw of every particle, ``(L, draw_dim)``."""
-        raise NotImplementedError
 
     @property
     def draw_dim(self) -> int:
@@ -94,9 +95,9 @@ class ParticleKernel(MCMCKernel):
         return [(name, list(s.unconstrained_shape)) for name, s in self.potential.layout.items()]
 
     @property
+    @abstractmethod
     def verified_steps(self) -> int:
         """Steps whose results are known to be finite."""
-        raise NotImplementedError
 
     def verify(self) -> bool:
         """Check the steps not yet checked; ``False`` when the chain was rewound."""
