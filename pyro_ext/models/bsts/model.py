@@ -695,9 +695,19 @@ class RetailBSTS:
         return torch.cat([gamma_q, gamma[..., :p]], -1)
 
     def _slab_variances(self):
+        """Prior variances of ``[q, beta]``, built once per fit (the collapsed likelihood
+        reads them at every evaluation)."""
         k = self._pi_q.shape[0]
         p = self._p if self.uses_covariates else 0
-        return torch.tensor([self.q_scale**2] * k + [self.slab_scale**2] * p, dtype=torch.float64)
+        cached = getattr(self, "_slab_variance_cache", None)
+        if cached is None or cached[0] != (k, p, self.q_scale, self.slab_scale):
+            values = [self.q_scale**2] * k + [self.slab_scale**2] * p
+            cached = (
+                (k, p, self.q_scale, self.slab_scale),
+                torch.tensor(values, dtype=torch.float64),
+            )
+            self._slab_variance_cache = cached
+        return cached[1]
 
     def _whitened_statistics(self, dlm, resid, X, precision=None):
         """
