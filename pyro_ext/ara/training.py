@@ -255,6 +255,8 @@ class ARATrainer:
             temperature=self.temperature,
             init_strategy=self.init_strategy,
             jit_compile=self.jit_compile,
+            # Training drives the kernel step by step on its own minibatches, in one process.
+            shard=None,
             **kwargs,
         )
         batch = min(self.batch_size, x.shape[0])

@@ -13,6 +13,7 @@ from pyro.ops import streaming, welford
 from pyro.ops.streaming import StatsOfDict
 
 from ..ops.validation import check_int
+from .sgmcmc.distributed import RankFailedError, is_collective_failure
 from .sgmcmc.kernels import ParticleKernel
 from .sgmcmc.potential import SamplerDivergenceError
 
@@ -55,6 +56,16 @@ class MCMC(pyro.infer.MCMC):
       set is refused;
     - :meth:`extend` continues a finished run for more draws (e.g. until ``r_hat`` is
       small enough) without a second warm-up.
+    - in a :mod:`torch.distributed` process group (a script launched with ``torchrun``) a
+      kernel shards its particles or its minibatch over the ranks (``shard=`` of
+      :class:`~pyro_ext.infer.SGMCMCKernel`); every rank then ends the run with the draws
+      of all particles, so :meth:`get_samples`, :meth:`summary` and
+      :meth:`get_statistics` give the same answer on every rank. Only rank 0 shows a
+      progress bar. A checkpoint is one file per rank, ``checkpoint_path`` with
+      ``.rank{r}`` appended; resuming on the same number of ranks gives the same draws. A
+      divergence on any rank stops all of them with the same
+      :class:`~pyro_ext.infer.SamplerDivergenceError`, and a rank that stops or dies
+      makes the others raise :class:`~pyro_ext.infer.sgmcmc.distributed.RankFailedError`.
 
     Memory: the kept draws of a large network need not pile up on the accelerator.
     ``thinning`` keeps fewer of them, ``draws_device="cpu"`` moves each one off the GPU as
@@ -177,9 +188,46 @@ class MCMC(pyro.infer.MCMC):
         """
         if not isinstance(self.kernel, ParticleKernel) or self.checkpoint_path is None:
             raise ValueError("resume() needs a particle kernel and a checkpoint_path")
-        if not os.path.exists(self.checkpoint_path):
-            raise FileNotFoundError(f"no checkpoint at checkpoint_path={self.checkpoint_path!r}")
-        checkpoint = self._load_checkpoint()
+        self._args, self._kwargs = args, kwargs
+        # Set up first: in a sharded run the set-up is collective, and the file to read is
+        # this rank's.
+        with pyro.validation_enabled(not self.disable_validation):
+            self.kernel.setup(self.warmup_steps, *args, **kwargs)
+        try:
+            checkpoint = self._load_checkpoint()
+            failure = None
+        except (ValueError, FileNotFoundError) as error:
+            checkpoint, failure = None, error
+        shard = self.kernel.shard
+        if shard is not None:
+            # Every rank learns whether every other could resume, so that none waits for a
+            # rank that stopped at its checkpoint.
+            verdicts = shard.gather_object(
+                None if failure is None else f"{type(failure).__name__}: {failure}"
+            )
+            steps = shard.gather_object(None if checkpoint is None else checkpoint["step"])
+            failed = {r: why for r, why in enumerate(verdicts) if why is not None}
+            if failed:
+                raise ValueError(
+                    "resume(): rank(s) cannot resume: "
+                    + "; ".join(f"rank {r}: {why}" for r, why in failed.items())
+                )
+            if len(set(steps)) > 1:
+                raise ValueError(
+                    f"resume(): the ranks' checkpoints are of different steps {steps}; "
+                    "restart the run"
+                )
+        if failure is not None:
+            raise failure
+        self._check_checkpoint(checkpoint)
+        self.kernel.load_state_dict(checkpoint["kernel"])
+        torch.set_rng_state(checkpoint["cpu_rng"])
+        if checkpoint["cuda_rng"] is not None:
+            torch.cuda.set_rng_state_all(checkpoint["cuda_rng"])
+        self._statistics = self._restore_statistics(checkpoint.get("statistics"))
+        self._run_particles(start=checkpoint["step"], draws=list(checkpoint["draws"]))
+
+    def _check_checkpoint(self, checkpoint):
         config = (self.warmup_steps, self.num_samples, self.thinning)
         if tuple(checkpoint["config"]) != config:
             raise ValueError(
@@ -188,9 +236,6 @@ class MCMC(pyro.infer.MCMC):
             )
         if (checkpoint.get("statistics") is None) != (self._statistics is None):
             raise ValueError("the checkpoint and this MCMC disagree on keeping draws or statistics")
-        self._args, self._kwargs = args, kwargs
-        with pyro.validation_enabled(not self.disable_validation):
-            self.kernel.setup(self.warmup_steps, *args, **kwargs)
         saved, now = checkpoint["fingerprint"], self._fingerprint()
         different = [key for key in now if saved.get(key) != now[key]]
         if different:
@@ -199,12 +244,15 @@ class MCMC(pyro.infer.MCMC):
                 + "; ".join(f"{key} was {saved.get(key)!r}, is {now[key]!r}" for key in different)
                 + ". Resume with the kernel, particles and model arguments of the run that wrote it."
             )
-        self.kernel.load_state_dict(checkpoint["kernel"])
-        torch.set_rng_state(checkpoint["cpu_rng"])
-        if checkpoint["cuda_rng"] is not None:
-            torch.cuda.set_rng_state_all(checkpoint["cuda_rng"])
-        self._statistics = self._restore_statistics(checkpoint.get("statistics"))
-        self._run_particles(start=checkpoint["step"], draws=list(checkpoint["draws"]))
+
+    @property
+    def checkpoint_file(self) -> str | None:
+        """The file this process writes checkpoints to: ``checkpoint_path``, with
+        ``.rank{r}`` appended in a sharded run."""
+        if self.checkpoint_path is None:
+            return None
+        shard = getattr(self.kernel, "shard", None)
+        return os.fspath(self.checkpoint_path) + ("" if shard is None else f".rank{shard.rank}")
 
     def extend(self, num_samples: int) -> None:
         """
@@ -216,7 +264,7 @@ class MCMC(pyro.infer.MCMC):
             raise ValueError("extend() continues a finished run of a particle kernel: run() first")
         num_samples = check_int(num_samples, "num_samples", low=1)
         start = self._total_steps
-        draws = [] if self._statistics is not None else list(self._flat.unbind(1))
+        draws = [] if self._statistics is not None else list(self._local_flat.unbind(1))
         self.num_samples += num_samples
         self._run_particles(start=start, draws=draws)
 
@@ -224,8 +272,11 @@ class MCMC(pyro.infer.MCMC):
         kernel = self.kernel
         params = kernel.initial_params
         every = self.checkpoint_every or max(1, self._total_steps // 10)
+        shard = kernel.shard
         progress = ProgressBar(
-            self.warmup_steps, self.num_samples * self.thinning, disable=self._disable_progbar
+            self.warmup_steps,
+            self.num_samples * self.thinning,
+            disable=self._disable_progbar or (shard is not None and shard.rank != 0),
         )
         bar = progress.progress_bars[0]
         bar.update(start)
@@ -278,6 +329,12 @@ class MCMC(pyro.infer.MCMC):
             self._commit(unverified, draws, error.step)
             self._collect(draws)
             raise
+        except RuntimeError as error:
+            if shard is None or isinstance(error, RankFailedError):
+                raise
+            if not is_collective_failure(error):
+                raise
+            raise RankFailedError(step, shard.rank, shard.world_size, error) from error
         finally:
             progress.close()
             kernel.cleanup()
@@ -303,11 +360,14 @@ class MCMC(pyro.infer.MCMC):
 
     def _update_statistics(self, z):
         values = self.kernel.constrain_draws(z)
+        shard = self.kernel.shard
+        # Keyed by the particle's index in the whole run (this rank's, when sharded).
+        indices = range(self.kernel.num_particles) if shard is None else shard.particle_indices
         self._statistics.update(
             {
-                (i, name): value[i]
+                (particle, name): value[i]
                 for name, value in values.items()
-                for i in range(self.kernel.num_particles)
+                for i, particle in enumerate(indices)
             }
         )
 
@@ -372,10 +432,20 @@ class MCMC(pyro.infer.MCMC):
             "num_particles": kernel.num_particles,
             "sites": kernel.site_shapes(),
             "data shapes": [list(x.shape) for x in leaves if isinstance(x, torch.Tensor)],
+            "shard": None
+            if kernel.shard is None
+            else [kernel.shard.mode, kernel.shard.rank, kernel.shard.world_size],
         }
 
     def _load_checkpoint(self):
-        path = self.checkpoint_path
+        path = self.checkpoint_file
+        if not os.path.exists(path):
+            rank_file = (
+                "" if path == os.fspath(self.checkpoint_path) else f" (this rank's {path!r})"
+            )
+            raise FileNotFoundError(
+                f"no checkpoint at checkpoint_path={self.checkpoint_path!r}{rank_file}"
+            )
         try:
             with torch.serialization.safe_globals(CHECKPOINT_GLOBALS):
                 checkpoint = torch.load(path, weights_only=True)
@@ -419,18 +489,29 @@ class MCMC(pyro.infer.MCMC):
             "cpu_rng": torch.get_rng_state(),
             "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None,
         }
-        tmp = f"{self.checkpoint_path}.tmp"
+        tmp = f"{self.checkpoint_file}.tmp"
         torch.save(checkpoint, tmp)
-        os.replace(tmp, self.checkpoint_path)
+        os.replace(tmp, self.checkpoint_file)
 
     def _collect(self, draws):
         num_particles = self.kernel.num_particles
+        particles = self.kernel.particles
         if draws:
             flat = torch.stack(draws, dim=1)  # (L, N, D)
         else:
-            particles = self.kernel.particles
             device = self.draws_device or particles.device
-            flat = particles.new_zeros((num_particles, 0, self.kernel.draw_dim), device=device)
+            flat = particles.new_zeros((particles.shape[0], 0, self.kernel.draw_dim), device=device)
+        self._local_flat = flat
+        shard = self.kernel.shard
+        if shard is not None and shard.mode == "particles":
+            # Every rank ends with all particles' draws, gathered on the particles' device
+            # (the one the process group's backend serves).
+            flat = shard.gather(flat.to(particles.device)).to(flat.device)
+        if shard is not None and self._statistics is not None:
+            merged = copy.deepcopy(self._initial_statistics)
+            for stats in shard.gather_object(dict(self._statistics.stats)):
+                merged.stats.update(stats)
+            self._statistics = merged
         self._flat = flat
         self._samples = self.kernel.constrain_draws(flat)
         self.transforms = {}

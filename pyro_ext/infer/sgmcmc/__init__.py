@@ -1,6 +1,7 @@
 """Stochastic-gradient MCMC with repulsive forces (thesis sections 2.2-2.3)."""
 
 from .compiled import ModelNotTraceableError
+from .distributed import RankFailedError, Shard
 from .kernels import KERNELS, SGHMC, SGLD, AdamSGLD, SGMCMCKernel, get_kernel
 from .potential import (
     LogJointMessenger,
@@ -27,10 +28,12 @@ __all__ = [
     "ParticlePotential",
     "PolynomialDecay",
     "RBFKernel",
+    "RankFailedError",
     "SGHMC",
     "SGLD",
     "SGMCMCKernel",
     "SamplerDivergenceError",
+    "Shard",
     "SupportMap",
     "adam_sgld_update",
     "sghmc_update",

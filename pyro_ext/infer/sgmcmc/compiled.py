@@ -47,7 +47,7 @@ from torch.fx.experimental.symbolic_shapes import ShapeEnv
 from torch.utils import _pytree as pytree
 
 from ...ops.validation import check_choice
-from .repulsion import stein_coupling
+from .distributed import transition
 
 logger = logging.getLogger(__name__)
 
@@ -192,12 +192,25 @@ class CompiledStep:
     :param str kind: ``"trace"`` or ``"compile"``.
     :param str compile_mode: passed to :func:`torch.compile`; ``None`` picks
         ``"reduce-overhead"`` (CUDA graphs) on CUDA and the default elsewhere.
+    :param shard: the kernel's :class:`~.distributed.Shard`, or ``None``: the step's
+        collectives (functional, so traced into the graph like any operation).
     """
 
-    def __init__(self, potential, sampler, hyper, temperature, repulsion, kind, compile_mode=None):
+    def __init__(
+        self,
+        potential,
+        sampler,
+        hyper,
+        temperature,
+        repulsion,
+        kind,
+        compile_mode=None,
+        shard=None,
+    ):
         self.potential, self.sampler, self.hyper = potential, sampler, dict(hyper)
         self.temperature, self.repulsion = temperature, repulsion
         self.kind, self.compile_mode = kind, compile_mode
+        self.shard = shard
         self._fns: dict[tuple, object] = {}
         self._last = None  # (args, kwargs, key, fn, data tensors, subsample names) of last step
         self.trace_seconds = 0.0
@@ -209,7 +222,7 @@ class CompiledStep:
     # -- the pure step ---------------------------------------------------------------------
     def _pure_step(self, state_type, data_spec, subsample_names, discrete_names, leaves):
         potential, sampler, hyper = self.potential, self.sampler, self.hyper
-        temperature, repulsion = self.temperature, self.repulsion
+        temperature, repulsion, shard = self.temperature, self.repulsion, self.shard
         num_state = len(state_type._fields)
         num_subsamples = len(subsample_names)
         num_discrete = len(discrete_names)
@@ -234,13 +247,20 @@ class CompiledStep:
                 return log_density.sum(), log_density
 
             grad, log_density = torch.func.grad(total, has_aux=True)(state.z)
-            coupling = None
-            if repulsion is not None:
-                coupling = stein_coupling(repulsion, state.z)._replace(cholesky_tries=1)
-            new_state = sampler.update(
-                state, grad, step_size, noise, coupling, temperature, adapt, **hyper
+            new_state, log_density, _ = transition(
+                lambda s, g, e, n, c: sampler.update(s, g, e, n, c, temperature, adapt, **hyper),
+                state,
+                grad,
+                log_density,
+                step_size,
+                noise,
+                repulsion,
+                shard,
+                tries=1,
             )
             ok = torch.isfinite(log_density.sum() + new_state.z.sum())
+            if shard is not None:
+                ok = shard.all_true(ok)
             return (*new_state, log_density, ok)
 
         return step

@@ -10,8 +10,9 @@ from pyro.infer.svgd import SteinKernel
 
 from ...ops.validation import check_choice, check_int, check_positive, check_real
 from .compiled import CompiledStep, check_jit_compile
+from .distributed import SHARD_MODES, resolve_shard, transition
 from .potential import VECTORIZE, ParticlePotential, SamplerDivergenceError
-from .repulsion import RBFKernel, stein_coupling
+from .repulsion import RBFKernel
 from .schedules import as_schedule
 from .updates import SAMPLERS, lookup
 
@@ -75,11 +76,15 @@ class ParticleKernel(MCMCKernel):
     rewound_to = None
     #: the :class:`SamplerDivergenceError` that stopped the last run, if any
     divergence = None
+    #: the :class:`~.distributed.Shard` of a run sharded over torch.distributed (set up by
+    #: ``setup``); ``None`` in one process
+    shard = None
 
     @property
     @abstractmethod
     def particles(self) -> torch.Tensor:
-        """The current draw of every particle, ``(L, draw_dim)``."""
+        """The current draw of every particle of this process, ``(L, draw_dim)``
+        (``(L / R, draw_dim)`` when the particles are sharded over ``R`` ranks)."""
 
     @property
     def draw_dim(self) -> int:
@@ -169,6 +174,17 @@ class SGMCMCKernel(ParticleKernel):
         larger jitter). :class:`pyro_ext.infer.MCMC` keeps only verified draws, so a
         rewind never leaves a non-finite draw behind; a ``hook_fn`` sees the replayed
         steps again.
+    :param str shard: how a run in a :mod:`torch.distributed` process group of ``R > 1``
+        ranks shares its work (see :mod:`~pyro_ext.infer.sgmcmc.distributed`):
+        ``"particles"`` (each rank holds ``L / R`` particles), ``"data"`` (each rank holds
+        all particles and a share of the minibatch: the model's subsampled plate gives the
+        per-rank minibatch size) or ``None`` (every rank runs the whole chain by itself).
+        ``"auto"`` (default) is ``"particles"`` under a process group of more than one rank
+        and ``None`` otherwise. Every rank draws the same random numbers, so a sharded run
+        is the single-process run with the same seed, up to float32 round-off.
+        :attr:`particles`, the ``params`` a ``hook_fn`` sees and :meth:`state_dict` are this
+        rank's; :class:`pyro_ext.infer.MCMC` gathers the draws of all particles on every
+        rank.
     """
 
     #: the name of the sampler in :data:`~.updates.SAMPLERS`
@@ -191,6 +207,7 @@ class SGMCMCKernel(ParticleKernel):
         compile_mode: str | None = None,
         vectorize: str = "auto",
         divergence_check_every: int | None = None,
+        shard: str | None = "auto",
     ):
         if not callable(model):
             raise TypeError("model must be a callable Pyro model")
@@ -209,6 +226,8 @@ class SGMCMCKernel(ParticleKernel):
         )
         self.compile_mode = compile_mode
         self.vectorize = vectorize
+        self.shard_mode = check_choice(shard, "shard", SHARD_MODES[:-1], allow_none=True)
+        self.shard = None
         self.sampler = SAMPLERS[self.sampler_name]
         self.potential = None
         self.transforms = None
@@ -246,7 +265,26 @@ class SGMCMCKernel(ParticleKernel):
             z = self.potential.initial_particles(self.num_particles, self.init_strategy)
         else:
             z = self.potential.flatten(self._initial_params, self.num_particles)
-        self._state = self._init_state(z.clone())
+        # Every rank of a sharded run draws all L particles (and momenta) from the shared
+        # random stream, so that its rows are those of the single-process run.
+        self.shard = resolve_shard(self.shard_mode, self.num_particles, z.device, self.potential)
+        state = self._init_state(z.clone())
+        if self.shard is not None:
+            if self.discrete_sites:
+                raise ValueError(
+                    "Gibbs moves on discrete sites do not run sharded yet: pass shard=None to "
+                    "the inner kernel (every rank then runs the whole chain)"
+                )
+            if type(self)._update is not SGMCMCKernel._update:
+                raise ValueError(
+                    f"{type(self).__name__} overrides the update with Python-level logic, "
+                    f"which sees one rank's particles only: run it with shard=None"
+                )
+            self.shard.check_consistent(
+                self.site_shapes(), z, self.potential._shapes(*self._data())
+            )
+            state = self.shard.local_state(state)
+        self._state = state
         self._last_params = None
         self._compiled = None
         self._pending_ok, self._snapshot, self._eager_until, self.rewound_to = [], None, 0, None
@@ -267,7 +305,16 @@ class SGMCMCKernel(ParticleKernel):
                 self.repulsion,
                 self.jit_compile,
                 self.compile_mode,
+                shard=self.shard,
             )
+
+    def _data(self):
+        return self.potential.model_args, self.potential.model_kwargs
+
+    @property
+    def num_local_particles(self) -> int:
+        """The particles this process holds: ``L``, or ``L / R`` when sharded over ``R`` ranks."""
+        return self.num_particles if self.shard is None else self.shard.num_local_particles
 
     def set_data(self, *args, **kwargs) -> None:
         """
@@ -305,7 +352,8 @@ class SGMCMCKernel(ParticleKernel):
 
     @property
     def particles(self) -> torch.Tensor:
-        """The current flat unconstrained particles, shape ``(L, D)``."""
+        """This process's current flat unconstrained particles, ``(L, D)`` (``(L / R, D)``
+        when sharded over ``R`` ranks)."""
         return self._state.z
 
     def _to_params(self, z):
@@ -383,7 +431,9 @@ class SGMCMCKernel(ParticleKernel):
             # the steps before are verified (a rewind discards the replacement).
             if deferred_checks and not self.verify():
                 return self._to_params(self._state.z)
-            self._state = self._state._replace(z=self.potential.flatten(params, self.num_particles))
+            self._state = self._state._replace(
+                z=self.potential.flatten(params, self.num_local_particles)
+            )
             if deferred_checks:
                 self._take_snapshot()
         if deferred_checks and self._snapshot is None:
@@ -394,9 +444,15 @@ class SGMCMCKernel(ParticleKernel):
                 f"step size schedule gave {step_size} at step {self._step}; expected > 0"
             )
         z = self._state.z
-        # The eager and the compiled step draw the same randomness in the same order.
-        subsamples = self.potential.draw_subsamples(z.device)
-        noise = torch.randn_like(z)
+        shard = self.shard
+        # The eager and the compiled step draw the same randomness in the same order; every
+        # rank of a sharded run draws the noise of all L particles.
+        if shard is None:
+            subsamples = self.potential.draw_subsamples(z.device)
+            noise = torch.randn_like(z)
+        else:
+            subsamples = shard.subsamples(self.potential, z.device)
+            noise = torch.randn(self.num_particles, z.shape[-1], dtype=z.dtype, device=z.device)
         adapt = self._adapting()
         state = None
         deferred = False
@@ -420,8 +476,16 @@ class SGMCMCKernel(ParticleKernel):
             # Eager, or a compiled step that was not finite: the eager step from the same
             # inputs retries the repulsive factorisation or diagnoses the divergence.
             log_density, grad = self.potential.log_density_and_grad(z, subsamples)
-            coupling = None if self.repulsion is None else stein_coupling(self.repulsion, z)
-            state = self._update(self._state, grad, step_size, noise, coupling, adapt)
+            state, log_density, grad = transition(
+                lambda s, g, e, n, c: self._update(s, g, e, n, c, adapt),
+                self._state,
+                grad,
+                log_density,
+                step_size,
+                noise,
+                self.repulsion,
+                shard,
+            )
             self._check_finite(log_density, grad, state.z, subsamples)
         self._state = state
         self._last_log_density = log_density
@@ -434,21 +498,34 @@ class SGMCMCKernel(ParticleKernel):
     def _check_finite(self, log_density, grad, new_z, subsamples):
         # One reduction and one device sync for a healthy step: a non-finite gradient
         # makes the new particles non-finite too. A sum that overflows although every
-        # term is finite is ruled out by the diagnosis below.
-        if bool(torch.isfinite(log_density.sum() + new_z.sum())):
+        # term is finite is ruled out by the diagnosis below. Sharded, the ranks agree
+        # on the verdict (one flag each), so that all of them stop at the same step.
+        ok = torch.isfinite(log_density.sum() + new_z.sum())
+        if self.shard is not None:
+            ok = self.shard.all_true(ok)
+        if bool(ok):
             return
         finite_columns = torch.isfinite(grad) & torch.isfinite(new_z)
         finite = torch.isfinite(log_density) & finite_columns.all(-1)
-        if bool(finite.all()):
-            return
         particles = (~finite).nonzero().flatten().tolist()
-        columns = (~finite_columns).any(0).nonzero().flatten().tolist()
-        sites = {self.potential.site_of(c) for c in columns}
-        sites.update(
-            self.potential.nonfinite_sites(
-                self._state.z[particles[0]], subsamples, self.potential.conditioned_at(particles[0])
+        sites = set()
+        if particles:
+            columns = (~finite_columns).any(0).nonzero().flatten().tolist()
+            sites = {self.potential.site_of(c) for c in columns}
+            sites.update(
+                self.potential.nonfinite_sites(
+                    self._state.z[particles[0]],
+                    subsamples,
+                    self.potential.conditioned_at(particles[0]),
+                )
             )
-        )
+        if self.shard is not None:
+            indices = self.shard.particle_indices
+            verdicts = self.shard.gather_object(([indices[i] for i in particles], sorted(sites)))
+            particles = sorted({i for ranked, _ in verdicts for i in ranked})
+            sites = {site for _, ranked in verdicts for site in ranked}
+        if not particles:
+            return
         self.divergence = SamplerDivergenceError(self._step, sorted(sites), particles)
         raise self.divergence
 

@@ -1,0 +1,311 @@
+r"""
+SG-MCMC over :mod:`torch.distributed`: particles or minibatches sharded across processes.
+
+A script launched as ``torchrun --nproc-per-node=R script.py`` (or by any launcher that
+initialises a process group) runs the same kernel as on one process; the kernel shards its
+work over the group's ``R`` ranks in one of two ways (``shard=`` of
+:class:`~.kernels.SGMCMCKernel`):
+
+``"particles"`` (the default under a process group of more than one rank)
+    Each rank holds ``L / R`` of the ``L`` particles and evaluates their gradients.
+    Independent particles exchange nothing but one finiteness flag per step. The
+    repulsive samplers (thesis eq. 2.7-2.8) need every particle's position and gradient
+    for the kernel matrix ``K``: one ``all_gather`` per step of the ranks' sampler states
+    and gradients (``O(L D)`` numbers), after which every rank forms ``K`` and applies the
+    update (``O(L^2 D)``, small next to ``L`` gradients of a model) and keeps its own rows.
+
+``"data"``
+    Every rank holds all ``L`` particles and evaluates them on its share of the
+    minibatch; the gradients are averaged with one ``all_reduce`` (the pattern of
+    :class:`torch.nn.parallel.DistributedDataParallel`). The model's subsampled plate
+    gives the per-rank minibatch size ``b``, as a DDP script gives the per-process batch:
+    the global minibatch is ``R b``, drawn once from the shared random stream and split
+    between the ranks, and rank ``r``'s log density ``log p(z) + (N / b) sum_{i in
+    chunk_r} log p(x_i | z)`` averages over ranks to the potential of the whole ``R b``
+    minibatch.
+
+All ranks draw the same random numbers (minibatch indices, noise for all ``L`` particles,
+initial particles), so a run on ``R`` ranks is the single-process run with the same seed,
+up to float32 round-off (the gradients of fewer particles, or of a chunk of the minibatch,
+are summed in another order). The collectives are PyTorch's functional collectives,
+which a compiled step (``jit_compile``) traces into its graph like any other operation.
+
+A rank that fails (an exception, a killed process) makes the others' next collective fail;
+:class:`RankFailedError` then says so instead of a backend error. A rank that hangs
+without exiting is caught by the process group's own ``timeout`` (an argument of
+:func:`torch.distributed.init_process_group`).
+"""
+
+import hashlib
+import pickle
+
+import torch
+import torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
+
+from ...ops.validation import check_choice
+from .repulsion import stein_coupling
+
+#: the values ``shard`` takes
+SHARD_MODES = ("auto", "particles", "data", None)
+#: backends whose collectives are supported, by device type of the particles
+BACKENDS = {"cpu": "gloo", "cuda": "nccl"}
+
+
+class RankFailedError(RuntimeError):
+    """
+    Another rank of a sharded run stopped (an exception, or its process died) and this
+    rank's collective failed with it. Restart the job; with ``checkpoint_path``,
+    :meth:`pyro_ext.infer.MCMC.resume` continues from the last checkpoint.
+    """
+
+    def __init__(self, step, rank, world_size, cause):
+        self.step, self.rank, self.world_size = step, rank, world_size
+        super().__init__(
+            f"rank {rank} of {world_size}: a collective failed at step {step}, so another rank "
+            f"stopped or died ({type(cause).__name__}: {str(cause).splitlines()[0][:200]}). "
+            "Look for that rank's own error; restart the job, and resume from the last "
+            "checkpoint if the run had a checkpoint_path."
+        )
+
+    def __reduce__(self):
+        return (_rank_failed, (self.args[0], self.step, self.rank, self.world_size))
+
+
+def _rank_failed(message, step, rank, world_size):
+    error = RuntimeError.__new__(RankFailedError)
+    RuntimeError.__init__(error, message)
+    error.step, error.rank, error.world_size = step, rank, world_size
+    return error
+
+
+def is_collective_failure(error: BaseException) -> bool:
+    """Whether ``error`` is a failed collective (a peer gone), not an error of the model."""
+    if isinstance(error, getattr(dist, "DistError", ())):
+        return True
+    text = str(error)
+    return isinstance(error, RuntimeError) and any(
+        marker in text
+        for marker in (
+            "Connection closed by peer",
+            "Connection reset by peer",
+            "Broken pipe",
+            "Gloo",
+            "gloo",
+            "NCCL",
+            "ProcessGroup",
+            "Timed out",
+        )
+    )
+
+
+def _layout_digest(obj) -> str:
+    return hashlib.sha256(pickle.dumps(obj)).hexdigest()[:16]
+
+
+def _tensor_digest(tensor: torch.Tensor) -> str:
+    data = tensor.detach().cpu().contiguous().numpy().tobytes()
+    return hashlib.sha256(data).hexdigest()[:16]
+
+
+class Shard:
+    """
+    This process's share of a sharded SG-MCMC run, and the collectives that join the shares.
+
+    :param str mode: ``"particles"`` or ``"data"``.
+    :param int num_particles: the number ``L`` of particles of the whole run.
+    :param group: the process group (default: the world).
+    """
+
+    def __init__(self, mode, num_particles, group=None):
+        self.mode = mode
+        self.group = dist.group.WORLD if group is None else group
+        self.rank = dist.get_rank(self.group)
+        self.world_size = dist.get_world_size(self.group)
+        self.num_particles = num_particles
+        if mode == "particles":
+            per_rank = num_particles // self.world_size
+            self.rows = slice(self.rank * per_rank, (self.rank + 1) * per_rank)
+        else:
+            self.rows = slice(0, num_particles)
+        #: the global indices of the particles this rank holds
+        self.particle_indices = range(num_particles)[self.rows]
+
+    @property
+    def num_local_particles(self) -> int:
+        return len(self.particle_indices)
+
+    def __repr__(self):
+        return f"Shard(mode={self.mode!r}, rank={self.rank}, world_size={self.world_size})"
+
+    # -- the per-step collectives (traceable) ---------------------------------------------
+    def local(self, tensor: torch.Tensor) -> torch.Tensor:
+        """This rank's rows of a tensor with one row per particle of the whole run."""
+        return tensor[self.rows] if self.mode == "particles" else tensor
+
+    def gather(self, tensor: torch.Tensor) -> torch.Tensor:
+        """All ranks' rows, in particle order: ``(L / R, ...)`` -> ``(L, ...)``."""
+        return funcol.wait_tensor(funcol.all_gather_single(tensor, 0, self.group))
+
+    def mean(self, tensor: torch.Tensor) -> torch.Tensor:
+        """The average over ranks (of the data shards' log densities and gradients)."""
+        total = funcol.wait_tensor(funcol.all_reduce(tensor, "sum", self.group))
+        return total / self.world_size
+
+    def all_true(self, flag: torch.Tensor) -> torch.Tensor:
+        """Whether a 0-dim boolean ``flag`` holds on every rank."""
+        counts = funcol.all_reduce(flag.to(torch.int32).reshape(1), "sum", self.group)
+        return funcol.wait_tensor(counts)[0] == self.world_size
+
+    def gather_state(self, state, grad):
+        """The whole run's sampler state and gradient from the ranks' rows, in one collective."""
+        fields = [f for f in state if f.dim() > 0]
+        widths = [f[0].numel() for f in fields] + [grad[0].numel()]
+        local = torch.cat([f.reshape(f.shape[0], -1) for f in fields] + [grad], dim=1)
+        full = self.gather(local).split(widths, dim=1)
+        rebuilt, parts = [], iter(full[:-1])
+        for f in state:
+            rebuilt.append(
+                next(parts).reshape((self.num_particles,) + f.shape[1:]) if f.dim() > 0 else f
+            )
+        return type(state)(*rebuilt), full[-1]
+
+    def local_state(self, state):
+        """This rank's rows of a whole-run sampler state (0-dim fields are shared)."""
+        return type(state)(*(self.local(f) if f.dim() > 0 else f for f in state))
+
+    def subsamples(self, potential, device) -> dict:
+        """
+        The minibatch indices of this step, per subsampled plate: those of the single-process
+        run (``"particles"``), or this rank's chunk of the ``R b`` global minibatch
+        (``"data"``). Every rank draws them from the shared random stream in the same order.
+        """
+        if self.mode == "particles":
+            return potential.draw_subsamples(device)
+        r, b = self.rank, None
+        chunks = {}
+        for name, (size, b) in potential.subsample_sizes.items():
+            indices = torch.randperm(size, device=device)[: b * self.world_size]
+            chunks[name] = indices[r * b : (r + 1) * b]
+        return chunks
+
+    # -- set-up checks (eager, once per run) ----------------------------------------------
+    def check_consistent(self, layout, initial_particles, data_shapes):
+        """
+        Compare what every rank set up: the model's site layout and data shapes, and the
+        initial particles (the same seed on every rank gives the same ones). Every rank
+        raises the same ValueError on a mismatch, so none waits for the others.
+        """
+        mine = {
+            "layout": _layout_digest(layout),
+            "data": _layout_digest(data_shapes),
+            "particles": _tensor_digest(initial_particles),
+        }
+        everyone = [None] * self.world_size
+        dist.all_gather_object(everyone, mine, group=self.group)
+        for key, what in (
+            ("layout", "the model's latent sites (the ranks run different models)"),
+            ("data", "the shapes of the model's arguments (different data)"),
+            (
+                "particles",
+                "their initial particles: seed every rank the same (pyro.set_rng_seed(seed) "
+                "before the run), and give every rank the same init_strategy",
+            ),
+        ):
+            ranks = [r for r, other in enumerate(everyone) if other[key] != everyone[0][key]]
+            if ranks:
+                raise ValueError(
+                    f"shard={self.mode!r}: rank(s) {ranks} disagree with rank 0 on {what}. "
+                    "Every rank of a sharded run must run the same model on the same data "
+                    "from the same seed."
+                )
+
+    def gather_object(self, obj) -> list:
+        """Every rank's ``obj`` (pickled), on every rank."""
+        everyone = [None] * self.world_size
+        dist.all_gather_object(everyone, obj, group=self.group)
+        return everyone
+
+
+def transition(update, state, grad, log_density, step_size, noise, repulsion, shard, tries=None):
+    """
+    One sampler transition from this rank's gradient: the step that the eager kernel and
+    the compiled step share. ``update(state, grad, step_size, noise, coupling)`` is the
+    sampler's update; ``noise`` holds standard normal noise for all ``L`` particles
+    (``shard`` picks this rank's rows); ``tries`` overrides the coupling's Cholesky tries (1
+    in a traced step). Returns the new state of this rank's particles, and the log
+    densities and gradients the update used (averaged over data shards).
+    """
+    gathered = shard is not None and shard.mode == "particles" and repulsion is not None
+    if shard is not None and shard.mode == "data":
+        log_density, grad = shard.mean(log_density), shard.mean(grad)
+    if gathered:
+        # The kernel matrix couples every particle to every other: the whole run's state.
+        state, grad = shard.gather_state(state, grad)
+    elif shard is not None:
+        noise = shard.local(noise)
+    coupling = None
+    if repulsion is not None:
+        coupling = stein_coupling(repulsion, state.z)
+        if tries is not None:
+            coupling = coupling._replace(cholesky_tries=tries)
+    new_state = update(state, grad, step_size, noise, coupling)
+    if gathered:
+        new_state, grad = shard.local_state(new_state), shard.local(grad)
+    return new_state, log_density, grad
+
+
+def resolve_shard(shard, num_particles, device, potential, group=None):
+    """
+    The :class:`Shard` a kernel set up on ``device`` runs with, or ``None`` for a
+    single-process run; a ValueError says what to change when ``shard`` cannot apply.
+    """
+    check_choice(shard, "shard", SHARD_MODES[:-1], allow_none=True)
+    if shard is None:
+        return None
+    initialized = dist.is_available() and dist.is_initialized()
+    if not initialized:
+        if shard == "auto":
+            return None
+        raise ValueError(
+            f"shard={shard!r} needs a torch.distributed process group: launch the script with "
+            "torchrun and call torch.distributed.init_process_group() before the run, or pass "
+            "shard=None"
+        )
+    world_size = dist.get_world_size(group)
+    if world_size == 1 and shard == "auto":
+        return None
+    backend = str(dist.get_backend(group))
+    wanted = BACKENDS.get(device.type)
+    # A backend string such as "cpu:gloo,cuda:nccl" lists one backend per device type.
+    if wanted is None or wanted not in backend:
+        raise ValueError(
+            f"the process group's backend is {backend!r}, and particles on a {device.type} "
+            f"device need {wanted or 'gloo (cpu) or nccl (cuda)'!r}: initialise the group with "
+            f"torch.distributed.init_process_group({wanted or 'gloo'!r}), or pass shard=None"
+        )
+    mode = "particles" if shard == "auto" else shard
+    if mode == "particles" and num_particles % world_size:
+        raise ValueError(
+            f"num_particles={num_particles} is not divisible by the world size {world_size}: "
+            "each rank holds num_particles / world_size particles. Choose a multiple of "
+            f"{world_size}, or shard='data' (every rank holds all particles and a share of "
+            "the minibatch)"
+        )
+    if mode == "data":
+        plates = potential.subsample_sizes
+        if len(plates) != 1:
+            raise ValueError(
+                "shard='data' splits the minibatch of one subsampled plate between the ranks, "
+                f"and the model has {len(plates)} ({sorted(plates)}): write its data plate "
+                "as pyro.plate(name, N, subsample_size=b), b the per-rank minibatch size"
+            )
+        ((name, (size, per_rank)),) = plates.items()
+        if per_rank * world_size > size:
+            raise ValueError(
+                f"shard='data': the plate {name!r} of size {size} cannot give {world_size} "
+                f"ranks subsample_size={per_rank} distinct indices each; its subsample_size "
+                "is the per-rank minibatch, so take at most "
+                f"{size // world_size}"
+            )
+    return Shard(mode, num_particles, group)

@@ -1,0 +1,354 @@
+"""
+SG-MCMC sharded over torch.distributed: two CPU processes with gloo against one process.
+
+Each test spawns two ranks (``torch.multiprocessing`` with the ``spawn`` start method) that
+run a list of scenarios in one process group and report back through a queue; the
+single-process reference runs in the test process with the same seed.
+"""
+
+import os
+import re
+import subprocess
+import sys
+import traceback
+from pathlib import Path
+
+import numpy as np
+import pyro
+import pyro.distributions as dist
+import pytest
+import torch
+import torch.distributed as dist_c10d
+import torch.multiprocessing as mp
+from pyro.ops.streaming import CountMeanVarianceStats, StatsOfDict
+
+from pyro_ext.infer import MCMC, Gibbs, SamplerDivergenceError
+from pyro_ext.infer.sgmcmc import KERNELS
+from pyro_ext.infer.sgmcmc.distributed import RankFailedError
+
+pytestmark = pytest.mark.skipif(
+    not dist_c10d.is_available(), reason="torch.distributed is not available"
+)
+
+WORLD_SIZE = 2
+NUM_PARTICLES = 8
+NUM_DATA = 64
+#: a spawned rank that has not reported by then has hung
+TIMEOUT_S = 120
+
+
+def regression(x, y, batch):
+    w = pyro.sample("w", dist.Normal(torch.zeros(3), 1.0).to_event(1))
+    s = pyro.sample("s", dist.LogNormal(0.0, 1.0))
+    with pyro.plate("data", x.shape[0], subsample_size=batch) as idx:
+        pyro.sample("obs", dist.Normal(x[idx] @ w, s), obs=y[idx])
+
+
+def regression_with_extra_site(x, y, batch):
+    pyro.sample("extra", dist.Normal(0.0, 1.0))
+    regression(x, y, batch)
+
+
+def data():
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(NUM_DATA, 3, generator=generator)
+    y = x @ torch.tensor([1.0, -2.0, 0.5]) + 0.3 * torch.randn(NUM_DATA, generator=generator)
+    return x, y
+
+
+#: (sampler, shard, repulsion, jit_compile, minibatch of the single-process run)
+CONFIGS = [
+    ("sgld", "particles", None, False),
+    ("sgld", "particles", "rbf", False),
+    ("sghmc", "particles", "rbf", False),
+    ("adam", "particles", "rbf", "trace"),
+    ("sghmc", "particles", "rbf", True),
+    ("sgld", "data", None, False),
+    ("sghmc", "data", "rbf", "trace"),
+]
+STEP_SIZES = {"sgld": 2e-3, "sghmc": 1e-3, "adam": 1e-2}
+
+
+def run_chain(sampler, shard, repulsion, jit_compile, batch, statistics=False, **mcmc_kwargs):
+    pyro.set_rng_seed(1)
+    x, y = data()
+    kernel = KERNELS[sampler](
+        regression,
+        step_size=STEP_SIZES[sampler],
+        num_particles=NUM_PARTICLES,
+        repulsion=repulsion,
+        jit_compile=jit_compile,
+        shard=shard,
+    )
+    options = dict(num_samples=10, warmup_steps=10, thinning=2, disable_progbar=True)
+    if statistics:
+        options["statistics"] = StatsOfDict(default=CountMeanVarianceStats)
+    mcmc = MCMC(kernel, **{**options, **mcmc_kwargs})
+    mcmc.run(x, y, batch)
+    return mcmc
+
+
+def as_numpy(samples):
+    return {name: value.detach().numpy() for name, value in samples.items()}
+
+
+def reference(sampler, shard, repulsion, jit_compile):
+    # The data shards' minibatches together are the single process's minibatch.
+    batch = 16 if shard == "particles" else 8 * WORLD_SIZE
+    return as_numpy(
+        run_chain(sampler, None, repulsion, False, batch).get_samples(group_by_chain=True)
+    )
+
+
+# -- scenarios, run on every rank -------------------------------------------------------------
+def scenario_equal(rank):
+    results = []
+    for sampler, shard, repulsion, jit_compile in CONFIGS:
+        batch = 16 if shard == "particles" else 8
+        mcmc = run_chain(sampler, shard, repulsion, jit_compile, batch)
+        results.append(as_numpy(mcmc.get_samples(group_by_chain=True)))
+    diagnostics = run_chain("sgld", "particles", "rbf", False, 16).diagnostics()
+    stats = run_chain("sgld", "particles", None, False, 16, statistics=True)
+    means = {k: v["mean"].numpy() for k, v in stats.get_statistics(group_by_chain=False).items()}
+    keys = sorted(stats.get_statistics(group_by_chain=True))
+    r_hat = {k: diagnostics[k]["r_hat"].numpy() for k in ("w", "s")}
+    return results, r_hat, means, keys
+
+
+def diverging(x, y, batch):
+    # Particle 7 (rank 1's) starts near 40 and climbs; the log density is NaN past 40.
+    u = pyro.sample("u", dist.Normal(0.0, 100.0))
+    pyro.factor("push", 5.0 * u + torch.where(u > 40.0, torch.nan, 0.0))
+    regression(x, y, batch)
+
+
+def scenario_divergence(rank):
+    pyro.set_rng_seed(1)
+    x, y = data()
+    u = torch.zeros(NUM_PARTICLES)
+    u[7] = 39.0
+    init = {"u": u, "w": torch.zeros(NUM_PARTICLES, 3), "s": torch.zeros(NUM_PARTICLES)}
+    kernel = KERNELS["sgld"](diverging, 0.1, num_particles=NUM_PARTICLES)
+    mcmc = MCMC(kernel, num_samples=20, warmup_steps=0, disable_progbar=True, initial_params=init)
+    try:
+        mcmc.run(x, y, 16)
+    except SamplerDivergenceError as error:
+        kept = mcmc.get_samples(group_by_chain=True)["u"].shape
+        return type(error).__name__, error.step, error.particles, error.sites, tuple(kept)
+    return "no error", None, None, None, None
+
+
+class _Interrupt(Exception):
+    pass
+
+
+def scenario_checkpoint(rank, path):
+    def crash(kernel, params, stage, index):
+        if stage == "Sample" and index == 6:
+            raise _Interrupt
+
+    options = dict(checkpoint_path=path, checkpoint_every=4)
+    try:
+        run_chain("sghmc", "particles", "rbf", False, 16, hook_fn=crash, **options)
+    except _Interrupt:
+        pass
+    x, y = data()
+    pyro.set_rng_seed(123)  # resume restores the random state of the checkpoint
+    kernel = KERNELS["sghmc"](
+        regression, STEP_SIZES["sghmc"], num_particles=NUM_PARTICLES, repulsion="rbf"
+    )
+    mcmc = MCMC(
+        kernel, num_samples=10, warmup_steps=10, thinning=2, disable_progbar=True, **options
+    )
+    mcmc.resume(x, y, 16)
+    files = sorted(os.listdir(os.path.dirname(path)))
+    return as_numpy(mcmc.get_samples(group_by_chain=True)), files
+
+
+def _error_of(fn):
+    try:
+        fn()
+    except (TypeError, ValueError) as error:
+        return type(error).__name__, str(error)
+    return "no error", ""
+
+
+def scenario_bad_input(rank):
+    x, y = data()
+
+    def run(model=regression, seed=1, num_particles=NUM_PARTICLES, shard="auto", batch=16):
+        pyro.set_rng_seed(seed)
+        kernel = KERNELS["sgld"](model, 1e-3, num_particles=num_particles, shard=shard)
+        MCMC(kernel, num_samples=2, warmup_steps=0, disable_progbar=True).run(x, y, batch)
+
+    def unsupported_backend():
+        original = dist_c10d.get_backend
+        dist_c10d.get_backend = lambda group=None: "mpi"
+        try:
+            run()
+        finally:
+            dist_c10d.get_backend = original
+
+    def sharded_gibbs():
+        def mixture(x, y, batch):
+            pyro.sample("z", dist.Bernoulli(0.5))
+            regression(x, y, batch)
+
+        kernel = Gibbs(KERNELS["sgld"](mixture, 1e-3, num_particles=NUM_PARTICLES), ["z"])
+        MCMC(kernel, num_samples=2, warmup_steps=0, disable_progbar=True).run(x, y, 16)
+
+    return {
+        "indivisible": _error_of(lambda: run(num_particles=7)),
+        "seeds": _error_of(lambda: run(seed=rank)),
+        "models": _error_of(lambda: run(model=regression_with_extra_site if rank else regression)),
+        "backend": _error_of(unsupported_backend),
+        "data plate too small": _error_of(lambda: run(shard="data", batch=40)),
+        "gibbs": _error_of(sharded_gibbs),
+        "shard type": _error_of(lambda: KERNELS["sgld"](regression, 1e-3, shard=2)),
+        "shard value": _error_of(lambda: KERNELS["sgld"](regression, 1e-3, shard="rows")),
+    }
+
+
+def scenario_kill(rank):
+    def die(kernel, params, stage, index):
+        if rank == 1 and index == 3:
+            os._exit(1)  # a killed rank: no exception, no clean-up
+
+    try:
+        run_chain("sgld", "particles", "rbf", False, 16, hook_fn=die)
+    except RankFailedError as error:
+        return type(error).__name__, str(error)
+    return "no error", ""
+
+
+# -- the launcher ------------------------------------------------------------------------------
+def _worker(rank, init_file, scenario, args, queue):
+    torch.set_num_threads(1)
+    try:
+        dist_c10d.init_process_group(
+            "gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD_SIZE
+        )
+        result = globals()[scenario](rank, *args)
+        queue.put((rank, "ok", result))
+    except BaseException:
+        queue.put((rank, "error", traceback.format_exc()))
+    finally:
+        if dist_c10d.is_initialized():
+            dist_c10d.destroy_process_group()
+
+
+def spawn(tmp_path, scenario, *args, expect=WORLD_SIZE):
+    """Run ``scenario`` on two ranks; their results by rank (``expect`` of them report)."""
+    context = mp.get_context("spawn")
+    queue = context.Queue()
+    init_file = tmp_path / "init"
+    processes = [
+        context.Process(target=_worker, args=(rank, str(init_file), scenario, args, queue))
+        for rank in range(WORLD_SIZE)
+    ]
+    for process in processes:
+        process.start()
+    results = {}
+    try:
+        for _ in range(expect):
+            rank, status, result = queue.get(timeout=TIMEOUT_S)
+            assert status == "ok", f"rank {rank} failed:\n{result}"
+            results[rank] = result
+    finally:
+        for process in processes:
+            process.join(timeout=10)
+            if process.is_alive():
+                process.kill()
+    return results
+
+
+def assert_close(actual, expected):
+    assert actual.keys() == expected.keys()
+    for name in expected:
+        np.testing.assert_allclose(actual[name], expected[name], rtol=1e-4, atol=1e-5)
+
+
+# -- tests -----------------------------------------------------------------------------------
+def test_two_ranks_run_the_single_process_chain(tmp_path):
+    results = spawn(tmp_path, "scenario_equal")
+    for rank in range(WORLD_SIZE):
+        draws, r_hat, means, keys = results[rank]
+        for config, sharded in zip(CONFIGS, draws):
+            expected = reference(*config)
+            assert sharded["w"].shape == (NUM_PARTICLES, 10, 3), config
+            assert_close(sharded, expected)
+        # Every rank holds every particle's draws, summary and statistics.
+        for name in r_hat:
+            np.testing.assert_array_equal(r_hat[name], results[0][1][name])
+        assert keys == sorted((p, n) for p in range(NUM_PARTICLES) for n in ("s", "w"))
+        single = run_chain("sgld", None, None, False, 16, statistics=True)
+        for name, stats in single.get_statistics(group_by_chain=False).items():
+            np.testing.assert_allclose(means[name], stats["mean"].numpy(), rtol=1e-4, atol=1e-5)
+
+
+def test_a_divergence_on_one_rank_stops_both_with_the_same_error(tmp_path):
+    results = spawn(tmp_path, "scenario_divergence")
+    assert results[0] == results[1]
+    name, step, particles, sites, kept = results[0]
+    assert name == "SamplerDivergenceError"
+    assert particles == [7]
+    assert sites == ["push"]
+    assert 0 < step < 20
+    assert kept == (NUM_PARTICLES, step)  # the draws before the divergent step, all particles
+
+
+def test_checkpoint_resume_on_two_ranks_gives_the_same_draws(tmp_path):
+    results = spawn(tmp_path, "scenario_checkpoint", str(tmp_path / "run.pt"))
+    expected = reference("sghmc", "particles", "rbf", False)
+    for rank in range(WORLD_SIZE):
+        draws, files = results[rank]
+        assert_close(draws, expected)
+        assert {"run.pt.rank0", "run.pt.rank1"} <= set(files)
+    for name in expected:
+        np.testing.assert_array_equal(results[0][0][name], results[1][0][name])
+
+
+def test_bad_sharded_input_gets_the_same_clear_error_on_every_rank(tmp_path):
+    results = spawn(tmp_path, "scenario_bad_input")
+    assert results[0].keys() == results[1].keys()
+    expected = {
+        "indivisible": ("ValueError", "num_particles=7 is not divisible by the world size 2"),
+        "seeds": ("ValueError", "initial particles"),
+        "models": ("ValueError", "latent sites"),
+        "backend": ("ValueError", "backend is 'mpi'"),
+        "data plate too small": ("ValueError", "subsample_size=40"),
+        "gibbs": ("ValueError", "shard=None"),
+        "shard type": ("TypeError", "shard"),
+        "shard value": ("ValueError", "shard"),
+    }
+    for rank in range(WORLD_SIZE):
+        for case, (kind, text) in expected.items():
+            got_kind, message = results[rank][case]
+            assert got_kind == kind, (rank, case, message)
+            assert text in message, (rank, case, message)
+
+
+def test_a_killed_rank_makes_the_other_fail_instead_of_hanging(tmp_path):
+    results = spawn(tmp_path, "scenario_kill", expect=1)
+    name, message = results[0]
+    assert name == "RankFailedError"
+    assert "rank 0 of 2" in message and "restart" in message
+
+
+def test_the_example_script_launched_by_torchrun_gives_the_single_process_answer():
+    script = Path(__file__).resolve().parents[2] / "tutorials" / "scaling_out.py"
+
+    def rmse(*launcher, shard="particles"):
+        command = [*launcher, str(script), "--quick", "--shard", shard]
+        result = subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT_S)
+        assert result.returncode == 0, result.stderr[-2000:]
+        return sorted(re.findall(r"rank (\d) of (\d): test RMSE ([\d.]+)", result.stdout))
+
+    single = rmse(sys.executable)
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
+    assert len(single) == 1
+    for shard in ("particles", "data"):
+        ranks = rmse(*torchrun, shard=shard)
+        assert [(r, w) for r, w, _ in ranks] == [("0", "2"), ("1", "2")]
+        for _, _, value in ranks:
+            assert abs(float(value) - float(single[0][2])) < 1e-3, (shard, ranks, single)
