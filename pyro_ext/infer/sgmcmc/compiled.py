@@ -247,7 +247,7 @@ class CompiledStep:
                 return log_density.sum(), log_density
 
             grad, log_density = torch.func.grad(total, has_aux=True)(state.z)
-            new_state, log_density, _ = transition(
+            new_state, log_density, _, ok = transition(
                 lambda s, g, e, n, c: sampler.update(s, g, e, n, c, temperature, adapt, **hyper),
                 state,
                 grad,
@@ -258,9 +258,6 @@ class CompiledStep:
                 shard,
                 tries=1,
             )
-            ok = torch.isfinite(log_density.sum() + new_state.z.sum())
-            if shard is not None:
-                ok = shard.all_true(ok)
             return (*new_state, log_density, ok)
 
         return step

@@ -157,18 +157,19 @@ class Shard:
         counts = funcol.all_reduce(flag.to(torch.int32).reshape(1), "sum", self.group)
         return funcol.wait_tensor(counts)[0] == self.world_size
 
-    def gather_state(self, state, grad):
-        """The whole run's sampler state and gradient from the ranks' rows, in one collective."""
+    def gather_state(self, state, grad, log_density):
+        """The whole run's sampler state, gradients and log densities from the ranks' rows,
+        in one collective."""
         fields = [f for f in state if f.dim() > 0]
-        widths = [f[0].numel() for f in fields] + [grad[0].numel()]
-        local = torch.cat([f.reshape(f.shape[0], -1) for f in fields] + [grad], dim=1)
-        full = self.gather(local).split(widths, dim=1)
-        rebuilt, parts = [], iter(full[:-1])
+        widths = [f[0].numel() for f in fields] + [grad[0].numel(), 1]
+        columns = [f.reshape(f.shape[0], -1) for f in fields] + [grad, log_density.unsqueeze(-1)]
+        full = self.gather(torch.cat(columns, dim=1)).split(widths, dim=1)
+        rebuilt, parts = [], iter(full[:-2])
         for f in state:
             rebuilt.append(
                 next(parts).reshape((self.num_particles,) + f.shape[1:]) if f.dim() > 0 else f
             )
-        return type(state)(*rebuilt), full[-1]
+        return type(state)(*rebuilt), full[-2], full[-1].squeeze(-1)
 
     def local_state(self, state):
         """This rank's rows of a whole-run sampler state (0-dim fields are shared)."""
@@ -233,15 +234,21 @@ def transition(update, state, grad, log_density, step_size, noise, repulsion, sh
     the compiled step share. ``update(state, grad, step_size, noise, coupling)`` is the
     sampler's update; ``noise`` holds standard normal noise for all ``L`` particles
     (``shard`` picks this rank's rows); ``tries`` overrides the coupling's Cholesky tries (1
-    in a traced step). Returns the new state of this rank's particles, and the log
-    densities and gradients the update used (averaged over data shards).
+    in a traced step). Returns the new state of this rank's particles, the log densities and
+    gradients the update used (averaged over data shards), and a 0-dim flag: whether the
+    step is finite on every rank (one reduction and no host sync; a non-finite gradient
+    makes the new particles non-finite too).
+
+    The flag costs no collective of its own when the update already ran on every
+    particle's values (gathered for repulsion, or the same on every rank for data
+    sharding); independent sharded particles exchange it with one ``all_reduce``.
     """
     gathered = shard is not None and shard.mode == "particles" and repulsion is not None
     if shard is not None and shard.mode == "data":
         log_density, grad = shard.mean(log_density), shard.mean(grad)
     if gathered:
         # The kernel matrix couples every particle to every other: the whole run's state.
-        state, grad = shard.gather_state(state, grad)
+        state, grad, log_density = shard.gather_state(state, grad, log_density)
     elif shard is not None:
         noise = shard.local(noise)
     coupling = None
@@ -250,9 +257,13 @@ def transition(update, state, grad, log_density, step_size, noise, repulsion, sh
         if tries is not None:
             coupling = coupling._replace(cholesky_tries=tries)
     new_state = update(state, grad, step_size, noise, coupling)
+    ok = torch.isfinite(log_density.sum() + new_state.z.sum())
+    if shard is not None and shard.mode == "particles" and not gathered:
+        ok = shard.all_true(ok)
     if gathered:
-        new_state, grad = shard.local_state(new_state), shard.local(grad)
-    return new_state, log_density, grad
+        new_state = shard.local_state(new_state)
+        grad, log_density = shard.local(grad), shard.local(log_density)
+    return new_state, log_density, grad, ok
 
 
 def resolve_shard(shard, num_particles, device, potential, group=None):

@@ -476,7 +476,7 @@ class SGMCMCKernel(ParticleKernel):
             # Eager, or a compiled step that was not finite: the eager step from the same
             # inputs retries the repulsive factorisation or diagnoses the divergence.
             log_density, grad = self.potential.log_density_and_grad(z, subsamples)
-            state, log_density, grad = transition(
+            state, log_density, grad, ok = transition(
                 lambda s, g, e, n, c: self._update(s, g, e, n, c, adapt),
                 self._state,
                 grad,
@@ -486,7 +486,7 @@ class SGMCMCKernel(ParticleKernel):
                 self.repulsion,
                 shard,
             )
-            self._check_finite(log_density, grad, state.z, subsamples)
+            self._check_finite(ok, log_density, grad, state.z, subsamples)
         self._state = state
         self._last_log_density = log_density
         self._current_step_size = step_size
@@ -495,14 +495,11 @@ class SGMCMCKernel(ParticleKernel):
             self.verify()
         return self._to_params(self._state.z)
 
-    def _check_finite(self, log_density, grad, new_z, subsamples):
-        # One reduction and one device sync for a healthy step: a non-finite gradient
-        # makes the new particles non-finite too. A sum that overflows although every
-        # term is finite is ruled out by the diagnosis below. Sharded, the ranks agree
-        # on the verdict (one flag each), so that all of them stop at the same step.
-        ok = torch.isfinite(log_density.sum() + new_z.sum())
-        if self.shard is not None:
-            ok = self.shard.all_true(ok)
+    def _check_finite(self, ok, log_density, grad, new_z, subsamples):
+        # ``ok`` is the step's finiteness on every rank (see transition): one device sync
+        # for a healthy step, and sharded ranks agree on it, so all of them stop at the
+        # same step. A sum that overflows although every term is finite is ruled out by
+        # the diagnosis below.
         if bool(ok):
             return
         finite_columns = torch.isfinite(grad) & torch.isfinite(new_z)
