@@ -8,7 +8,6 @@ correction term is the SVGD repulsion ``sum_j grad_{z_j} k(z_j, z_i) / L``. A
 """
 
 import math
-from typing import NamedTuple
 
 import torch
 from pyro.infer.svgd import SteinKernel
@@ -16,10 +15,13 @@ from pyro.infer.svgd import SteinKernel
 from ...ops.validation import check_positive
 
 
-class Coupling(NamedTuple):
+class Coupling:
     """
     :ivar torch.Tensor matrix: the ``(L, L)`` kernel matrix ``K_ij = k(z_i, z_j)``.
-    :ivar torch.Tensor repulsion: the ``(L, D)`` term ``sum_j grad_{z_j} k(z_j, z_i)``.
+    :ivar torch.Tensor repulsion: the ``(L, D)`` term ``sum_j grad_{z_j} k(z_j, z_i)``;
+        computed on first read when the coupling was built from a :attr:`shift` (the
+        samplers' drift does not read it then, which saves three passes over ``(L, D)``
+        tensors per step).
     :ivar int cholesky_tries: how many jitters :func:`coupled_noise` tries (each ten
         times the last) before giving up. A traced step uses 1, which has no
         data-dependent branch: a failed factorisation then gives non-finite noise, and
@@ -27,14 +29,41 @@ class Coupling(NamedTuple):
     :ivar shift: ``None``, or an ``(L, D)`` tensor ``s`` with ``repulsion = rowsum(K) * s -
         K @ s`` (a translation-invariant kernel such as the RBF one, where ``s = 2 z / h``).
         The drift ``K @ grad + repulsion`` is then ``K @ (grad - s) + rowsum(K) * s``: one
-        ``L x L x D`` product instead of two, which a compiled step exploits (it drops
-        the unused ``K @ z`` of :attr:`repulsion`).
+        ``L x L x D`` product instead of two.
     """
 
-    matrix: torch.Tensor
-    repulsion: torch.Tensor
-    cholesky_tries: int = 6
-    shift: torch.Tensor | None = None
+    __slots__ = ("matrix", "_repulsion", "cholesky_tries", "shift")
+
+    def __init__(self, matrix, repulsion=None, cholesky_tries=6, shift=None):
+        if repulsion is None and shift is None:
+            raise ValueError("a Coupling needs its repulsion term, or the shift that gives it")
+        self.matrix = matrix
+        self._repulsion = repulsion
+        self.cholesky_tries = cholesky_tries
+        self.shift = shift
+
+    @property
+    def repulsion(self) -> torch.Tensor:
+        if self._repulsion is None:
+            matrix, shift = self.matrix, self.shift
+            self._repulsion = matrix.sum(-1, keepdim=True) * shift - matrix @ shift
+        return self._repulsion
+
+    def _replace(self, **changes):
+        """A copy with some fields changed, as a ``NamedTuple``'s ``_replace``."""
+        fields = {
+            "matrix": self.matrix,
+            "repulsion": self._repulsion,
+            "cholesky_tries": self.cholesky_tries,
+            "shift": self.shift,
+        }
+        unknown = set(changes) - set(fields)
+        if unknown:
+            raise TypeError(f"Coupling has no fields {sorted(unknown)}")
+        if changes.get("shift", self.shift) is None and "repulsion" not in changes:
+            fields["repulsion"] = self.repulsion  # no shift left to compute it from
+        fields.update(changes)
+        return Coupling(**fields)
 
 
 class RBFKernel(SteinKernel):
@@ -64,7 +93,7 @@ class RBFKernel(SteinKernel):
         self.bandwidth = check_positive(bandwidth, "bandwidth", allow_none=True)
 
     def _squared_distances(self, z):
-        sq_norms = z.pow(2).sum(-1)
+        sq_norms = torch.linalg.vector_norm(z, dim=-1).square()  # no (L, D) temporary
         sq = (sq_norms.unsqueeze(-1) + sq_norms.unsqueeze(-2) - 2.0 * z @ z.T).clamp_min(0.0)
         return sq.fill_diagonal_(0.0)
 
@@ -92,10 +121,9 @@ class RBFKernel(SteinKernel):
         differentiable in ``z`` (VIS backpropagates through it).
         """
         matrix, h = self.gram(z)
-        # sum_j k_ij (2/h)(z_i - z_j), without forming the (L, L, D) differences.
-        shift = (2.0 / h) * z
-        repulsion = matrix.sum(-1, keepdim=True) * shift - matrix @ shift
-        return Coupling(matrix, repulsion, shift=shift)
+        # sum_j k_ij (2/h)(z_i - z_j) = rowsum(K) s - K s with s = 2 z / h, without forming
+        # the (L, L, D) differences; read (and computed) only when asked for.
+        return Coupling(matrix, shift=(2.0 / h) * z)
 
     @torch.no_grad()
     def log_kernel_and_grad(self, particles):

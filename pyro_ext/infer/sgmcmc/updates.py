@@ -40,10 +40,10 @@ def drift(grad: torch.Tensor, coupling: Coupling | None) -> torch.Tensor:
     if coupling is None:
         return grad
     if coupling.shift is not None:
-        # K grad + rowsum(K) s - K s, with one product by K (see Coupling.shift).
-        shift = coupling.shift
-        rowsum = coupling.matrix.sum(-1, keepdim=True)
-        return (coupling.matrix @ (grad - shift) + rowsum * shift) / grad.shape[0]
+        # (K (grad - s) + rowsum(K) s) / L, with one product by K (see Coupling.shift); the
+        # 1 / L scales the small factors, and addmm adds in place of a separate pass.
+        shift, scaled = coupling.shift, coupling.matrix / grad.shape[0]
+        return torch.addmm(scaled.sum(-1, keepdim=True) * shift, scaled, grad - shift)
     return (coupling.matrix @ grad + coupling.repulsion) / grad.shape[0]
 
 
