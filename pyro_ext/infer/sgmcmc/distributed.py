@@ -11,8 +11,12 @@ work over the group's ``R`` ranks in one of two ways (``shard=`` of
     Independent particles exchange nothing but one finiteness flag per step. The
     repulsive samplers (thesis eq. 2.7-2.8) need every particle's position and gradient
     for the kernel matrix ``K``: one ``all_gather`` per step of the ranks' sampler states
-    and gradients (``O(L D)`` numbers), after which every rank forms ``K`` and applies the
-    update (``O(L^2 D)``, small next to ``L`` gradients of a model) and keeps its own rows.
+    and gradients (``O(L D)`` numbers; the finiteness flag rides along), after which every
+    rank forms ``K`` and applies the whole update and keeps its own rows. That update is
+    replicated, not sharded: ``O(L^2 D)`` arithmetic and a few passes over ``(L, D)``
+    tensors on every rank, which for a large network at large ``L`` costs as much as the
+    gradients it shares (``benchmarks/results/distributed.md``). The sharded ranks gain
+    memory for the model evaluations and the gradients' time, not the update's.
 
 ``"data"``
     Every rank holds all ``L`` particles and evaluates them on its share of the
