@@ -32,12 +32,14 @@ from .kalman import (
     KalmanFilterResult,
     KalmanForecast,
     KalmanSmootherResult,
+    KalmanWhitening,
     forecast_interval,
     kalman_filter,
     kalman_forecast,
     kalman_log_likelihood,
     kalman_sample,
     kalman_smoother,
+    kalman_whiten,
 )
 from .models import HiddenMarkovModel
 
@@ -50,6 +52,7 @@ __all__ = [
     "KalmanFilterResult",
     "KalmanForecast",
     "KalmanSmootherResult",
+    "KalmanWhitening",
     "LinearGaussian",
     "LocalLevel",
     "LocalLinearTrend",
@@ -70,4 +73,5 @@ __all__ = [
     "kalman_log_likelihood",
     "kalman_sample",
     "kalman_smoother",
+    "kalman_whiten",
 ]

@@ -45,12 +45,14 @@ __all__ = [
     "KalmanFilterResult",
     "KalmanForecast",
     "KalmanSmootherResult",
+    "KalmanWhitening",
     "forecast_interval",
     "kalman_filter",
     "kalman_forecast",
     "kalman_log_likelihood",
     "kalman_sample",
     "kalman_smoother",
+    "kalman_whiten",
 ]
 
 
@@ -79,6 +81,14 @@ class KalmanForecast(NamedTuple):
     observation_covs: torch.Tensor
     state_means: torch.Tensor
     state_covs: torch.Tensor
+
+
+class KalmanWhitening(NamedTuple):
+    """Output of :func:`kalman_whiten`: ``L^{-1} series`` and ``log det`` of the covariance."""
+
+    whitened: torch.Tensor
+    log_det: torch.Tensor
+    num_observed: torch.Tensor
 
 
 class _SSM(NamedTuple):
@@ -351,6 +361,231 @@ def _run_filter(ssm):
     # Missing coordinates were replaced by independent N(0, 1) dummies observed at 0.
     ll = ll + 0.5 * math.log(2 * math.pi) * ssm.num_missing
     return ll, m, P, mp, Pp
+
+
+# ---------------------------------------------------------------------------------------
+# Whitening several series (the filter's means with several right-hand sides)
+
+
+def _filter_combine_columns(ei, ej):
+    """:func:`_filter_combine` with ``b`` and ``eta`` of shape ``(..., S, n)``: ``n``
+    series that share the covariances (``A``, ``C``, ``J``) and differ only in the data."""
+    Ai, bi, Ci, etai, Ji = ei
+    Aj, bj, Cj, etaj, Jj = ej
+    eye = torch.eye(Ai.shape[-1], dtype=Ai.dtype, device=Ai.device)
+    lu, piv = _lu_factor(eye + Ci @ Jj, "I + C_i J_j in the filter scan")
+    S = Ai.shape[-1]
+    MAC = torch.linalg.lu_solve(lu, piv, torch.cat([Ai, Ci], -1))  # M [A_i, C_i]
+    MA, MC = MAC[..., :S], MAC[..., S:]
+    AjM = torch.linalg.lu_solve(lu, piv, Aj.mT, adjoint=True).mT  # A_j M
+    A = Aj @ MA
+    C = _sym(Aj @ MC @ Aj.mT + Cj)
+    J = _sym(MA.mT @ (Jj @ Ai) + Ji)
+    b = AjM @ (bi + Ci @ etaj) + bj
+    eta = MA.mT @ (etaj - Jj @ bi) + etai
+    return A, b, C, eta, J
+
+
+def _run_whiten(ssm, Y):
+    """Standardised innovations of the series ``Y`` ``(T, *b, p, n)`` (zero prior mean) and
+    the log-determinant of the observed part of their covariance."""
+    G, F, Q, V = ssm.G, ssm.F, ssm.Q, ssm.V
+    eye = torch.eye(G.shape[-1], dtype=G.dtype, device=G.device)
+    L = _cholesky(F @ Q @ F.mT + V, "innovation covariance F W F^T + V")
+    K = torch.cholesky_solve(F @ Q, L).mT
+    IKF = eye - K @ F
+    A = IKF @ G
+    C = _sym(IKF @ Q @ IKF.mT + K @ V @ K.mT)
+    SinvFG = torch.cholesky_solve(F @ G, L)
+    J = _sym((F @ G).mT @ SinvFG)
+    b = K @ Y
+    eta = SinvFG.mT @ Y
+    batch = torch.broadcast_shapes(b.shape[1:-2], A.shape[1:-2])
+    b = b.expand(b.shape[0], *batch, *b.shape[-2:])
+    eta = eta.expand(b.shape)
+    A, C, J = [x.expand(x.shape[0], *batch, *x.shape[-2:]) for x in (A, C, J)]
+    _, m, P, _, _ = associative_scan(_filter_combine_columns, (A, b, C, eta, J))
+    m_prev = torch.cat([torch.zeros_like(m[:1]), m[:-1]])
+    P_prev = torch.cat([torch.zeros_like(P[:1]), P[:-1]])
+    Pp = _sym(G @ P_prev @ G.mT + Q)
+    e = Y - F @ (G @ m_prev)
+    Lv = _cholesky(F @ Pp @ F.mT + V, "innovation covariance F P F^T + V")
+    z = torch.linalg.solve_triangular(Lv, e, upper=False)
+    log_det = 2 * Lv.diagonal(dim1=-2, dim2=-1).log().sum((0, -1))
+    return z, log_det
+
+
+def _blocked_whiten(args, observed, Y, B):
+    """:func:`_run_whiten` by blocks of ``B`` steps, for static ``G``, ``F``, ``W`` (``V``
+    static or with a time axis); ``observed`` ``(*b, T, p)``, ``Y`` ``(*b, T, p, n)`` with
+    zeros where missing.
+
+    As :func:`_blocked_log_likelihood`: each block's observations ``Y_k`` (``B p`` values)
+    are ``H s_k`` plus noise of a block-independent covariance (the state noise within the
+    block; the observation noise and the missing coordinates make it per block), so one
+    associative scan over the ``K = ceil(T / B)`` blocks gives the predicted moments
+    ``(m_k, P_k)`` of each block's first state ``s_k`` for every series.  The block's
+    prediction errors ``Y_k - H m_k`` have covariance ``Omega_k = H P_k H^T + Syy_k``, the
+    Schur complement of the earlier blocks in ``Sigma``, so the Cholesky factor of
+    ``Omega_k`` whitens them exactly as ``L`` does (block Cholesky).  The series are padded
+    to ``K B`` steps with missing values.
+    """
+    _, G, F, W, V, _, P0, batch, _ = args
+    T, p = observed.shape[-2:]
+    S, n = P0.shape[-1], Y.shape[-1]
+    dtype, device = Y.dtype, Y.device
+    K = -(-T // B)
+    B = -(-T // K)  # the same number of blocks with as little padding as possible
+    pad = K * B - T
+    nb = len(batch)
+    eye_p = torch.eye(p, dtype=dtype, device=device)
+    H, Phi, Syy, Ssy, Sss = _block_model(G, F, W, torch.zeros_like(eye_p), B)
+    # Observation noise per step, padded with identities (masked out below).
+    if V.dim() == observed.dim() + 1:  # (*b, T, p, p)
+        V = V.expand(*batch, T, p, p)
+    else:
+        V = V.unsqueeze(-3).expand(*batch, T, p, p)
+    V = torch.cat([V, eye_p.expand(*batch, pad, p, p)], -3).reshape(*batch, K, B, p, p)
+    eye_B = torch.eye(B, dtype=dtype, device=device)
+    V = torch.einsum("ji,...kjac->...kjaic", eye_B, V).reshape(*batch, K, B * p, B * p)
+
+    def blocks(x, core):  # (*b, T, *core) -> (K, *b, B * p, *core[1:]) with padding
+        x = x.expand(*batch, T, *core)
+        x = torch.cat([x, x.new_zeros(*batch, pad, *core)], -len(core) - 1)
+        return x.reshape(*batch, K, B * p, *core[1:]).movedim(nb, 0)
+
+    d = blocks(observed.to(dtype), (p,))  # (K, *b, B p)
+    Yk = blocks(Y, (p, n))  # (K, *b, B p, n)
+    V = V.movedim(nb, 0)
+    Syy = (Syy + V) * (d.unsqueeze(-1) * d.unsqueeze(-2)) + torch.diag_embed(1 - d)
+    H = H * d.unsqueeze(-1)
+    Ssy = Ssy * d.unsqueeze(-2)
+    if K == 1:  # one block: Sigma itself, s_0 ~ N(0, P0)
+        E, P = Yk, P0.expand(1, *batch, S, S)
+    else:
+        L = _cholesky(Syy[:-1], "block noise covariance")
+        Z = torch.linalg.solve_triangular(
+            L, torch.cat([H[:-1], Ssy[:-1].mT, Yk[:-1]], -1), upper=False
+        )
+        Zh, Zs, zy = Z[..., :S], Z[..., S : 2 * S], Z[..., 2 * S :]
+        elems = (
+            Phi - Zs.mT @ Zh,
+            Zs.mT @ zy,
+            _sym(Sss - Zs.mT @ Zs),
+            Zh.mT @ zy,
+            _sym(Zh.mT @ Zh),
+        )
+        zSS = P0.new_zeros(()).expand(1, *batch, S, S)
+        zSn = P0.new_zeros(()).expand(1, *batch, S, n)
+        prior = (zSS, zSn, P0.expand(1, *batch, S, S), zSn, zSS)
+        scan_in = tuple(torch.cat([u, v.expand(K - 1, *u.shape[1:])]) for u, v in zip(prior, elems))
+        _, m, P, _, _ = associative_scan(_filter_combine_columns, scan_in)  # s_0 .. s_{K-1}
+        E = Yk - H @ m
+    Lo = _cholesky(_sym(H @ P @ H.mT) + Syy, "block prediction-error covariance")
+    z = torch.linalg.solve_triangular(Lo, E, upper=False)
+    log_det = 2 * Lo.diagonal(dim1=-2, dim2=-1).log().sum((0, -1))
+    z = z.movedim(0, nb).reshape(*batch, K * B, p, n)[..., :T, :, :]
+    return z, log_det
+
+
+def _default_whiten_block_size(T, p, dtype):
+    # Tuned on CPU (one thread; a BSTS with S = 6 states and 10 series, forward and
+    # backward, vmapped over 8 particles): up to about 80 steps one block (the dense
+    # covariance, built without a loop) is fastest; beyond, blocks of about 40 steps are
+    # within 10 % of the best block size from T = 104 to 520.  float32 uses shorter blocks
+    # (the block covariance's condition number grows like B^3 for integrated trends).
+    if dtype == torch.float32 or dtype == torch.float16:
+        return max(1, min(T, 16 // p))
+    return T if T * p <= 80 else max(1, 40 // p)
+
+
+def kalman_whiten(
+    series: torch.Tensor,
+    transition_matrix: torch.Tensor,
+    observation_matrix: torch.Tensor,
+    transition_cov: torch.Tensor,
+    observation_cov: torch.Tensor,
+    init_cov: torch.Tensor,
+    block_size: int | None = None,
+) -> KalmanWhitening:
+    r"""Whiten several series by the covariance of a linear Gaussian state-space model.
+
+    With ``Sigma = Cov(y_{1:T})`` of the model (initial state ``N(0, init_cov)``) and its
+    Cholesky factor ``Sigma = L L^T`` (time-major, ``T obs_dim`` square), returns
+    ``L^{-1} s`` for every series ``s`` without forming ``Sigma``: by the prediction-error
+    decomposition, ``L^{-1} s`` is the filter's one-step prediction errors standardised by
+    the Cholesky factor of their covariance, and the gains and that covariance do not
+    depend on the data, so one filter pass with ``n`` right-hand sides in the means serves
+    all series.  Regression designs whitened this way give ``X^T Sigma^{-1} X = Z^T Z`` and
+    ``X^T Sigma^{-1} r = Z^T L^{-1} r``, and ``log N(r; 0, Sigma) = -(|L^{-1} r|^2 +
+    log_det + num_observed log(2 pi)) / 2``.
+
+    Static ``transition_matrix``, ``observation_matrix`` and ``transition_cov`` (with a
+    static or time-varying ``observation_cov``, e.g. Student-t noise given its precisions)
+    filter by blocks of ``block_size`` steps, as :func:`kalman_log_likelihood` does: an
+    associative scan over ``ceil(T / B)`` blocks, then one ``(B obs_dim)``-square
+    Cholesky factor per block, which whitens the block's prediction errors exactly (block
+    Cholesky).  Time-varying ``G``, ``F`` or ``W`` use the per-step scan of
+    :func:`kalman_filter`.  Both are exact (no steady state), differentiable, and
+    :func:`torch.func.vmap` can batch them (value checks follow the global validation
+    switch, like the other functions here).
+
+    The initial mean is taken to be 0: to whiten data with a nonzero prior mean, subtract
+    its mean first.  A coordinate that is ``NaN`` in any series is missing in all of them:
+    it is marginalised (dropped from ``Sigma``), its whitened value is 0 and it adds
+    nothing to ``log_det``.
+
+    :param series: ``(..., T, obs_dim, n)``: ``n`` series of the model's observations.
+    :param transition_matrix: ``G``, ``(..., [T,] S, S)``; entry 0 of a time axis is unused.
+    :param observation_matrix: ``F``, ``(..., [T,] obs_dim, S)``.
+    :param transition_cov: ``W``, ``(..., [T,] S, S)`` positive semi-definite.
+    :param observation_cov: ``V``, ``(..., [T,] obs_dim, obs_dim)``.
+    :param init_cov: ``(..., S, S)`` covariance of ``x_1``.
+    :param block_size: steps per block ``B`` (static ``G``, ``F``, ``W``); ``None`` picks
+        one (in float64 one block up to 80 / obs_dim steps, else 40 / obs_dim steps; in
+        float32 16 / obs_dim).
+    :returns: :class:`KalmanWhitening`: ``whitened`` ``(..., T, obs_dim, n)``, ``log_det``
+        ``(...)`` (the log-determinant of the observed part of ``Sigma``) and
+        ``num_observed`` ``(...)`` (its dimension).
+    """
+    check_real_tensor(series, "series")
+    if series.dim() < 3:
+        raise ValueError(
+            f"series must have shape (..., T, obs_dim, num_series), got {tuple(series.shape)}"
+        )
+    if values_checked() and bool(torch.isinf(series).any()):
+        raise ValueError("series contains infinite values (use NaN for missing observations)")
+    missing = torch.isnan(series).any(-1)
+    nan = torch.full((), math.nan, dtype=series.dtype, device=series.device)
+    y = torch.where(missing, nan, torch.zeros_like(nan))
+    init_mean = init_cov.new_zeros(init_cov.shape[-1:])
+    args = _validate(
+        y,
+        transition_matrix,
+        observation_matrix,
+        transition_cov,
+        observation_cov,
+        init_mean,
+        init_cov,
+    )
+    T, p = args.y.shape[-2:]
+    nb = args.y.dim() - 2
+    series = series.to(args.y.dtype)
+    Y = torch.where(missing.unsqueeze(-1), torch.zeros((), dtype=series.dtype), series)
+    num_observed = (~missing).sum((-2, -1)).to(series.dtype).expand(args.batch)
+    if block_size is None:
+        B = _default_whiten_block_size(T, p, args.y.dtype)
+    else:
+        if int(block_size) != block_size or int(block_size) < 1:
+            raise ValueError(f"block_size must be a positive integer, got {block_size}")
+        B = min(int(block_size), T)
+    if not any(x.dim() == nb + 3 for x in (args.G, args.F, args.W)):
+        z, log_det = _blocked_whiten(args, ~missing, Y, B)
+        return KalmanWhitening(z, log_det, num_observed)
+    ssm = _build(args)
+    Y = Y.expand(*args.batch, *Y.shape[-3:]).movedim(-3, 0)
+    z, log_det = _run_whiten(ssm, Y)
+    return KalmanWhitening(z.movedim(0, -3), log_det, num_observed)
 
 
 # ---------------------------------------------------------------------------------------

@@ -64,6 +64,17 @@ def test_goodwill_offset_recursion():
     assert torch.allclose(D, torch.tensor(ref, dtype=torch.float64))
 
 
+def _goodwill_before_the_data(params, u, weeks=52):
+    """D_1 by the recursion over 52 weeks before the data, each with the mean spend of the
+    first min(T, 52) weeks (lag 1: the last of them enters D_1)."""
+    phi = 1 - params["delta"]
+    inflow = (u[:weeks].mean(0) * params["q"]).sum()
+    D = torch.zeros((), dtype=torch.float64)
+    for _ in range(52):
+        D = phi * D + inflow
+    return D
+
+
 def _dense_loglik(model, params, y, u, X, T):
     """Dense Gaussian of y under the thesis' eq. (1.4) form: build the joint covariance of
     the states x_t = [A_t, level_t, season_t] by the exact moment recursion with the input
@@ -72,8 +83,9 @@ def _dense_loglik(model, params, y, u, X, T):
     G, F, W, V, m0, P0 = dlm.matrices(T)
     S = G.shape[-1]
     inflow = (u * params["q"]).sum(-1)
-    # means: A_1 = m0, A_t = phi A_{t-1} + inflow_{t-1}
+    # means: A_1 = m0 + the goodwill from before the data, A_t = phi A_{t-1} + inflow_{t-1}
     means, m = [], m0.clone()
+    m[0] = m[0] + _goodwill_before_the_data(params, u)
     Acov = torch.zeros(T * S, T * S, dtype=torch.float64)
     for t in range(T):
         if t > 0:
@@ -123,13 +135,63 @@ def test_likelihood_exact_dense_and_time_varying():
     Gt[:, 0, 0], Gt[:, 1, 1] = phi, 1.0
     Gt[1:, 0, 1] = inflow[:-1]
     Wt = torch.diag(torch.stack([params["sigma_goodwill"] ** 2, f(0.0)]))
+    start = float(_goodwill_before_the_data(params, u))
     na = LinearGaussian(
-        Gt, f([[1.0, 0.0]]), Wt, f([0.0, 1.0]), torch.diag(f([1.0, 0.0])), time_varying=True
+        Gt, f([[1.0, 0.0]]), Wt, f([start, 1.0]), torch.diag(f([1.0, 0.0])), time_varying=True
     )
     rest = dlm.components[1:]
     dlm2 = DLM([na] + rest, params["sigma_obs"])
     ll2 = dlm2.log_likelihood(y - (X * params["beta"]).sum(-1))
     assert torch.allclose(ll, ll2, rtol=1e-8, atol=1e-6)
+
+
+@pytest.mark.parametrize("spend_lag", [0, 1])
+@pytest.mark.parametrize("num_weeks", [30, 52])
+def test_goodwill_starts_as_the_simulator_does(spend_lag, num_weeks):
+    # Noise-free goodwill of the simulator (which starts at the steady state of the series'
+    # mean inflow) against the model's deterministic goodwill at the true delta and q: equal
+    # when the series is at most 52 weeks long (the model's start uses the mean spend of the
+    # first 52 weeks), up to (1 - delta)^52 (steady state against a year of history).
+    d = simulate_retail(
+        num_weeks=num_weeks, seed=5, goodwill_scale=0.0, spend_lag=spend_lag, delta=0.3
+    )
+    m = RetailBSTS(variant="RF", noise="gaussian", spend_lag=spend_lag)
+    y, u, X = m._prepare(d.sales, d.spend, d.covariates, True)
+    params = dict(
+        delta=torch.tensor(0.3, dtype=torch.float64),
+        q=d.truth["q"].double() * m._u_scale / m._y_scale,
+    )
+    D, _ = m._goodwill(params, u)
+    truth = d.truth["goodwill"].double()
+    assert torch.allclose(D * m._y_scale, truth, rtol=1e-7)
+    # The point mass's design carries the same start (linear in q).
+    assert torch.allclose(m._adstock(params, u) @ params["q"], D, rtol=1e-12)
+    # goodwill_start="zero" (D = 0 before the data) misses the steady state of the mean
+    # inflow, decaying: phi^(t + 1 - lag) mean(q'u) / delta in week t (0-based).
+    zero = RetailBSTS(variant="RF", noise="gaussian", spend_lag=spend_lag, goodwill_start="zero")
+    zero._prepare(d.sales, d.spend, d.covariates, True)
+    D0, _ = zero._goodwill(params, u)
+    steady = float(d.spend.double().mean(0) @ d.truth["q"].double()) / 0.3
+    t = torch.arange(num_weeks, dtype=torch.float64)
+    missed = steady * 0.7 ** (t + 1 - spend_lag)
+    assert torch.allclose((D - D0) * m._y_scale, missed, rtol=1e-7)
+    with pytest.raises(ValueError, match="goodwill_start"):
+        RetailBSTS(goodwill_start="steady-state")
+
+
+def test_goodwill_start_stays_finite_as_delta_vanishes():
+    # delta -> 0: a year of undecayed spend (52 x the mean inflow), not a diverging steady
+    # state; delta = 1: only the last pre-sample week's spend (lag 1).
+    d = simulate_retail(num_weeks=60, seed=2)
+    m = RetailBSTS(variant="RF", noise="gaussian")
+    _, u, _ = m._prepare(d.sales, d.spend, d.covariates, True)
+    ubar = u[:52].mean(0)
+    delta = torch.tensor([0.0, 1e-12, 1.0], dtype=torch.float64, requires_grad=True)
+    start = m._start({"delta": delta}, u)
+    assert torch.allclose(start[0, 0], 52 * ubar) and torch.allclose(start[1, 5], 52 * ubar)
+    assert torch.allclose(start[2, 0], ubar) and float(start[2, 1:].abs().max()) < 1e-300
+    start.sum().backward()
+    assert torch.isfinite(delta.grad).all()
 
 
 @settings(max_examples=30, deadline=None)
