@@ -227,7 +227,7 @@ def speed(num_weeks, nuts_warmup, nuts_samples, quick):
     print(f"speed sgld {sgld.fit_seconds:.1f}s", flush=True)
     student = RetailBSTS(**dict(spec, noise="student_t"))
     fails_t = robust_fit(student, sales, spend, cov, method="sgld", **opts, **fit_kwargs(quick))
-    name = "sgld, Student-t noise (nu = 5; 208 precision latents, per-step Kalman scan)"
+    name = "sgld, Student-t noise (nu = 5; 208 precision latents)"
     if fails_t:
         name += ", 1 diverged run retried"
     rows.append((name, student.fit_seconds, max_rhat(student), student.samples["delta"].shape[0]))

@@ -33,6 +33,7 @@ Conventions
   Nerlove-Arrow goodwill block, thesis eq. (1.4)) index-aligned with the data.
 """
 
+import functools
 import math
 from typing import NamedTuple
 
@@ -322,8 +323,10 @@ def _filter_elements(ssm):
     return A, b, C, eta, J
 
 
-def _filter_combine(ei, ej):
-    """``p(x_j | x_{i-1}, y_{i..j})`` and ``p(y_{i..j} | x_{i-1})`` from two adjacent blocks."""
+def _filter_combine(ei, ej, mv=_mv):
+    """``p(x_j | x_{i-1}, y_{i..j})`` and ``p(y_{i..j} | x_{i-1})`` from two adjacent blocks
+    (``mv`` multiplies a matrix into the means: vectors by default, columns of several
+    series with ``torch.matmul``)."""
     Ai, bi, Ci, etai, Ji = ei
     Aj, bj, Cj, etaj, Jj = ej
     eye = torch.eye(Ai.shape[-1], dtype=Ai.dtype, device=Ai.device)
@@ -335,8 +338,8 @@ def _filter_combine(ei, ej):
     A = Aj @ MA
     C = _sym(Aj @ MC @ Aj.mT + Cj)
     J = _sym(MA.mT @ (Jj @ Ai) + Ji)
-    b = _mv(AjM, bi + _mv(Ci, etaj)) + bj
-    eta = _mv(MA.mT, etaj - _mv(Jj, bi)) + etai
+    b = mv(AjM, bi + mv(Ci, etaj)) + bj
+    eta = mv(MA.mT, etaj - mv(Jj, bi)) + etai
     return A, b, C, eta, J
 
 
@@ -367,23 +370,9 @@ def _run_filter(ssm):
 # Whitening several series (the filter's means with several right-hand sides)
 
 
-def _filter_combine_columns(ei, ej):
-    """:func:`_filter_combine` with ``b`` and ``eta`` of shape ``(..., S, n)``: ``n``
-    series that share the covariances (``A``, ``C``, ``J``) and differ only in the data."""
-    Ai, bi, Ci, etai, Ji = ei
-    Aj, bj, Cj, etaj, Jj = ej
-    eye = torch.eye(Ai.shape[-1], dtype=Ai.dtype, device=Ai.device)
-    lu, piv = _lu_factor(eye + Ci @ Jj, "I + C_i J_j in the filter scan")
-    S = Ai.shape[-1]
-    MAC = torch.linalg.lu_solve(lu, piv, torch.cat([Ai, Ci], -1))  # M [A_i, C_i]
-    MA, MC = MAC[..., :S], MAC[..., S:]
-    AjM = torch.linalg.lu_solve(lu, piv, Aj.mT, adjoint=True).mT  # A_j M
-    A = Aj @ MA
-    C = _sym(Aj @ MC @ Aj.mT + Cj)
-    J = _sym(MA.mT @ (Jj @ Ai) + Ji)
-    b = AjM @ (bi + Ci @ etaj) + bj
-    eta = MA.mT @ (etaj - Jj @ bi) + etai
-    return A, b, C, eta, J
+#: :func:`_filter_combine` with ``b`` and ``eta`` of shape ``(..., S, n)``: ``n`` series
+#: that share the covariances (``A``, ``C``, ``J``) and differ only in the data.
+_filter_combine_columns = functools.partial(_filter_combine, mv=torch.matmul)
 
 
 def _run_whiten(ssm, Y):
