@@ -323,6 +323,16 @@ def _filter_elements(ssm):
     return A, b, C, eta, J
 
 
+def _steps_per_block(block_size, num_steps, default):
+    """The ``block_size`` argument of the blocked filters, checked and capped at the series'
+    length; ``default()`` when it is ``None``."""
+    if block_size is None:
+        return default()
+    if int(block_size) != block_size or int(block_size) < 1:
+        raise ValueError(f"block_size must be a positive integer, got {block_size}")
+    return min(int(block_size), num_steps)
+
+
 def _filter_combine(ei, ej, mv=_mv):
     """``p(x_j | x_{i-1}, y_{i..j})`` and ``p(y_{i..j} | x_{i-1})`` from two adjacent blocks
     (``mv`` multiplies a matrix into the means: vectors by default, columns of several
@@ -562,12 +572,7 @@ def kalman_whiten(
     series = series.to(args.y.dtype)
     Y = torch.where(missing.unsqueeze(-1), torch.zeros((), dtype=series.dtype), series)
     num_observed = (~missing).sum((-2, -1)).to(series.dtype).expand(args.batch)
-    if block_size is None:
-        B = _default_whiten_block_size(T, p, args.y.dtype)
-    else:
-        if int(block_size) != block_size or int(block_size) < 1:
-            raise ValueError(f"block_size must be a positive integer, got {block_size}")
-        B = min(int(block_size), T)
+    B = _steps_per_block(block_size, T, lambda: _default_whiten_block_size(T, p, args.y.dtype))
     if not any(x.dim() == nb + 3 for x in (args.G, args.F, args.W)):
         z, log_det = _blocked_whiten(args, ~missing, Y, B)
         return KalmanWhitening(z, log_det, num_observed)
@@ -864,12 +869,9 @@ def kalman_log_likelihood(
         init_cov,
     )
     T, p = args.y.shape[-2:]
-    if block_size is None:
-        B = _default_block_size(T, args.m0.shape[-1], p, args.y.dtype)
-    else:
-        if int(block_size) != block_size or int(block_size) < 1:
-            raise ValueError(f"block_size must be a positive integer, got {block_size}")
-        B = min(int(block_size), T)
+    B = _steps_per_block(
+        block_size, T, lambda: _default_block_size(T, args.m0.shape[-1], p, args.y.dtype)
+    )
     ll = None
     if not args.time_varying:
         ll = _blocked_log_likelihood(args, B)
