@@ -29,6 +29,10 @@ from torch.distributions import Distribution
 
 from ..ops.validation import check_choice, check_int, check_real_tensor
 from .kalman import (
+    KalmanFilterResult,
+    KalmanForecast,
+    KalmanSmootherResult,
+    KalmanWhitening,
     _prepare,
     _simulate_prior,
     kalman_filter,
@@ -38,6 +42,9 @@ from .kalman import (
     kalman_smoother,
     kalman_whiten,
 )
+
+#: a scale or coefficient: a Python number or a tensor (batched values broadcast)
+Tensorish = float | torch.Tensor
 
 __all__ = [
     "DLM",
@@ -129,14 +136,14 @@ class Component(ABC):
     init_scale = 10.0
 
     @abstractmethod
-    def block(self, num_steps):
+    def block(self, num_steps: int) -> _Block:
         """Matrices over ``num_steps`` steps; see :class:`_Block`."""
 
-    def future_block(self, num_steps, covariates=None):
+    def future_block(self, num_steps: int, covariates: torch.Tensor | None = None) -> _Block:
         """Matrices for forecasting; covariate-driven components need ``covariates``."""
         return self.block(num_steps)
 
-    def init(self, ref):
+    def init(self, ref: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Prior of the component's part of ``x_1``: ``N(0, init_scale**2 I)`` by default."""
         scale = torch.as_tensor(self.init_scale, dtype=ref.dtype, device=ref.device)
         eye = torch.eye(self.state_dim, dtype=ref.dtype, device=ref.device)
@@ -160,12 +167,12 @@ class LocalLevel(Component):
 
     name = "level"
 
-    def __init__(self, level_scale, init_scale=10.0):
+    def __init__(self, level_scale: Tensorish, init_scale: Tensorish = 10.0):
         self.level_scale = _scale(level_scale, "level_scale")
         self.init_scale = _init_scale(init_scale)
         self.state_dim, self.state_names = 1, ["level"]
 
-    def block(self, num_steps):
+    def block(self, num_steps: int) -> _Block:
         s = self.level_scale
         return _Block(s.new_ones(1, 1), _e1(1, s), _diag([s]), False)
 
@@ -175,13 +182,15 @@ class LocalLinearTrend(Component):
 
     name = "trend"
 
-    def __init__(self, level_scale, slope_scale, init_scale=10.0):
+    def __init__(
+        self, level_scale: Tensorish, slope_scale: Tensorish, init_scale: Tensorish = 10.0
+    ):
         self.level_scale = _scale(level_scale, "level_scale")
         self.slope_scale = _scale(slope_scale, "slope_scale")
         self.init_scale = _init_scale(init_scale)
         self.state_dim, self.state_names = 2, ["level", "slope"]
 
-    def block(self, num_steps):
+    def block(self, num_steps: int) -> _Block:
         s = self.level_scale
         G = s.new_tensor([[1.0, 1.0], [0.0, 1.0]])
         return _Block(G, _e1(2, s), _diag([s, self.slope_scale]), False)
@@ -202,7 +211,14 @@ class Seasonal(Component):
 
     name = "seasonal"
 
-    def __init__(self, period, scale, harmonics=None, form="dummy", init_scale=10.0):
+    def __init__(
+        self,
+        period: float,
+        scale: Tensorish,
+        harmonics: int | None = None,
+        form: str = "dummy",
+        init_scale: Tensorish = 10.0,
+    ):
         if _integer(period, "period") < 2:
             raise ValueError(f"period must be an integer >= 2, got {period}")
         check_choice(form, "form", ("dummy", "cyclic"))
@@ -222,7 +238,7 @@ class Seasonal(Component):
             self.state_dim = self.period - 1 if form == "dummy" else self.period
             self.state_names = [f"season{k}" for k in range(self.state_dim)]
 
-    def block(self, num_steps):
+    def block(self, num_steps: int) -> _Block:
         ref, n = self.scale, self.state_dim
         zero = torch.zeros_like(self.scale)
         if self.harmonics is None:
@@ -252,7 +268,9 @@ class Regression(Component):
 
     name = "regression"
 
-    def __init__(self, X, coef_scale=None, init_scale=10.0):
+    def __init__(
+        self, X: torch.Tensor, coef_scale: Tensorish | None = None, init_scale: Tensorish = 10.0
+    ):
         check_real_tensor(X, "X")
         if X.dim() < 2:
             raise ValueError(f"X must have shape (..., T, num_covariates), got {tuple(X.shape)}")
@@ -268,12 +286,12 @@ class Regression(Component):
         eye = torch.eye(k, dtype=X.dtype, device=X.device)
         return _Block(eye, X.unsqueeze(-2), _diag([scale] * k), True)
 
-    def block(self, num_steps):
+    def block(self, num_steps: int) -> _Block:
         if self.X.shape[-2] != num_steps:
             raise ValueError(f"X has {self.X.shape[-2]} steps but the series has {num_steps}")
         return self._block(self.X)
 
-    def future_block(self, num_steps, covariates=None):
+    def future_block(self, num_steps: int, covariates: torch.Tensor | None = None) -> _Block:
         if covariates is None or covariates.shape[-2:] != (num_steps, self.state_dim):
             raise ValueError(
                 f"forecasting a Regression component needs future covariates of shape "
@@ -287,7 +305,7 @@ class Autoregressive(Component):
 
     name = "ar"
 
-    def __init__(self, coefs, scale, init_scale=10.0):
+    def __init__(self, coefs: Tensorish, scale: Tensorish, init_scale: Tensorish = 10.0):
         check_real_tensor(coefs, "coefs")
         if coefs.dim() < 1 or coefs.shape[-1] < 1:
             raise ValueError(f"coefs must have shape (..., p) with p >= 1, got {coefs.shape}")
@@ -297,7 +315,7 @@ class Autoregressive(Component):
         self.state_dim = coefs.shape[-1]
         self.state_names = [f"lag{k}" for k in range(self.state_dim)]
 
-    def block(self, num_steps):
+    def block(self, num_steps: int) -> _Block:
         p, ref = self.state_dim, self.coefs
         shift = torch.eye(p, dtype=ref.dtype, device=ref.device)[:-1]
         shift = shift.expand(*self.coefs.shape[:-1], p - 1, p)
@@ -317,7 +335,16 @@ class LinearGaussian(Component):
 
     name = "linear_gaussian"
 
-    def __init__(self, G, F, W, init_mean, init_cov, time_varying=False, state_names=None):
+    def __init__(
+        self,
+        G: torch.Tensor,
+        F: torch.Tensor,
+        W: torch.Tensor,
+        init_mean: torch.Tensor,
+        init_cov: torch.Tensor,
+        time_varying: bool = False,
+        state_names: list[str] | None = None,
+    ):
         for x, n in [
             (G, "G"),
             (F, "F"),
@@ -350,17 +377,17 @@ class LinearGaussian(Component):
             out.append(x)
         return _Block(*out, True)
 
-    def block(self, num_steps):
+    def block(self, num_steps: int) -> _Block:
         return self._block(self.G, self.F, self.W, num_steps)
 
-    def future_block(self, num_steps, covariates=None):
+    def future_block(self, num_steps: int, covariates: torch.Tensor | None = None) -> _Block:
         if not self.time_varying:
             return self.block(num_steps)
         if covariates is None:
             raise ValueError("forecasting a time-varying LinearGaussian needs future (G, F, W)")
         return self._block(*covariates, num_steps)
 
-    def init(self, ref):
+    def init(self, ref: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return self._init[0].to(ref), self._init[1].to(ref)
 
 
@@ -418,7 +445,12 @@ class DLM:
     Observations ``y`` have shape ``(..., T)``; ``NaN`` marks missing values.
     """
 
-    def __init__(self, components, observation_scale, observation_df=None):
+    def __init__(
+        self,
+        components: list[Component],
+        observation_scale: Tensorish,
+        observation_df: float | None = None,
+    ):
         if isinstance(components, Component):
             components = [components]
         try:
@@ -487,7 +519,9 @@ class DLM:
         )
         return StateSpaceMatrices(G, F, W, V, m0, P0), tv, batch
 
-    def matrices(self, num_steps, observation_precision=None):
+    def matrices(
+        self, num_steps: int, observation_precision: torch.Tensor | None = None
+    ) -> StateSpaceMatrices:
         """The stacked :class:`StateSpaceMatrices` for ``num_steps`` steps."""
         return self._assemble(num_steps, observation_precision)[0]
 
@@ -506,11 +540,18 @@ class DLM:
         yy = y.unsqueeze(-1).to(G.dtype).expand(*batch, T, 1)
         return yy, G, F, W, V, m0, P0
 
-    def log_likelihood(self, y, observation_precision=None):
+    def log_likelihood(
+        self, y: torch.Tensor, observation_precision: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """Exact ``log p(y_{1:T})`` (conditional on ``observation_precision`` if given)."""
         return kalman_log_likelihood(*self._args(y, observation_precision))
 
-    def whiten(self, series, observation_precision=None, block_size=None):
+    def whiten(
+        self,
+        series: torch.Tensor,
+        observation_precision: torch.Tensor | None = None,
+        block_size: int | None = None,
+    ) -> KalmanWhitening:
         r"""Whiten ``n`` series ``(..., T, n)`` by the covariance ``Sigma = L L^T`` of the
         observations ``y_{1:T}`` (:func:`~pyro_ext.timeseries.kalman.kalman_whiten`): the
         Kalman filter's standardised prediction errors, equal to ``L^{-1}`` of each series
@@ -543,7 +584,7 @@ class DLM:
         result = kalman_whiten(series, G, F, W, V, P0, block_size=block_size)
         return result._replace(whitened=result.whitened.squeeze(-2))
 
-    def signal_covariance(self, num_steps):
+    def signal_covariance(self, num_steps: int) -> torch.Tensor:
         r"""
         The dense covariance ``(..., T, T)`` of the noise-free signal ``F x_t`` over
         ``num_steps`` steps of a time-invariant DLM whose initial mean is 0 (add the
@@ -583,19 +624,19 @@ class DLM:
         lower = torch.tril(lower)
         return lower + torch.tril(lower, -1).mT
 
-    def filter(self, y):
+    def filter(self, y: torch.Tensor) -> KalmanFilterResult:
         """:class:`~pyro_ext.timeseries.kalman.KalmanFilterResult` of the stacked model."""
         return kalman_filter(*self._args(y))
 
-    def smooth(self, y):
+    def smooth(self, y: torch.Tensor) -> KalmanSmootherResult:
         """:class:`~pyro_ext.timeseries.kalman.KalmanSmootherResult` of the stacked model."""
         return kalman_smoother(*self._args(y))
 
-    def sample_states(self, y, num_samples=1):
+    def sample_states(self, y: torch.Tensor, num_samples: int = 1) -> torch.Tensor:
         """Joint posterior state draws ``(num_samples, ..., T, S)``."""
         return kalman_sample(*self._args(y), num_samples=num_samples)
 
-    def decompose(self, y):
+    def decompose(self, y: torch.Tensor) -> dict[str, torch.Tensor]:
         """Smoothed contribution ``F_{c,t} E[x_{c,t} | y]`` of each component, ``(..., T)``.
 
         The contributions sum to the smoothed signal ``F_t E[x_t | y]``.
@@ -611,7 +652,9 @@ class DLM:
             start += c.state_dim
         return out
 
-    def forecast(self, y, num_steps, covariates=None):
+    def forecast(
+        self, y: torch.Tensor, num_steps: int, covariates: torch.Tensor | None = None
+    ) -> KalmanForecast:
         """Predictive moments of ``y_{T+1..T+h}``; ``covariates`` maps component names to
         their future inputs (future ``X`` for :class:`Regression`, ``(G, F, W)`` for a
         time-varying :class:`LinearGaussian`).
@@ -652,7 +695,13 @@ class DLMDistribution(dist.TorchDistribution):
     support = constraints.independent(_RealOrNaN(), 1)
     has_rsample = False
 
-    def __init__(self, dlm, num_steps, observation_precision=None, validate_args=None):
+    def __init__(
+        self,
+        dlm: DLM,
+        num_steps: int,
+        observation_precision: torch.Tensor | None = None,
+        validate_args: bool | None = None,
+    ):
         if not isinstance(dlm, DLM):
             raise TypeError(f"dlm must be a DLM, got {type(dlm).__name__}")
         self.dlm, self.num_steps = dlm, check_int(num_steps, "num_steps", low=1)
@@ -683,7 +732,7 @@ class DLMDistribution(dist.TorchDistribution):
         return yy.reshape(*sample_shape, *self.batch_shape, self.num_steps)
 
 
-def dlm_observe(name, dlm, y):
+def dlm_observe(name: str, dlm: DLM, y: torch.Tensor) -> torch.Tensor:
     """Observe ``y`` under ``dlm`` inside a Pyro model, with Student-t noise if requested.
 
     When ``dlm.observation_df = nu`` is set, samples the latent site ``f"{name}_precision"``

@@ -16,6 +16,8 @@ inside :func:`pyro.contrib.funsor.vectorized_markov`, to be run with
 with other enumerated variables, and is much slower (funsor's per-call overhead).
 """
 
+from collections.abc import Callable
+
 import pyro
 import pyro.distributions as dist
 import torch
@@ -55,15 +57,15 @@ class HiddenMarkovModel(PyroModule):
 
     def __init__(
         self,
-        num_states,
-        emission="categorical",
-        num_symbols=None,
-        init_probs=None,
-        transition_probs=None,
-        emission_params=None,
-        transition_concentration=1.0,
-        emission_concentration=1.0,
-        backend="scan",
+        num_states: int,
+        emission: str | Callable = "categorical",
+        num_symbols: int | None = None,
+        init_probs: torch.Tensor | None = None,
+        transition_probs: torch.Tensor | None = None,
+        emission_params: dict[str, torch.Tensor] | None = None,
+        transition_concentration: float = 1.0,
+        emission_concentration: float = 1.0,
+        backend: str = "scan",
     ):
         super().__init__()
         num_states = check_int(num_states, "num_states", low=1)
@@ -180,7 +182,7 @@ class HiddenMarkovModel(PyroModule):
 
     # -- the program --------------------------------------------------------------------------
 
-    def forward(self, y):
+    def forward(self, y: torch.Tensor) -> torch.Tensor | None:
         """The Pyro program: ``y`` is ``(T,)`` or ``(num_series, T)``; NaN marks missing values.
 
         Categorical and Poisson series may be given as floats to carry NaNs.
@@ -229,7 +231,9 @@ class HiddenMarkovModel(PyroModule):
 
     # -- exact posterior queries given parameter values -----------------------------------------
 
-    def distribution(self, params, like=None):
+    def distribution(
+        self, params: dict[str, torch.Tensor], like: torch.Tensor | None = None
+    ) -> HiddenMarkovDistribution:
         """The :class:`HiddenMarkovDistribution` at parameter values ``params`` (a dict of
         site values, e.g. one draw or a batch of draws from ``MCMC.get_samples()``)."""
         like = like if like is not None else next(iter(params.values()), torch.zeros(()))
@@ -237,15 +241,19 @@ class HiddenMarkovModel(PyroModule):
             init, trans, obs_dist = self._sample_parameters(self._float_like(like))
         return self._distribution(init, trans, obs_dist)
 
-    def viterbi(self, y, params):
+    def viterbi(
+        self, y: torch.Tensor, params: dict[str, torch.Tensor]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Most probable hidden path and its log joint density (max-product)."""
         return self.distribution(params, y).viterbi(y)
 
-    def smooth(self, y, params):
+    def smooth(self, y: torch.Tensor, params: dict[str, torch.Tensor]) -> torch.Tensor:
         """Posterior marginals p(z_t | y_{1:T}) of shape (..., T, K)."""
         return self.distribution(params, y).smooth(y)
 
-    def forecast(self, y, params, num_steps):
+    def forecast(
+        self, y: torch.Tensor, params: dict[str, torch.Tensor], num_steps: int
+    ) -> torch.distributions.Distribution:
         """Predictive distribution of y_{T+1..T+num_steps} given y_{1:T}: a mixture over the
         predicted hidden states, as a ``MixtureSameFamily`` with batch shape
         ``(num_steps, ...)`` (horizon first, then the batch of parameter draws or series)."""
