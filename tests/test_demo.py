@@ -5,7 +5,7 @@ import pytest
 from pyro_ext import demo
 
 
-@pytest.mark.parametrize("chapter", ["online", "bsts", "distributed"])
+@pytest.mark.parametrize("chapter", sorted(demo.CHAPTERS))
 def test_demo_chapter_runs_quick(chapter, capsys):
     demo.main(["--chapter", chapter, "--quick"])
     out = capsys.readouterr().out
