@@ -165,6 +165,12 @@ def scenario_checkpoint(rank, path):
     return as_numpy(mcmc.get_samples(group_by_chain=True)), files
 
 
+def scenario_extend(rank):
+    mcmc = run_chain("sghmc", "particles", "rbf", False, 16, draws_device="cpu")
+    mcmc.extend(5)
+    return as_numpy(mcmc.get_samples(group_by_chain=True))
+
+
 def _error_of(fn):
     try:
         fn()
@@ -352,3 +358,13 @@ def test_the_example_script_launched_by_torchrun_gives_the_single_process_answer
         assert [(r, w) for r, w, _ in ranks] == [("0", "2"), ("1", "2")]
         for _, _, value in ranks:
             assert abs(float(value) - float(single[0][2])) < 1e-3, (shard, ranks, single)
+
+
+def test_extend_and_draws_device_on_two_ranks_give_the_single_process_draws(tmp_path):
+    results = spawn(tmp_path, "scenario_extend")
+    single = run_chain("sghmc", None, "rbf", False, 16, draws_device="cpu")
+    single.extend(5)
+    expected = as_numpy(single.get_samples(group_by_chain=True))
+    assert expected["w"].shape == (NUM_PARTICLES, 15, 3)
+    for rank in range(WORLD_SIZE):
+        assert_close(results[rank], expected)
