@@ -139,7 +139,7 @@ def scenario_divergence(rank):
 
 
 class _Interrupt(Exception):
-    pass
+    """A simulated crash in the middle of the sampling stage, on every rank."""
 
 
 def scenario_checkpoint(rank, path):
@@ -148,10 +148,8 @@ def scenario_checkpoint(rank, path):
             raise _Interrupt
 
     options = dict(checkpoint_path=path, checkpoint_every=4)
-    try:
+    with pytest.raises(_Interrupt):  # the run stops at sampling step 6, after a checkpoint
         run_chain("sghmc", "particles", "rbf", False, 16, hook_fn=crash, **options)
-    except _Interrupt:
-        pass
     x, y = data()
     pyro.set_rng_seed(123)  # resume restores the random state of the checkpoint
     kernel = KERNELS["sghmc"](
