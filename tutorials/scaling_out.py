@@ -35,7 +35,7 @@ def main():
     parser.add_argument("--backend", choices=["gloo", "nccl"], default="gloo")
     parser.add_argument("--particles", type=int, default=16)
     parser.add_argument("--batch", type=int, default=100, help="minibatch size of the run")
-    parser.add_argument("--steps", type=int, default=2000)
+    parser.add_argument("--steps", type=int, default=6000)
     parser.add_argument("--quick", action="store_true", help="a few steps, to try the launch")
     args = parser.parse_args()
     torch.set_num_threads(1)
@@ -60,7 +60,8 @@ def main():
     net = BayesianMLP(split.x_train.shape[1], hidden=(50,), full_output=False)
     kernel = SGLD(
         net,
-        step_size=1e-4 / split.x_train.shape[0] * args.particles,
+        # SGLD+R averages the drift over particles: the step grows with L (see SGLD).
+        step_size=3e-2 / split.x_train.shape[0] * args.particles,
         num_particles=args.particles,
         repulsion="rbf",
         shard=args.shard if launched else None,
