@@ -274,9 +274,7 @@ def main():
         base = statistics.fmean(results[baseline_key][0])
         mean = statistics.fmean(step_ms)
         ratio = base / mean
-        comm = (
-            statistics.median(comm_ms) if shard is not None and world_size > 1 and not jit else None
-        )
+        timed_comm = shard is not None and world_size > 1 and not jit
         rows.append(
             [
                 TITLES[problem],
@@ -290,8 +288,8 @@ def main():
                 "compile" if jit else "eager",
                 spread(step_ms, fmt="{:,.1f}"),
                 f"{ratio:.2f}×",
-                "n/a" if comm is None else f"{comm:,.2f}",
-                "n/a" if comm is None else f"{100 * comm / statistics.median(step_ms):.0f} %",
+                spread(comm_ms, fmt="{:,.2f}") if timed_comm else "n/a",
+                f"{100 * statistics.fmean(comm_ms) / mean:.0f} %" if timed_comm else "n/a",
             ]
         )
     header = [
@@ -304,8 +302,8 @@ def main():
         "step",
         "ms per step (median / mean / p90 / max)",
         "speed-up vs 1 process",
-        "comm ms (median)",
-        "comm share",
+        "comm ms (median / mean / p90 / max)",
+        "comm share (of the mean step)",
     ]
     preamble = (
         "# SG-MCMC sharded over torch.distributed\n\n"
