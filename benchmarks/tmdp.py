@@ -44,13 +44,12 @@ Run from the repository root::
 The tables are printed and written to ``benchmarks/results/tmdp.md``.
 """
 
-import argparse
 import statistics
 import time
 from pathlib import Path
 
 import torch
-from _common import markdown, mean_sd, write_report
+from _common import argument_parser, markdown, mean_sd, write_report
 
 from pyro_ext.rl import (
     ApproximateLevel2QLearner,
@@ -72,6 +71,7 @@ from pyro_ext.rl import (
     Regulator,
     SpatialFriendOrFoe,
     TitForTat,
+    Transition,
     play_many,
     play_regulated,
 )
@@ -266,26 +266,11 @@ def play_scheduled(env, agent, opponent, num_episodes, num_runs, seed, on_episod
         for _ in range(env.horizon):
             action, opp_action = agent.act(state), opponent.act(state)
             next_state, reward, opp_reward, done = env.step(action, opp_action)
-            agent.update(
-                state,
-                action,
-                opp_action,
-                reward,
-                next_state,
-                opponent_reward=opp_reward,
-                done=done,
-                mask=active,
+            transition = Transition(
+                state, action, opp_action, reward, next_state, opp_reward, done, active
             )
-            opponent.update(
-                state,
-                opp_action,
-                action,
-                opp_reward,
-                next_state,
-                opponent_reward=reward,
-                done=done,
-                mask=active,
-            )
+            agent.update(transition)
+            opponent.update(transition.swap_players())
             curves[:, episode] += torch.where(active, reward, torch.zeros_like(reward))
             active = active & ~done
             state = next_state
@@ -519,11 +504,11 @@ def figure_4_10(quick):
         opp_rewards = {}
 
         class Opp(ApproximateQLearner):
-            def update(self, state, action, opponent_action, reward, next_state, **kw):
-                super().update(state, action, opponent_action, reward, next_state, **kw)
+            def update(self, transition):
+                super().update(transition)
                 opp_rewards.setdefault("sum", torch.zeros(runs))
-                mask = kw.get("mask")
-                opp_rewards["sum"] += reward * (1.0 if mask is None else mask.float())
+                mask = transition.mask
+                opp_rewards["sum"] += transition.reward * (1.0 if mask is None else mask.float())
 
         t0 = time.perf_counter()
         curves = play_many(env, make, lambda: Opp(eps, lr, gamma, **linear), episodes, runs, SEED)
@@ -747,9 +732,7 @@ SECTIONS = (
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].strip())
-    parser.add_argument("--quick", action="store_true", help="shortened runs (< 60 s)")
-    parser.add_argument("--output", type=Path, default=RESULTS)
+    parser = argument_parser(__doc__, RESULTS, quick="shortened runs (< 60 s)")
     parser.add_argument(
         "--table-rows",
         choices=("budget", "all"),

@@ -5,26 +5,18 @@ Quick start (figure 4.3)::
     from pyro_ext.rl import FriendOrFoe, ExponentialSmootherAdversary, LevelKQLearner, play
     rewards = play(FriendOrFoe(), LevelKQLearner(2, 0.1, 0.1, 0.8),
                    ExponentialSmootherAdversary(0.75), num_episodes=5000, seed=0)
+
+Layout: :mod:`~pyro_ext.rl.base` holds the :class:`Agent` and :class:`Environment` APIs and the
+:class:`Transition` every learner updates from; :mod:`~pyro_ext.rl.updates` the pure update
+functions (eqs. 4.1-4.3, Algorithm 4.4, REINFORCE); :mod:`~pyro_ext.rl.opponent_models` the
+:class:`OpponentModel` classes :math:`p_A(b|s)`; :mod:`~pyro_ext.rl.tabular` and
+:mod:`~pyro_ext.rl.approximate` the tabular and the function-approximation Q-learners;
+:mod:`~pyro_ext.rl.opponents`, :mod:`~pyro_ext.rl.envs`, :mod:`~pyro_ext.rl.policy_gradient`
+and :mod:`~pyro_ext.rl.runner` the opponents, games, policy-gradient players and play loops.
 """
 
-from .agents import (
-    AgentOpponentModel,
-    ApproximateLevel2QLearner,
-    ApproximateQLearner,
-    DirichletOpponentModel,
-    FPQLearner,
-    LevelKQLearner,
-    MixtureOpponentModel,
-    MultiOpponentQLearner,
-    OpponentAveragingQLearner,
-    QLearner,
-    TMDPQLearner,
-    dirichlet_forget_update,
-    expected_q,
-    q_update,
-    tmdp_q_update,
-)
-from .base import Agent, Environment
+from .approximate import ApproximateLevel2QLearner, ApproximateQLearner
+from .base import Agent, Environment, Transition, ValueLearner
 from .envs import (
     Blotto,
     CoinGame,
@@ -33,6 +25,12 @@ from .envs import (
     SpatialFriendOrFoe,
     regulated_payoffs,
 )
+from .opponent_models import (
+    AgentOpponentModel,
+    DirichletOpponentModel,
+    MixtureOpponentModel,
+    OpponentModel,
+)
 from .opponents import ExponentialSmootherAdversary, FixedPolicyOpponent, TitForTat
 from .policies import epsilon_greedy_probs, greedy_probs, policy_probs, sample, softmax_probs
 from .policy_gradient import (
@@ -40,12 +38,26 @@ from .policy_gradient import (
     GaussianTaxPolicy,
     PolicyGradientAgent,
     Regulator,
-    gaussian_score,
     play_regulated,
-    reinforce_update,
-    softmax_score,
 )
 from .runner import play, play_many, plot_reward_curves
+from .tabular import (
+    FPQLearner,
+    LevelKQLearner,
+    MultiOpponentQLearner,
+    OpponentAveragingQLearner,
+    QLearner,
+    TMDPQLearner,
+)
+from .updates import (
+    dirichlet_forget_update,
+    expected_q,
+    gaussian_score,
+    q_update,
+    reinforce_update,
+    softmax_score,
+    tmdp_q_update,
+)
 
 __all__ = [
     "Agent",
@@ -67,12 +79,15 @@ __all__ = [
     "MixtureOpponentModel",
     "MultiOpponentQLearner",
     "OpponentAveragingQLearner",
+    "OpponentModel",
     "PolicyGradientAgent",
     "QLearner",
     "Regulator",
     "SpatialFriendOrFoe",
     "TMDPQLearner",
     "TitForTat",
+    "Transition",
+    "ValueLearner",
     "dirichlet_forget_update",
     "epsilon_greedy_probs",
     "expected_q",

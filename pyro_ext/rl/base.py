@@ -8,15 +8,21 @@ transition and the reward depend on the pair :math:`(a, b)`.
 Everything is batched: a leading dimension ``B`` indexes *independent runs* (independent
 environments, each with its own agent tables), so that many seeds vectorise. States are
 integer indices (``LongTensor`` of shape ``(B,)``), actions too.
+
+One step of a game reaches a learner as a :class:`Transition`,
+:math:`(s, a, b, r_A, s', r_B)` with the ``done`` and ``mask`` flags of every run;
+:meth:`Transition.swap_players` gives the same step seen from the opponent's side.
 """
 
 from abc import ABC, abstractmethod
+from typing import NamedTuple
 
 import torch
 
-from ..ops.validation import check_int
+from ..ops.validation import check_int, check_real
+from .policies import check_policy, policy_probs, sample
 
-__all__ = ["Agent", "Environment"]
+__all__ = ["Agent", "Environment", "Transition", "ValueLearner"]
 
 
 def check_actions(actions, num_actions, name):
@@ -30,6 +36,55 @@ def check_actions(actions, num_actions, name):
         )
 
 
+class Transition(NamedTuple):
+    r"""One step :math:`(s, a, b, r_A, s', r_B)` of ``B`` independent runs, seen from the side
+    of the agent that learns from it (its own ``action`` and ``reward`` first).
+
+    The fields are tensors with a leading batch dimension ``B``; facing ``M`` opponents,
+    ``opponent_action`` and ``opponent_reward`` carry a trailing dimension of size ``M``.
+    """
+
+    #: States :math:`s`, LongTensor ``(B,)``.
+    state: torch.Tensor
+    #: The agent's actions :math:`a`, LongTensor ``(B,)``.
+    action: torch.Tensor
+    #: The opponent's actions :math:`b`, LongTensor ``(B,)`` (``(B, M)`` for ``M`` opponents).
+    opponent_action: torch.Tensor
+    #: The agent's rewards :math:`r_A`, ``(B,)``.
+    reward: torch.Tensor
+    #: Next states :math:`s'`, LongTensor ``(B,)``.
+    next_state: torch.Tensor
+    #: The opponent's rewards :math:`r_B`, ``(B,)`` or ``(B, M)``; ``None`` if not observed.
+    opponent_reward: torch.Tensor | None = None
+    #: Bool ``(B,)``, True where ``next_state`` is terminal (no bootstrap); ``None``: nowhere.
+    done: torch.Tensor | None = None
+    #: Bool ``(B,)``; rows where it is False (runs whose episode has already ended) are left
+    #: untouched; ``None``: every run learns.
+    mask: torch.Tensor | None = None
+
+    def swap_players(self, opponent=None):
+        """The same step seen from the opponent's side: actions and rewards swapped.
+
+        :param opponent: facing several opponents, the index (in the trailing dimension of
+            ``opponent_action`` and ``opponent_reward``) of the one whose side to take.
+        """
+        opponent_action, opponent_reward = self.opponent_action, self.opponent_reward
+        if opponent is not None:
+            opponent_action = opponent_action[..., opponent]
+            if opponent_reward is not None:
+                opponent_reward = opponent_reward[..., opponent]
+        return Transition(
+            self.state,
+            opponent_action,
+            self.action,
+            opponent_reward,
+            self.next_state,
+            self.reward,
+            self.done,
+            self.mask,
+        )
+
+
 class Agent(ABC):
     r"""A (batched) player of a two-player stochastic game.
 
@@ -37,7 +92,8 @@ class Agent(ABC):
     (its own actions, its opponent's actions); :meth:`reset` allocates the tables of
     ``batch_size`` independent runs on ``generator.device``; then :meth:`act` and
     :meth:`update` alternate. An opponent uses the very same API from its own side, i.e.
-    with ``action`` and ``opponent_action`` (and the two rewards) swapped.
+    with ``action`` and ``opponent_action`` (and the two rewards) swapped
+    (:meth:`Transition.swap_players`).
 
     Sizes given to the constructor (``num_actions``, ``num_opponent_actions``) are checked
     against the game in :meth:`attach`, so that a mismatched action space is a clear error.
@@ -91,32 +147,52 @@ class Agent(ABC):
 
     def act(self, state):
         """Sample an action for every run: LongTensor ``(B,) -> (B,)``."""
-        from .policies import sample
-
         return sample(self.action_probs(state), self.generator)
 
     @abstractmethod
-    def update(
+    def update(self, transition):
+        """Learn from the :class:`Transition` ``(s, a, b, r_A, s', r_B)`` of every run, seen
+        from this agent's side; runs where ``transition.mask`` is False are left untouched."""
+
+    def check_transition(self, transition):
+        """Raise a TypeError if ``transition`` is not a :class:`Transition`, and a ValueError
+        if one of its actions lies outside this agent's action spaces."""
+        if not isinstance(transition, Transition):
+            raise TypeError(
+                f"{type(self).__name__}.update takes a Transition, got {type(transition).__name__}"
+            )
+        check_actions(transition.action, self.num_actions, "action")
+        check_actions(transition.opponent_action, self.num_opponent_actions, "opponent_action")
+
+
+class ValueLearner(Agent):
+    r"""An agent that learns values :math:`\psi(s, \cdot)` (:meth:`q_values`) and acts on them
+    by the ε-greedy or softmax policy of Section 4.3: the common base of the tabular and the
+    function-approximation learners. Validates ``epsilon`` in [0, 1], ``temperature`` > 0,
+    ``lr`` in (0, 1] and ``gamma`` in [0, 1)."""
+
+    def __init__(
         self,
-        state,
-        action,
-        opponent_action,
-        reward,
-        next_state,
-        opponent_reward=None,
-        done=None,
-        mask=None,
+        epsilon,
+        lr,
+        gamma,
+        policy="epsilon_greedy",
+        temperature=1.0,
+        num_actions=None,
+        num_opponent_actions=None,
     ):
-        """Learn from the transition ``(s, a, b, r_A, r_B, s')`` of every run.
+        super().__init__(num_actions, num_opponent_actions)
+        self.epsilon, self.temperature = check_policy(policy, epsilon, temperature)
+        self.policy = policy
+        self.lr = check_real(lr, "lr", 0, 1, low_open=True)
+        self.gamma = check_real(gamma, "gamma", 0, 1, high_open=True)
 
-        :param done: bool ``(B,)``, True where ``next_state`` is terminal (no bootstrap).
-        :param mask: bool ``(B,)``, rows where it is False (runs whose episode has already
-            ended) are left untouched.
-        """
+    @abstractmethod
+    def q_values(self, state):
+        """:math:`\\psi(s, \\cdot)`, the values the policy acts on, ``(B,) -> (B, A)``."""
 
-    def check_transition(self, action, opponent_action):
-        check_actions(action, self.num_actions, "action")
-        check_actions(opponent_action, self.num_opponent_actions, "opponent_action")
+    def action_probs(self, state):
+        return policy_probs(self.q_values(state), self.policy, self.epsilon, self.temperature)
 
 
 class Environment(ABC):

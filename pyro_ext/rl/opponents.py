@@ -4,7 +4,8 @@ from the opponent's side (his ``action`` is the DM's ``opponent_action`` and vic
 import torch
 
 from ..ops.validation import check_real
-from .base import Agent
+from .base import Agent, Transition
+from .envs import DataSharingGame
 from .policies import greedy_probs
 
 __all__ = ["ExponentialSmootherAdversary", "FixedPolicyOpponent", "TitForTat"]
@@ -50,23 +51,19 @@ class ExponentialSmootherAdversary(Agent):
     def action_probs(self, state):
         return greedy_probs(-self.p)
 
-    def update(
-        self,
-        state,
-        action,
-        opponent_action,
-        reward,
-        next_state,
-        opponent_reward=None,
-        done=None,
-        mask=None,
-    ):
+    def update(self, transition):
+        opponent_action, mask = transition.opponent_action, transition.mask
         if self.encode is None:
-            self.check_transition(action, opponent_action)
+            self.check_transition(transition)
             x = torch.nn.functional.one_hot(opponent_action, self.num_actions).to(self.p.dtype)
             valid = torch.ones_like(opponent_action, dtype=torch.bool)
         else:
-            x, valid = self.encode(opponent_action, next_state)
+            if not isinstance(transition, Transition):
+                raise TypeError(
+                    f"{type(self).__name__}.update takes a Transition, got "
+                    f"{type(transition).__name__}"
+                )
+            x, valid = self.encode(opponent_action, transition.next_state)
         if mask is not None:
             valid = valid & mask
         smoothed = self.beta * self.p + (1.0 - self.beta) * x
@@ -100,18 +97,8 @@ class FixedPolicyOpponent(Agent):
         probs = self.probs.to(state.device)
         return probs[state] if probs.dim() == 2 else probs.expand(state.shape[0], -1)
 
-    def update(
-        self,
-        state,
-        action,
-        opponent_action,
-        reward,
-        next_state,
-        opponent_reward=None,
-        done=None,
-        mask=None,
-    ):
-        self.check_transition(action, opponent_action)
+    def update(self, transition):
+        self.check_transition(transition)
 
 
 class TitForTat(Agent):
@@ -125,22 +112,10 @@ class TitForTat(Agent):
         self.forgive = check_real(forgive, "forgive", 0, 1)
 
     def action_probs(self, state):
-        from .envs import DataSharingGame
-
         citizen_prev, _ = DataSharingGame.previous_actions(state)
         defect = (citizen_prev == DataSharingGame.DEFECT).to(torch.get_default_dtype())
         defect = defect * (1.0 - self.forgive)
         return torch.stack([1.0 - defect, defect], dim=-1)
 
-    def update(
-        self,
-        state,
-        action,
-        opponent_action,
-        reward,
-        next_state,
-        opponent_reward=None,
-        done=None,
-        mask=None,
-    ):
-        self.check_transition(action, opponent_action)
+    def update(self, transition):
+        self.check_transition(transition)

@@ -21,58 +21,19 @@ Quick start (figure 4.14, Gaussian regulator)::
 import torch
 
 from ..ops.validation import check_int, check_positive, check_real
-from .base import Agent
+from .base import Agent, Transition
 from .envs import DataSharingGame, regulated_payoffs
 from .policies import sample
 from .runner import seeded_generator
+from .updates import batch_rows, gaussian_score, reinforce_update, softmax_score
 
 __all__ = [
-    "softmax_score",
-    "gaussian_score",
-    "reinforce_update",
     "PolicyGradientAgent",
     "GaussianTaxPolicy",
     "CategoricalTaxPolicy",
     "Regulator",
     "play_regulated",
 ]
-
-
-def softmax_score(logits, action):
-    r"""Score of a softmax policy,
-    :math:`\nabla_\theta \log \pi(a) = e_a - \mathrm{softmax}(\theta)`: ``logits (B, n)``
-    and ``action (B,)`` give ``(B, n)``."""
-    one_hot = torch.nn.functional.one_hot(action, logits.shape[-1]).to(logits.dtype)
-    return one_hot - torch.softmax(logits, dim=-1)
-
-
-def gaussian_score(decision, mean, scale):
-    r"""Score of :math:`\mathcal{N}(d | \theta, \sigma^2)` in its mean:
-    :math:`\nabla_\theta \log \pi(d) = (d - \theta) / \sigma^2`."""
-    return (decision - mean) / scale**2
-
-
-def reinforce_update(logits, trace, state, action, reward, lr, gamma, mask=None):
-    r"""Online REINFORCE step for :math:`\max_\theta \mathbb{E}_\pi[\sum_t \gamma^t r_t]`
-    (Section 4.5.3), in place on ``logits`` and its eligibility ``trace``, both ``(B, S, n)``:
-
-    .. math:: z := \gamma z + \nabla_\theta \log \pi(a_t | s_t), \qquad
-        \theta := \theta + \eta\, r_t\, z.
-
-    The trace credits the reward of round ``t`` to the earlier decisions it discounts back to;
-    ``gamma = 0`` is the one-step (per-round) policy gradient. Rows where ``mask`` is False are
-    left untouched.
-    """
-    rows = torch.arange(logits.shape[0], device=logits.device)
-    score = torch.zeros_like(logits)
-    score[rows, state] = softmax_score(logits[rows, state], action)
-    new_trace = gamma * trace + score
-    new_logits = logits + lr * reward.to(logits.dtype).view(-1, 1, 1) * new_trace
-    keep = torch.ones_like(reward, dtype=torch.bool) if mask is None else mask
-    keep = keep.view(-1, 1, 1)
-    trace.copy_(torch.where(keep, new_trace, trace))
-    logits.copy_(torch.where(keep, new_logits, logits))
-    return logits
 
 
 class PolicyGradientAgent(Agent):
@@ -99,7 +60,7 @@ class PolicyGradientAgent(Agent):
         slots = self.num_states if self.state_conditional else 1
         self.logits = torch.zeros(batch_size, slots, self.num_actions, device=self.device)
         self.trace = torch.zeros_like(self.logits)
-        self.rows = torch.arange(batch_size, device=self.device)
+        self.rows = batch_rows(batch_size, self.device)
         return self
 
     def _slot(self, state):
@@ -108,20 +69,18 @@ class PolicyGradientAgent(Agent):
     def action_probs(self, state):
         return torch.softmax(self.logits[self.rows, self._slot(state)], dim=-1)
 
-    def update(
-        self,
-        state,
-        action,
-        opponent_action,
-        reward,
-        next_state,
-        opponent_reward=None,
-        done=None,
-        mask=None,
-    ):
-        self.check_transition(action, opponent_action)
+    def update(self, transition):
+        self.check_transition(transition)
+        t = transition
         reinforce_update(
-            self.logits, self.trace, self._slot(state), action, reward, self.lr, self.gamma, mask
+            self.logits,
+            self.trace,
+            self._slot(t.state),
+            t.action,
+            t.reward,
+            self.lr,
+            self.gamma,
+            t.mask,
         )
 
 
@@ -288,22 +247,11 @@ def play_regulated(
         mutual = (action == env.COOPERATE) & (opponent_action == env.COOPERATE)
         tax_rate[:, t] = regulator.tax_rate
         perceived = regulator.rewards(t, torch.stack([reward, opponent_reward], dim=-1), mutual)
-        citizen.update(
-            state,
-            action,
-            opponent_action,
-            perceived[:, 0],
-            next_state,
-            opponent_reward=perceived[:, 1],
+        transition = Transition(
+            state, action, opponent_action, perceived[:, 0], next_state, perceived[:, 1]
         )
-        ddo.update(
-            state,
-            opponent_action,
-            action,
-            perceived[:, 1],
-            next_state,
-            opponent_reward=perceived[:, 0],
-        )
+        citizen.update(transition)
+        ddo.update(transition.swap_players())
         social_utility[:, t] = env.social_utility(reward, opponent_reward)
         regulator.observe(social_utility[:, t])
         state = next_state

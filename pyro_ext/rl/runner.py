@@ -3,7 +3,7 @@
 import torch
 
 from ..ops.validation import check_int
-from .base import Agent, Environment
+from .base import Agent, Environment, Transition
 
 __all__ = ["play", "play_many", "plot_reward_curves", "seeded_generator"]
 
@@ -47,28 +47,12 @@ def _run(env, agent, opponents, num_episodes, num_runs, generator):
             opp_actions = [o.act(state) for o in opponents]
             opponent_action = torch.stack(opp_actions, dim=-1) if multi else opp_actions[0]
             next_state, reward, opponent_reward, done = env.step(action, opponent_action)
-            agent.update(
-                state,
-                action,
-                opponent_action,
-                reward,
-                next_state,
-                opponent_reward=opponent_reward,
-                done=done,
-                mask=active,
+            transition = Transition(
+                state, action, opponent_action, reward, next_state, opponent_reward, done, active
             )
+            agent.update(transition)
             for i, opponent in enumerate(opponents):
-                own = opponent_reward[:, i] if multi else opponent_reward
-                opponent.update(
-                    state,
-                    opp_actions[i],
-                    action,
-                    own,
-                    next_state,
-                    opponent_reward=reward,
-                    done=done,
-                    mask=active,
-                )
+                opponent.update(transition.swap_players(i if multi else None))
             curves[:, episode] += torch.where(active, reward, torch.zeros_like(reward))
             active = active & ~done
             state = next_state

@@ -3,8 +3,11 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import pyro_ext.rl as rl
 from pyro_ext.rl import (
+    AgentOpponentModel,
     ApproximateLevel2QLearner,
+    DirichletOpponentModel,
     ExponentialSmootherAdversary,
     FixedPolicyOpponent,
     FPQLearner,
@@ -12,7 +15,10 @@ from pyro_ext.rl import (
     LevelKQLearner,
     MultiOpponentQLearner,
     OpponentAveragingQLearner,
+    OpponentModel,
     QLearner,
+    TMDPQLearner,
+    Transition,
     dirichlet_forget_update,
     epsilon_greedy_probs,
     play_many,
@@ -20,7 +26,6 @@ from pyro_ext.rl import (
     softmax_probs,
     tmdp_q_update,
 )
-from pyro_ext.rl.agents import DirichletOpponentModel
 
 FAST = settings(max_examples=25, deadline=None)
 
@@ -142,11 +147,13 @@ def test_opponent_averaging_counts_models_that_predicted(device):
 def test_multi_opponent_joint_probs_factorise():
     agent = MultiOpponentQLearner(2, 0.1, 0.1, 0.9).attach(1, 3, 2).reset(1, torch.Generator())
     agent.update(
-        torch.zeros(1, dtype=torch.long),
-        torch.tensor([0]),
-        torch.tensor([[1, 0]]),
-        torch.tensor([1.0]),
-        torch.zeros(1, dtype=torch.long),
+        Transition(
+            torch.zeros(1, dtype=torch.long),
+            torch.tensor([0]),
+            torch.tensor([[1, 0]]),
+            torch.tensor([1.0]),
+            torch.zeros(1, dtype=torch.long),
+        )
     )
     p1, p2 = torch.tensor([1 / 3, 2 / 3]), torch.tensor([2 / 3, 1 / 3])
     joint = agent.opponent_probs(torch.zeros(1, dtype=torch.long))[0]
@@ -187,3 +194,53 @@ def test_policies_are_distributions(values, epsilon, temperature):
         assert probs.sum().item() == pytest.approx(1.0, abs=1e-5)
     greedy = epsilon_greedy_probs(q, 0.0)
     assert greedy[q.argmax()] > 0 and (greedy[q < q.max()] == 0).all()
+
+
+class _PointMassModel(OpponentModel):
+    """A user-defined opponent model: always forecasts action ``b``."""
+
+    def __init__(self, b):
+        self.b, self.seen = b, 0
+
+    def probs(self, state):
+        return torch.nn.functional.one_hot(
+            torch.full_like(state, self.b), self.num_opponent_actions
+        ).float()
+
+    def observe(self, transition):
+        self.seen += 1
+
+
+def test_tmdp_learner_takes_an_opponent_model():
+    assert {"OpponentModel", "Transition"} <= set(rl.__all__)
+    with pytest.raises(TypeError, match="opponent_model must be an OpponentModel"):
+        TMDPQLearner(FixedPolicyOpponent([0.5, 0.5]), 0.1, 0.1, 0.8)
+    with pytest.raises(TypeError, match="Agents or OpponentModels"):
+        OpponentAveragingQLearner(["level-1"], 0.1, 0.1, 0.8)
+    with pytest.raises(TypeError, match="abstract"):
+        OpponentModel()
+    for model in (DirichletOpponentModel(), AgentOpponentModel(QLearner(0.1, 0.1, 0.8))):
+        assert isinstance(model, OpponentModel)
+    model = _PointMassModel(1)
+    agent = TMDPQLearner(model, 0.0, 0.5, 0.8)
+    play_many(FriendOrFoe(), lambda: agent, lambda: FixedPolicyOpponent([0.0, 1.0]), 5, 2, 0)
+    assert model.seen == 5 and agent.q[:, 0, :, 0].abs().sum() == 0  # b = 0 never observed
+    state = torch.zeros(2, dtype=torch.long)
+    torch.testing.assert_close(agent.q_values(state), agent.q[:, 0, :, 1])
+
+
+def test_transition_swap_players_and_type_check():
+    a, r = torch.tensor([0, 1]), torch.ones(2)
+    b, rb = torch.tensor([[1, 2], [0, 1]]), -torch.ones(2, 2)  # two opponents
+    s, done = torch.zeros(2, dtype=torch.long), torch.tensor([False, True])
+    t = Transition(s, a, b, r, s, rb, done)
+    assert t.mask is None and t.swap_players(1).action.tolist() == [2, 1]
+    swapped = t.swap_players(0)
+    assert swapped.opponent_action is a and swapped.opponent_reward is r
+    assert swapped.reward.tolist() == [-1.0, -1.0] and swapped.done is done
+    single = t._replace(opponent_action=b[:, 0], opponent_reward=rb[:, 0])
+    assert single.swap_players().swap_players() == single
+    assert Transition(s, a, b[:, 0], r, s).swap_players().reward is None
+    agent = QLearner(0.1, 0.1, 0.8).attach(1, 2, 3).reset(2, torch.Generator())
+    with pytest.raises(TypeError, match="takes a Transition"):
+        agent.update((s, a, b[:, 0], r, s))

@@ -17,6 +17,7 @@ from pyro_ext.rl import (
     QLearner,
     SpatialFriendOrFoe,
     TitForTat,
+    Transition,
     play,
     play_many,
 )
@@ -139,7 +140,7 @@ def test_coin_game_pickup_and_features(device):
 def test_exponential_smoother_update():
     adv = ExponentialSmootherAdversary(0.75).attach(1, 2, 2).reset(1, torch.Generator())
     assert adv.act(torch.zeros(1, dtype=L)).item() in (0, 1)
-    adv.update(None, torch.tensor([0]), torch.tensor([1]), torch.tensor([0.0]), None)
+    adv.update(Transition(None, torch.tensor([0]), torch.tensor([1]), torch.tensor([0.0]), None))
     assert adv.p.tolist() == [[0.375, 0.625]]  # p := beta p + (1 - beta) a
     assert adv.action_probs(torch.zeros(1, dtype=L)).tolist() == [[1.0, 0.0]]  # argmin p
 
@@ -160,7 +161,7 @@ def test_level_k_needs_opponent_reward():
     agent = LevelKQLearner(2, 0.1, 0.1, 0.8).attach(1, 2, 2).reset(1, torch.Generator())
     z = torch.zeros(1, dtype=L)
     with pytest.raises(ValueError, match="opponent_reward"):
-        agent.update(z, z, z, torch.ones(1), z)
+        agent.update(Transition(z, z, z, torch.ones(1), z))
 
 
 def test_coin_game_linear_level2_vs_independent_q(device):

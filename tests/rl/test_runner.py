@@ -17,6 +17,7 @@ from pyro_ext.rl import (  # noqa: E402
     OpponentAveragingQLearner,
     QLearner,
     SpatialFriendOrFoe,
+    Transition,
     play,
     play_many,
     plot_reward_curves,
@@ -154,7 +155,7 @@ def test_bad_actions_and_spaces():
     agent = QLearner(0.1, 0.1, 0.8).attach(1, 2, 2).reset(2, torch.Generator())
     z = torch.zeros(2, dtype=torch.long)
     with pytest.raises(ValueError, match="action must lie in"):
-        agent.update(z, torch.tensor([0, 3]), z, torch.zeros(2), z)
+        agent.update(Transition(z, torch.tensor([0, 3]), z, torch.zeros(2), z))
     with pytest.raises(ValueError, match="num_actions=3 but the game has num_actions=2"):
         play(env, QLearner(0.1, 0.1, 0.8, num_actions=3), ExponentialSmootherAdversary(0.75), 2, 0)
     with pytest.raises(ValueError, match="encode"):
