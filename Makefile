@@ -20,6 +20,10 @@ $(VENV)/.installed-test: $(VENV)/.installed
 	$(PIP) -e ".[test]"
 	@touch $@
 
+$(VENV)/.installed-demo: $(VENV)/.installed
+	$(PIP) -e ".[demo]"
+	@touch $@
+
 $(VENV)/.installed-docs: $(VENV)/.installed
 	$(PIP) -e ".[docs]"
 	@touch $@
@@ -43,7 +47,8 @@ docs: $(VENV)/.installed-docs
 	$(VENV)/bin/sphinx-build -W --keep-going -q -b html docs docs/_build/html
 	$(VENV)/bin/sphinx-build -W --keep-going -q -b doctest docs docs/_build/doctest
 
-demo: $(VENV)/.installed
+# The tour prints its results and writes its figures to pyro_ext_demo_figures/.
+demo: $(VENV)/.installed-demo
 	$(PY) -m pyro_ext.demo
 
 # pytest exits 5 when it collects no test: that is not a failure of the suite.
@@ -57,4 +62,4 @@ bench: $(VENV)/.installed
 	for script in benchmarks/[!_]*.py; do $(PY) $$script || exit 1; done
 
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis docs/_build
+	rm -rf $(VENV) .pytest_cache .hypothesis docs/_build pyro_ext_demo_figures
