@@ -9,6 +9,8 @@ eq. (3.9), where the unknown attack enters through the attacker model
 :math:`r(z) = p_C(y_1 \\mid z)`.
 """
 
+import functools
+import itertools
 import math
 
 import numpy as np
@@ -21,7 +23,7 @@ from pyro.infer.importance import vectorized_importance_weights
 from torch.distributions import constraints
 
 from ..ops.validation import check_choice, check_int, check_real
-from .naive_bayes import check_binary
+from .naive_bayes import BernoulliNaiveBayes, check_binary
 from .words import attack_candidates, check_budget, originating_instances
 
 __all__ = [
@@ -29,10 +31,11 @@ __all__ = [
     "RandomWordInsertionAttack",
     "attack_log_probs",
     "attack_mc_probs",
+    "attack_prob_bounds",
     "beta_concentrations",
 ]
 
-METHODS = ("exact", "mc", "sequential", "importance")
+METHODS = ("bounded", "exact", "mc", "sequential", "importance")
 # Mass of the chosen candidate's Beta left outside the quadrature range, and the threshold
 # below which a CDF counts as 0 (the absolute error of a probability is a few times this).
 TAIL = 1e-12
@@ -40,6 +43,16 @@ TAIL = 1e-12
 # its second concentration overflows. (The reference code clamps r at 1 - 1e-4.)
 LOGIT_RANGE = (-300.0, 20.0)
 _MC_CHUNK = 1 << 22  # Beta draws held in memory at once by the Monte Carlo estimate
+# Logit grids of attack_prob_bounds, coarse to fine, that method="bounded" tries in turn.
+BOUND_STEPS = (0.5, 0.125, 0.03125)
+# Slack of the bounds: the absolute and relative error granted to scipy's Beta CDF, the
+# rounding between two evaluations of one logit (at least; more for float32 classifiers),
+# and the relative rounding of a quadrature value or a sum of them.
+_CDF_ATOL, _CDF_RTOL = 1e-12, 1e-9
+_LOGIT_ATOL = 1e-9
+_SUM_RTOL = 1e-9
+_MIN_LOG = -1e250  # stands for log 0 in the tables (0 * -inf would be NaN)
+_BOUND_ROWS = 1 << 16  # competitors scored by one call of a classifier without weights
 
 
 def _gauss_legendre_panels():
@@ -99,7 +112,10 @@ def _log_argmin_probs(chosen, alpha, beta, logit, row, num_rows):
 
     ``h`` decreases in ``u``, which bounds what is left of the integral and lets a row stop
     once that rest is below ``TAIL``; competitors whose CDF is below ``TAIL`` over the whole range
-    are left out. Each probability is thus exact up to a few ``TAIL`` (absolute).
+    are left out. Stopping and screening change a probability by at most a few ``TAIL``
+    (absolute); the 8-point rule on each panel is less accurate where ``h`` falls steeply
+    (a few ``1e-8`` absolute on the 5-word model of the tests, against an adaptive
+    quadrature).
 
     :param tuple chosen: ``(delta1, delta2)`` of :math:`z^*`, shared by every row.
     :param alpha, beta: Competitors' concentrations, flat numpy arrays.
@@ -181,6 +197,238 @@ def attack_log_probs(x_prime, originals, logit_fn, n, var, insert=True):
     reachable.index_put_((row[is_star],), torch.ones_like(row[is_star], dtype=torch.bool))
     result = torch.as_tensor(result, dtype=originals.dtype, device=originals.device)
     return result.masked_fill(~reachable, -math.inf)[inverse]
+
+
+@functools.lru_cache(maxsize=256)
+def _subset_table(size, n):
+    """
+    The subsets of ``range(size)`` with at most ``n`` elements in the order of
+    :func:`~pyro_ext.ara.words.attack_candidates` (by size, then lexicographic):
+    ``(subsets, index, sizes)``, a tuple of tuples, the same as a padded index matrix
+    ``(M, n)`` (padding ``size``) and the sizes ``(M,)``.
+    """
+    subsets = tuple(
+        subset for k in range(min(n, size) + 1) for subset in itertools.combinations(range(size), k)
+    )
+    index = np.full((len(subsets), n), size, dtype=np.int64)
+    for i, subset in enumerate(subsets):
+        index[i, : len(subset)] = subset
+    return subsets, index, np.array([len(subset) for subset in subsets])
+
+
+@functools.lru_cache(maxsize=256)
+def _subset_pairs(size, n):
+    """
+    For every subset ``A`` of :func:`_subset_table` (an originating instance, ``A`` its
+    deleted words) each ``A' <= A`` with the cap ``n - |A| + |A'|`` on the words the attacker
+    adds outside ``A``: ``(sub, cap, starts)``, grouped by ``A`` (``starts`` opens each group).
+    """
+    subsets = _subset_table(size, n)[0]
+    index = {subset: i for i, subset in enumerate(subsets)}
+    sub, cap, starts = [], [], []
+    for subset in subsets:
+        starts.append(len(sub))
+        for k in range(len(subset) + 1):
+            for part in itertools.combinations(subset, k):
+                sub.append(index[part])
+                cap.append(n - len(subset) + k)
+    return np.array(sub), np.array(cap), np.array(starts)
+
+
+def _quadrature_nodes(chosen):
+    """The nodes ``Q*(u)`` of every panel of :func:`_log_argmin_probs` and their log weights."""
+    a_star, b_star = chosen
+    nodes = [
+        (sc.betainccinv if upper else sc.betaincinv)(a_star, b_star, u) for u, _, upper in _PANELS
+    ]
+    return np.concatenate(nodes), np.concatenate([log_w for _, log_w, _ in _PANELS])
+
+
+def _log_survival_brackets(logit, nodes, var):
+    """``(lower, upper)`` bounds on :math:`\\log(1 - F_L(q))` for the Beta of log-odds ``L``,
+    shapes ``(len(logit), len(nodes))``, granting scipy's ``betainc`` an error of
+    ``_CDF_RTOL`` (relative) plus ``_CDF_ATOL``. (Its complement ``betaincc`` is accurate in
+    relative terms but ten to forty times slower.)"""
+    alpha, beta = (_numpy(t)[:, None] for t in beta_concentrations(torch.as_tensor(logit), var))
+    cdf = sc.betainc(alpha, beta, nodes)
+    high = np.minimum(1.0, cdf * (1 + _CDF_RTOL) + _CDF_ATOL)
+    low = np.maximum(0.0, cdf * (1 - _CDF_RTOL) - _CDF_ATOL)
+    with np.errstate(divide="ignore"):
+        return np.maximum(np.log1p(-high), _MIN_LOG), np.log1p(-low)
+
+
+class _AttackBounds:
+    """
+    Bounds on what :func:`attack_log_probs` returns, :math:`p_C(x' \\mid x, y_1)` for every
+    originating instance ``x`` of one observed ``x'`` (see :func:`attack_prob_bounds`).
+
+    The competitors of ``x = x' - A`` (``A`` the words the attacker would have inserted,
+    ``|A| <= n``) are ``x' - A' + B'`` with ``A' <= A`` and ``B'`` absent from ``x'``,
+    ``|A - A'| + |B'| <= n``, except ``x'`` itself; their log-odds form one matrix over
+    ``(A', B')`` (``|A'|, |B'| <= n``), shared by all the originating instances.
+    """
+
+    def __init__(self, x_prime, logit_fn, n, var, weights=None):
+        self.n, self.var = n, var
+        x_np = _numpy(x_prime).astype(bool)
+        ones, zeros = np.flatnonzero(x_np), np.flatnonzero(~x_np)
+        self.num_ones = ones.size
+        deleted = _subset_table(ones.size, n)[1]
+        added, self.sizes = _subset_table(zeros.size, n)[1:]
+        # The chosen candidate's log-odds as attack_log_probs computes them.
+        logit_star = torch.as_tensor(logit_fn(x_prime.unsqueeze(0)))
+        eps = torch.finfo(logit_star.dtype).eps if logit_star.is_floating_point() else 0.0
+        logit_star = float(logit_star[0])
+        if weights is not None:
+            # Log-odds affine in the words: the matrix is an outer sum.
+            w = _numpy(weights).astype(np.float64)
+            w_del = np.append(w[ones], 0.0)[deleted].sum(-1)
+            w_add = np.append(w[zeros], 0.0)[added].sum(-1)
+            offset = w_add[None, :] - w_del[:, None]
+            logits = logit_star + offset
+        else:
+            offset, logits = None, self._logits(x_prime, logit_fn, ones, zeros, deleted, added)
+        low, high = LOGIT_RANGE
+        self.logit_star = min(max(logit_star, low), high)
+        if offset is not None and low <= logits.min() and logits.max() <= high:
+            self.delta = offset  # no clamping: the offsets without cancellation
+        else:
+            self.delta = np.clip(logits, low, high) - self.logit_star
+        # Two evaluations of a competitor's log-odds (ours, that of attack_log_probs) differ
+        # by rounding, of the classifier's dtype.
+        self.logit_atol = max(_LOGIT_ATOL, 1024 * eps * (1 + float(np.abs(logits).max())))
+        chosen = beta_concentrations(torch.tensor([logit_star], dtype=torch.float64), var)
+        self.nodes, self.log_w = _quadrature_nodes((_numpy(chosen[0])[0], _numpy(chosen[1])[0]))
+        self._range = None
+
+    @staticmethod
+    def _logits(x_prime, logit_fn, ones, zeros, deleted, added):
+        """The classifier's log-odds of every ``x' - A' + B'``, ``(len(deleted), len(added))``."""
+        num_features = x_prime.shape[-1]
+
+        def flips(positions, subsets):
+            # One row per subset with its words set; the padding index hits a dropped column.
+            index = torch.as_tensor(np.append(positions, num_features)[subsets])
+            rows = x_prime.new_zeros((len(subsets), num_features + 1))
+            return rows.scatter_(1, index.to(x_prime.device), 1)
+
+        plus, minus = flips(zeros, added), flips(ones, deleted)
+        rows = []
+        chunk = max(1, _BOUND_ROWS // len(added))
+        for start in range(0, len(deleted), chunk):
+            z = x_prime - minus[start : start + chunk, None, :-1] + plus[None, :, :-1]
+            logits = torch.as_tensor(logit_fn(z.reshape(-1, num_features)))
+            rows.append(_numpy(logits).astype(np.float64).reshape(-1, len(added)))
+        return np.concatenate(rows)
+
+    def _counts(self, column, width):
+        """Competitors of every originating instance per column, ``(num_orig, width)``."""
+        num_sets = self.delta.shape[0]
+        flat = (np.arange(num_sets)[:, None] * (self.n + 1) + self.sizes) * width + column
+        hist = np.bincount(flat.ravel(), minlength=num_sets * (self.n + 1) * width)
+        hist = hist.reshape(num_sets, self.n + 1, width).cumsum(1)  # |B'| <= cap
+        sub, cap, starts = _subset_pairs(self.num_ones, self.n)
+        counts = np.add.reduceat(hist[sub, cap], starts, axis=0)
+        counts[:, column[0, 0]] -= 1  # x' itself, (A', B') = (0, 0), is not a competitor
+        return counts.astype(np.float64)
+
+    def _decided_range(self):
+        """The grid's range of offsets: the competitors' own, cut where a competitor's factor
+        is 1 (above) or 0 (below) to double precision at every node (probed every 0.5), and
+        at +-64. Only the tightness of the bounds depends on it."""
+        if self._range is None:
+            probes = 0.5 * np.arange(1, 129)
+            limits = []
+            for sign, extreme, node in ((1, self.delta.max(), -1), (-1, self.delta.min(), 0)):
+                offsets = sign * probes[probes < sign * extreme]
+                logits = np.clip(self.logit_star + offsets, *LOGIT_RANGE)
+                concentrations = beta_concentrations(torch.as_tensor(logits), self.var)
+                cdf = sc.betainc(*(_numpy(t) for t in concentrations), self.nodes[node])
+                decided = np.flatnonzero(cdf <= 1e-16 if sign > 0 else cdf >= 1.0)
+                limits.append(
+                    offsets[decided[0]] if decided.size else sign * min(sign * extreme, 64.0)
+                )
+            self._range = (limits[1], limits[0])
+        return self._range
+
+    def at(self, step):
+        """``(lower, upper)`` numpy bounds with competitors on a grid of log-odds ``step``."""
+        # Grid points L* + step (j + 1/2), j = first..last; a competitor of offset d counts,
+        # in the lower bound, as the grid point at or below d - logit_atol (column 0: below
+        # the grid, factor 0) and, in the upper bound, as the one at or above
+        # d + logit_atol (last column: above the grid, factor 1). Valid because the factor
+        # 1 - F_L(q) grows with L (the Beta's first concentration grows with its mean and
+        # the second shrinks), and so do h and its quadrature.
+        low, high = self._decided_range()
+        first, last = math.floor(low / step - 0.5), math.ceil(high / step - 0.5)
+        grid = self.logit_star + step * (np.arange(first, last + 1) + 0.5)
+        log_low, log_high = _log_survival_brackets(
+            np.clip(grid, *LOGIT_RANGE), self.nodes, self.var
+        )
+        width = last - first + 2
+        low_table = np.concatenate([np.full((1, self.nodes.size), _MIN_LOG), log_low])
+        high_table = np.concatenate([log_high, np.zeros((1, self.nodes.size))])
+
+        def column(slack):
+            cell = np.floor((self.delta + slack) / step - 0.5) - (first - 1)
+            return np.clip(cell, 0, width - 1).astype(np.int64)
+
+        low_column, high_column = column(-self.logit_atol), column(self.logit_atol)
+        low_counts = self._counts(low_column, width)
+        # With the grid between the offsets (the chosen one, 0, sits mid-cell) both columns
+        # agree, unless an offset lies within the rounding of a grid point.
+        same = np.array_equal(low_column, high_column)
+        high_counts = low_counts if same else self._counts(high_column, width)
+        log_low_q = _logsumexp(low_counts @ low_table + self.log_w)
+        log_high_q = _logsumexp(high_counts @ high_table + self.log_w)
+        # attack_log_probs leaves out competitors whose factor is at least 1 - TAIL over the
+        # whole range (at most the total count of them) and stops a row once what is left of
+        # its integral is below TAIL: the quadrature of every competitor minus TAIL bounds it
+        # from below.
+        num_competitors = high_counts.sum(-1)
+        lower = np.maximum(0.0, np.exp(log_low_q) * (1 - _SUM_RTOL) - TAIL * (1 + _SUM_RTOL))
+        upper = np.exp(log_high_q + num_competitors * TAIL * (1 + _SUM_RTOL)) * (1 + _SUM_RTOL)
+        return lower, np.minimum(upper, 1.0)
+
+
+def _logsumexp(x):
+    """``log(sum(exp(x), -1))`` for finite ``x``, without scipy's overhead."""
+    top = x.max(-1, keepdims=True)
+    return np.log(np.exp(x - top).sum(-1)) + top[..., 0]
+
+
+def attack_prob_bounds(x_prime, logit_fn, n, var, step=BOUND_STEPS[0], weights=None):
+    """
+    Guaranteed bounds on :func:`attack_log_probs` ``(x_prime, originating_instances(x_prime,
+    n), ...)``, the quadrature value of :math:`p_C(x' \\mid x, y_1)` for every ``x`` that an
+    ``n``-word insertion could have turned into ``x'``, at a cost that does not grow with
+    the number of competitors.
+
+    Competitor ``z`` enters the integrand :math:`\\prod_z (1 - F_z(q))` through its log-odds
+    alone, and :math:`1 - F_z(q)` grows with them (:func:`beta_concentrations`: the first
+    concentration grows with the mean, the second shrinks). Rounding each competitor's
+    log-odds down (up) to a grid of spacing ``step`` around the chosen candidate's gives
+    a lower (upper) bound at every quadrature node, with one Beta CDF per grid point and
+    node instead of per competitor and node. The lower bound subtracts ``TAIL`` for the
+    quadrature's early stop; both carry a slack for rounding and for scipy's ``betainc``
+    (a relative ``1e-9`` and an absolute ``1e-12``).
+
+    :param torch.Tensor x_prime: Observed row ``(D,)``.
+    :param callable logit_fn: Maps ``(M, D)`` rows to the log-odds of :math:`r(z)`.
+    :param float step: Grid spacing in log-odds.
+    :param torch.Tensor weights: Optional ``(D,)``: the change of the log-odds when a word is
+        added, for a classifier whose log-odds are affine in the words (naive Bayes); the
+        competitors' log-odds then come without calling ``logit_fn`` on each of them.
+    :returns: ``(lower, upper)``, float64 tensors ``(M,)`` on the device of ``x_prime``.
+    """
+    check_binary(x_prime)
+    if x_prime.dim() != 1:
+        raise ValueError(f"x_prime must be a single row of shape (D,), got {tuple(x_prime.shape)}")
+    n = check_budget(n, x_prime.shape[-1])
+    var = check_var(var)
+    step = check_real(step, "step", 0, low_open=True)
+    bounds = _AttackBounds(x_prime, logit_fn, n, var, weights).at(step)
+    return tuple(torch.as_tensor(b, device=x_prime.device) for b in bounds)
 
 
 def attack_mc_probs(x_prime, originals, logit_fn, n, var, num_samples, insert=True):
@@ -345,6 +593,23 @@ class ACRA:
 
     Methods for the sum over :math:`\\mathcal X'(x')`:
 
+    * ``"bounded"`` (default): the decisions of ``"exact"``, proven with bounds, at a small
+      fraction of its cost. Writing the sum as :math:`S = \\sum_x m_x p_x`
+      (:math:`m_x = p_C(x, y_1)`, :math:`p_x` the quadrature value of
+      :math:`p_C(x' \\mid x, y_1)` that ``"exact"`` computes), the expected utility
+      difference of the two decisions is linear in :math:`S`, so an interval
+      :math:`[\\sum_x m_x l_x, \\sum_x m_x u_x]` with :math:`l_x \\le p_x \\le u_x` that keeps
+      its sign settles the decision. The bounds are refined until it does: first
+      :math:`[0, 1]` (most innocent-looking rows stop here), then
+      :func:`attack_prob_bounds` on log-odds grids of step 0.5, 0.125 and 1/32 (cost
+      independent of the number of competitors), then the exact :math:`p_x` of the
+      originating instances with the widest :math:`m_x (u_x - l_x)`, in doubling batches.
+      A decision is only taken when the margin exceeds ``1e-9`` (float64 inputs; ``2000``
+      machine epsilons otherwise) times :math:`\\max |U| (S + p_C(x', y_0))`, which covers the
+      rounding of both methods; a row whose margin stays below that after every
+      :math:`p_x` is exact is decided by ``"exact"`` itself. :meth:`predict_proba`
+      refines the same way until the posterior is known within ``proba_tol`` and returns
+      the middle of its interval; :meth:`log_evidence` is that of ``"exact"``.
     * ``"exact"``: every term, :math:`p_C(x' \\mid x, y_1)` by quadrature.
     * ``"mc"``: every term, :math:`p_C(x' \\mid x, y_1)` by the ``num_mc``-draw Monte Carlo
       estimate (3.12), as in the thesis.
@@ -366,8 +631,11 @@ class ACRA:
     :param int num_mc: Monte Carlo draws ``K`` of eq. (3.12) (``method="mc"``).
     :param utility: ``(2, 2)`` matrix, ``utility[i, j]`` the defender's utility of deciding
         ``i`` when the class is ``j``; default the 0-1 utility.
-    :param str method: One of ``"exact"``, ``"mc"``, ``"sequential"``, ``"importance"``.
+    :param str method: One of ``"bounded"``, ``"exact"``, ``"mc"``, ``"sequential"``,
+        ``"importance"``.
     :param int num_proposals: Importance samples per observed row (``method="importance"``).
+    :param float proba_tol: Absolute error allowed to :meth:`predict_proba` with
+        ``method="bounded"``, in (0, 1).
     """
 
     def __init__(
@@ -377,8 +645,9 @@ class ACRA:
         var=0.1,
         num_mc=1000,
         utility=None,
-        method="exact",
+        method="bounded",
         num_proposals=100,
+        proba_tol=1e-6,
     ):
         if not callable(getattr(generative_classifier, "log_joint", None)):
             raise ValueError("generative_classifier must provide log_joint(x) -> (..., 2)")
@@ -387,12 +656,13 @@ class ACRA:
         num_mc = check_int(num_mc, "num_mc", low=1)
         num_proposals = check_int(num_proposals, "num_proposals", low=1)
         check_choice(method, "method", METHODS)
+        proba_tol = check_real(proba_tol, "proba_tol", 0, 1, low_open=True, high_open=True)
         utility = torch.eye(2) if utility is None else torch.as_tensor(utility)
         if utility.shape != (2, 2) or not torch.isfinite(utility).all():
             raise ValueError("utility must be a finite (2, 2) matrix")
         self.classifier = generative_classifier
         self.n, self.var, self.num_mc, self.method = n, var, num_mc, method
-        self.num_proposals = num_proposals
+        self.num_proposals, self.proba_tol = num_proposals, proba_tol
         self.utility = utility.double()
 
     def _logit(self, z):
@@ -424,8 +694,8 @@ class ACRA:
         _, log_joint = self._originals(x_observed)
         pyro.sample("x", dist.Categorical(logits=log_joint))
 
-    def _log_malicious(self, x_observed, originals, log_joint, log_innocent):
-        if self.method == "importance":
+    def _log_malicious(self, x_observed, originals, log_joint, log_innocent, method):
+        if method == "importance":
             log_weights, _, _ = vectorized_importance_weights(
                 self.model,
                 self.guide,
@@ -434,9 +704,9 @@ class ACRA:
                 max_plate_nesting=0,
             )
             return log_weights.logsumexp(0) - math.log(self.num_proposals)
-        if self.method == "sequential":
+        if method == "sequential":
             return self._log_malicious_sequential(x_observed, originals, log_joint, log_innocent)
-        if self.method == "mc":
+        if method == "mc":
             estimate, _ = attack_mc_probs(
                 x_observed, originals, self._logit, self.n, self.var, self.num_mc
             )
@@ -473,32 +743,155 @@ class ACRA:
                 break
         return torch.tensor(total, dtype=torch.float64).log().to(log_joint) + shift
 
-    def log_evidence(self, x_observed):
-        """
-        :param torch.Tensor x_observed: Observed (possibly attacked) binary rows ``(N, D)``.
-        :returns: :math:`\\log p_C(y) + \\log p_C(X' = x' \\mid y)` for ``y = 0, 1``, ``(N, 2)``.
-        """
+    def _weights(self):
+        """The change of the log-odds per added word when they are affine in the words
+        (:class:`BernoulliNaiveBayes`), else ``None``."""
+        nb = self.classifier
+        own = all(
+            getattr(type(nb), name, None) is getattr(BernoulliNaiveBayes, name)
+            for name in ("log_joint", "log_likelihood", "_check_input")
+        )
+        if not own or nb.log_prior is None:
+            return None
+        log_odds = nb.feature_log_prob - nb.feature_log1m_prob
+        return log_odds[1] - log_odds[0]
+
+    def _rows(self, x_observed):
         check_binary(x_observed)
         if x_observed.dim() != 2:
             raise ValueError(f"x must have shape (N, D), got {tuple(x_observed.shape)}")
         check_budget(self.n, x_observed.shape[-1])
-        rows = []
-        for x_prime in x_observed:
-            log_innocent = self.classifier.log_joint(x_prime)[0]
-            originals, log_joint = self._originals(x_prime)
-            log_malicious = self._log_malicious(x_prime, originals, log_joint, log_innocent)
-            rows.append(torch.stack([log_innocent, log_malicious.to(log_innocent)]))
+        return x_observed
+
+    def _exact_row(self, x_prime, method="exact"):
+        log_innocent = self.classifier.log_joint(x_prime)[0]
+        originals, log_joint = self._originals(x_prime)
+        log_malicious = self._log_malicious(x_prime, originals, log_joint, log_innocent, method)
+        return torch.stack([log_innocent, log_malicious.to(log_innocent)])
+
+    def _rounding(self, x_observed):
+        """Relative margin below which a bound-based decision defers to ``"exact"``."""
+        if x_observed.dtype == torch.float64 or not x_observed.is_floating_point():
+            return 1e-9
+        return max(1e-9, 2000 * torch.finfo(x_observed.dtype).eps)
+
+    def _bounded(self, x_prime, settled):
+        """
+        Bounds ``(innocent, low, high)`` on the evidence of one row, ``p_C(x', y_0)`` and
+        :math:`S`, both scaled by a common factor, refined until ``settled(innocent, low,
+        high)`` holds; ``None`` if it never does (see ``method="bounded"``).
+        """
+        log_innocent = float(self.classifier.log_joint(x_prime)[0])
+        originals, log_joint = self._originals(x_prime)
+        log_joint = _numpy(log_joint).astype(np.float64)
+        shift = max(float(sc.logsumexp(log_joint)), log_innocent)
+        if not math.isfinite(shift):
+            return None
+        mass, innocent = np.exp(log_joint - shift), math.exp(log_innocent - shift)
+        lower, upper = np.zeros_like(mass), np.ones_like(mass)
+
+        def check():
+            low, high = mass @ lower * (1 - _SUM_RTOL), mass @ upper * (1 + _SUM_RTOL)
+            return (innocent, low, high) if settled(innocent, low, high) else None
+
+        result = check()
+        if result is not None:
+            return result
+        bounds = _AttackBounds(x_prime, self._logit, self.n, self.var, self._weights())
+        for step in BOUND_STEPS:
+            low, high = bounds.at(step)
+            np.maximum(lower, low, out=lower)
+            np.minimum(upper, high, out=upper)
+            result = check()
+            if result is not None:
+                return result
+        pending, size = np.ones(mass.size, dtype=bool), 1
+        while pending.any():
+            gap = np.where(pending, mass * (upper - lower), -1.0)
+            pick = np.argsort(-gap, kind="stable")[: min(size, int(pending.sum()))]
+            log_attack = attack_log_probs(
+                x_prime, originals[torch.as_tensor(pick, device=originals.device)],
+                self._logit, self.n, self.var,
+            )  # fmt: skip
+            lower[pick] = upper[pick] = np.exp(_numpy(log_attack).astype(np.float64))
+            pending[pick] = False
+            size *= 2
+            result = check()
+            if result is not None:
+                return result
+        return None
+
+    def _gain(self):
+        """``(c1, c0, scale)``: deciding 1 minus deciding 0 is ``c1 S + c0 p_C(x', y_0)``."""
+        u = self.utility.tolist()
+        scale = float(self.utility.abs().max())
+        return u[1][1] - u[0][1], u[1][0] - u[0][0], scale
+
+    def log_evidence(self, x_observed):
+        """
+        :param torch.Tensor x_observed: Observed (possibly attacked) binary rows ``(N, D)``.
+        :returns: :math:`\\log p_C(y) + \\log p_C(X' = x' \\mid y)` for ``y = 0, 1``, ``(N, 2)``;
+            with ``method="bounded"`` that of ``"exact"``.
+        """
+        self._rows(x_observed)
+        method = "exact" if self.method == "bounded" else self.method
+        rows = [self._exact_row(x_prime, method) for x_prime in x_observed]
         return torch.stack(rows) if rows else x_observed.new_zeros((0, 2))
 
     def predict_proba(self, x_observed):
         """
         :returns: The defender's :math:`p_C(y_1 \\mid X' = x')`, accounting for the attack,
-            shape ``(N,)``.
+            shape ``(N,)``; with ``method="bounded"`` within ``proba_tol`` of ``"exact"``'s
+            (the middle of a guaranteed interval at most ``2 proba_tol`` wide).
         """
-        return self.log_evidence(x_observed).softmax(-1)[:, 1]
+        if self.method != "bounded":
+            return self.log_evidence(x_observed).softmax(-1)[:, 1]
+        self._rows(x_observed)
+        tol = self.proba_tol
+
+        def posterior(innocent, total):
+            return total / (total + innocent) if total + innocent > 0 else math.nan
+
+        def settled(innocent, low, high):
+            return posterior(innocent, high) - posterior(innocent, low) <= 2 * tol
+
+        probs = []
+        for x_prime in x_observed:
+            result = self._bounded(x_prime, settled)
+            if result is None:
+                probs.append(float(self._exact_row(x_prime).softmax(-1)[1]))
+            else:
+                innocent, low, high = result
+                probs.append((posterior(innocent, low) + posterior(innocent, high)) / 2)
+        return torch.tensor(probs, dtype=torch.float64, device=x_observed.device)
 
     def predict(self, x_observed):
-        """:returns: Decisions maximising posterior expected utility (Algorithm 3.1), ``(N,)``."""
-        posterior = self.log_evidence(x_observed).softmax(-1).double()
+        """
+        Decisions maximising posterior expected utility (Algorithm 3.1), ``(N,)``; with
+        ``method="bounded"`` provably those of ``"exact"`` (see the class docstring).
+        """
+        if self.method != "bounded":
+            return self._decide(self.log_evidence(x_observed))
+        self._rows(x_observed)
+        c1, c0, scale = self._gain()
+        scale *= self._rounding(x_observed)
+
+        def settled(innocent, low, high):
+            gains = (c1 * low + c0 * innocent, c1 * high + c0 * innocent)
+            margin = scale * (high + innocent)
+            return min(gains) > margin or max(gains) < -margin
+
+        decisions = []
+        for x_prime in x_observed:
+            result = self._bounded(x_prime, settled)
+            if result is None:
+                decisions.append(int(self._decide(self._exact_row(x_prime).unsqueeze(0))[0]))
+            else:
+                innocent, low, _ = result
+                decisions.append(int(c1 * low + c0 * innocent > 0))
+        return torch.tensor(decisions, dtype=torch.long, device=x_observed.device)
+
+    def _decide(self, log_evidence):
+        posterior = log_evidence.softmax(-1).double()
         expected_utility = posterior @ self.utility.to(posterior.device).T
         return expected_utility.argmax(-1)
