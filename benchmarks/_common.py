@@ -1,10 +1,14 @@
 """
 What the benchmark scripts share: the data prelude (importing this module points
-``$PYRO_EXT_DATA`` at the shared data folder next to the repository unless it is set), a
-fresh inductor cache for cold compile times, the median / mean / p90 / max spread of
-timings, ``mean ± sd`` over runs, and markdown reports printed and written to a file.
+``$PYRO_EXT_DATA`` at the shared data folder next to the repository unless it is set), the
+command-line options every script has (``argument_parser``), a fresh inductor cache for
+cold compile times, the median / mean / p90 / max spread of timings, ``mean ± sd`` over
+runs, classification ``accuracy``, and markdown reports printed and written to a file.
+
+Nothing here imports torch at import time: ``fresh_inductor_cache`` must run before it is.
 """
 
+import argparse
 import atexit
 import math
 import os
@@ -16,6 +20,75 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 os.environ.setdefault("PYRO_EXT_DATA", str(REPO.parent / "shared" / "data"))
+
+
+def argument_parser(
+    doc,
+    output,
+    *,
+    quick="smoke test: tiny sizes, numbers not meaningful",
+    output_help=None,
+    seed=None,
+    seeds=None,
+    threads=None,
+):
+    """
+    An ``argparse.ArgumentParser`` with the options every benchmark script has, to which the
+    script adds its own. Its description is the script's docstring ``doc`` as written (the
+    protocol). Options:
+
+    * ``--quick``: a smoke-test run (``store_true``); ``quick`` is its help;
+    * ``--output``: where the report is written, a ``Path``, default ``output`` (which
+      ``output_help`` describes where the script picks it, ``output=None``);
+
+    and those that several scripts share, where the argument is given:
+
+    * ``--seed``: an int, default ``seed``;
+    * ``--seeds``: a number of seeds, default None (the script's, which the help ``seeds``
+      states);
+    * ``--threads``: torch intra-op threads, default ``threads`` (the script calls
+      ``torch.set_num_threads``; scripts without the option run on one thread).
+    """
+    parser = argparse.ArgumentParser(
+        description=doc.strip(), formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--quick", action="store_true", help=quick)
+    if output_help is None:
+        shown = output.relative_to(REPO) if output.is_relative_to(REPO) else output
+        output_help = f"where the report is written (default {shown})"
+    parser.add_argument("--output", type=Path, default=output, help=output_help)
+    if seed is not None:
+        parser.add_argument("--seed", type=int, default=seed, help=f"random seed (default {seed})")
+    if seeds is not None:
+        parser.add_argument("--seeds", type=int, default=None, help=seeds)
+    if threads is not None:
+        parser.add_argument(
+            "--threads",
+            type=int,
+            default=threads,
+            help=f"torch intra-op threads (default {threads})",
+        )
+    return parser
+
+
+def accuracy(predict, x, y, batch_size=None):
+    """
+    The fraction of the rows of ``x`` that ``predict`` labels ``y``, computed without
+    gradients, ``batch_size`` rows per call of ``predict`` (all at once by default).
+    ``predict(x)`` returns scores per class (logits, probabilities: the label is the argmax
+    of the last dimension), a binary problem's probabilities of class 1 (one dimension of
+    floats: the label is 1 above 0.5) or the labels themselves (integers).
+    """
+    import torch
+
+    correct, size = 0, len(y)
+    with torch.no_grad():
+        for i in range(0, size, batch_size or max(size, 1)):
+            out = predict(x[i : i + (batch_size or size)])
+            if out.is_floating_point():
+                out = out.argmax(-1) if out.dim() > 1 else (out > 0.5).long()
+            correct += int((out == y[i : i + (batch_size or size)]).sum())
+    return correct / size
 
 
 def fresh_inductor_cache(prefix):

@@ -52,12 +52,13 @@ import argparse
 import functools
 import math
 import time
-from pathlib import Path
 
 import pyro  # noqa: E402
 import torch  # noqa: E402
 from _common import (  # noqa: E402
     REPO,  # importing _common also sets $PYRO_EXT_DATA's default
+    accuracy,
+    argument_parser,
     command_line_args,
     markdown,
     mean_sd,
@@ -110,11 +111,6 @@ def spam_probability(predict_logits):
             return predict_logits(x).softmax(-1)[:, 1]
 
     return proba
-
-
-def accuracy(predict_logits, x, y):
-    with torch.no_grad():
-        return float((predict_logits(x).argmax(-1) == y).float().mean())
 
 
 # -- table 3.2 --------------------------------------------------------------------------
@@ -285,14 +281,12 @@ def mnist_section(cfg):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="short smoke run (< 60 s)")
+    parser = argument_parser(__doc__, RESULTS, quick="short smoke run (< 60 s)")
     parser.add_argument("--reps", type=int, help="spam splits (default 5, quick 1)")
     parser.add_argument("--train-size", type=int, help="MNIST training images (50000, quick 2000)")
     parser.add_argument("--test-size", type=int, help="MNIST test images (1000, quick 200)")
     parser.add_argument("--epochs", type=int, help="MNIST epochs (default 5, quick 1)")
     parser.add_argument("--pgd-steps", type=int, help="PGD steps (default 50, quick 10)")
-    parser.add_argument("--output", type=Path, default=RESULTS)
     parser.add_argument(
         "--jit",
         action=argparse.BooleanOptionalAction,

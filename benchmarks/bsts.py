@@ -55,16 +55,15 @@ Data are read from ``$PYRO_EXT_DATA`` (default: ``../shared/data`` next to the r
 The tables are printed and written to ``benchmarks/results/bsts.md``.
 """
 
-import argparse
 import math
 import statistics
 import time
 import warnings
-from pathlib import Path
 
 import torch  # noqa: E402
 from _common import (  # noqa: E402
     REPO,  # importing _common also sets $PYRO_EXT_DATA's default
+    argument_parser,
     markdown,
     robust_fit,
     write_report,
@@ -420,10 +419,12 @@ def speed_table(rows):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="short series, few draws")
-    parser.add_argument("--seeds", type=int, default=None)
-    parser.add_argument("--output", type=Path, default=RESULTS)
+    parser = argument_parser(
+        __doc__,
+        RESULTS,
+        quick="short series, few draws",
+        seeds="number of simulator seeds (default 5; quick 1)",
+    )
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     torch.set_default_dtype(torch.float64)

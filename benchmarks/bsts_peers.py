@@ -82,18 +82,17 @@ import os
 for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
 
-import argparse  # noqa: E402
 import math  # noqa: E402
 import time  # noqa: E402
 import warnings  # noqa: E402
 from importlib.metadata import version  # noqa: E402
-from pathlib import Path  # noqa: E402
 from typing import NamedTuple  # noqa: E402
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from _common import (  # noqa: E402
     REPO,  # importing _common also sets $PYRO_EXT_DATA's default
+    argument_parser,
     command_line_args,
     markdown,
     robust_fit,
@@ -497,11 +496,8 @@ def peer_versions():
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="short series, tiny samplers")
+    parser = argument_parser(__doc__, RESULTS, quick="short series, tiny samplers", seed=0)
     parser.add_argument("--selections", nargs="+", default=list(SELECTIONS), choices=SELECTIONS)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--output", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     torch.set_default_dtype(torch.float64)

@@ -45,18 +45,17 @@ The report is printed and written to
 run leaves the seeds it finished).
 """
 
-import argparse
 import hashlib
 import math
 import statistics
 import subprocess
 import time
 import warnings
-from pathlib import Path
 
 import torch
 from _common import (
     REPO,  # importing _common also sets $PYRO_EXT_DATA's default
+    argument_parser,
     command_line_args,
     markdown,
     spread,
@@ -385,9 +384,12 @@ def report(results, truths, seeds, names, channels, args, elapsed, done, notes, 
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="1 seed, tiny sampler")
-    parser.add_argument("--seeds", type=int, default=None, help="number of seeds (10)")
+    parser = argument_parser(
+        __doc__,
+        RESULTS,
+        quick="1 seed, tiny sampler",
+        seeds="number of seeds (default 10; quick 1)",
+    )
     parser.add_argument("--first-seed", type=int, default=100)
     parser.add_argument("--selections", nargs="+", default=list(SELECTIONS), choices=SELECTIONS)
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
@@ -403,7 +405,6 @@ def main(argv=None):
         default=None,
         help="RetailBSTS's expected_model_size (default: the package's, 5)",
     )
-    parser.add_argument("--output", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     torch.set_default_dtype(torch.float64)

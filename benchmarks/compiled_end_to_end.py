@@ -52,7 +52,6 @@ The tables are printed and written to ``benchmarks/results/compiled_end_to_end.m
 (``--output PATH`` writes elsewhere).
 """
 
-import argparse
 import math
 import os
 import platform
@@ -71,9 +70,15 @@ fresh_inductor_cache("compiled_e2e_inductor_")
 import pyro  # noqa: E402
 import torch  # noqa: E402
 import uci  # noqa: E402
-from _common import command_line_args, markdown, write_report  # noqa: E402
+from _common import (  # noqa: E402
+    accuracy,
+    argument_parser,
+    command_line_args,
+    markdown,
+    write_report,
+)
 from _common import spread as timing_spread  # noqa: E402
-from ara_scalable import accuracy, ara_defense  # noqa: E402
+from ara_scalable import ara_defense  # noqa: E402
 from sgmcmc_speed import KERNELS, fmt_us, kin8nm, spread  # noqa: E402
 
 from pyro_ext.datasets import load_mnist, load_uci, standardize_split  # noqa: E402
@@ -549,10 +554,7 @@ def profile_section(cfg):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="tiny sizes: a smoke test, < 60 s")
-    parser.add_argument("--output", type=Path, default=RESULTS, help="where the tables are written")
-    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    parser = argument_parser(__doc__, RESULTS, quick="tiny sizes: a smoke test, < 60 s", threads=1)
     parser.add_argument("--train-size", type=int, help="MNIST images for ARA (10000; quick 512)")
     parser.add_argument("--epochs", type=int, help="ARA epochs (3; quick 2)")
     parser.add_argument("--dataset", default="boston", help="UCI data set (name or uci.py alias)")

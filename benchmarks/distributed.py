@@ -30,15 +30,20 @@ Run from the repository root::
 The tables are printed and written to ``benchmarks/results/distributed.md``.
 """
 
-import argparse
 import statistics
 import tempfile
 import time
 import traceback
 from importlib.metadata import version
-from pathlib import Path
 
-from _common import REPO, command_line_args, fresh_inductor_cache, markdown, write_report
+from _common import (
+    REPO,
+    argument_parser,
+    command_line_args,
+    fresh_inductor_cache,
+    markdown,
+    write_report,
+)
 
 fresh_inductor_cache("distributed_inductor_")
 
@@ -252,9 +257,9 @@ def arithmetic_table():
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--output", default=str(RESULTS))
+    parser = argument_parser(
+        __doc__, RESULTS, quick="kin8nm only, eager, short timings (smoke test)"
+    )
     args = parser.parse_args()
     budget = (3, 8) if args.quick else (5, 40)
     results = {}
@@ -327,7 +332,7 @@ def main():
         "script from the models' sizes, not measured.\n\n" + arithmetic_table()
     )
     write_report(
-        preamble, ["## Per-step time\n\n" + markdown(header, rows), arithmetic], Path(args.output)
+        preamble, ["## Per-step time\n\n" + markdown(header, rows), arithmetic], args.output
     )
 
 

@@ -32,15 +32,13 @@ Run from the repository root::
     python benchmarks/gibbs.py --quick    # D = 8, one seed, few draws
 """
 
-import argparse
 import itertools
 import os
 import statistics
 import time
 from importlib.metadata import version
-from pathlib import Path
 
-from _common import REPO, command_line_args, markdown, spread, write_report
+from _common import REPO, argument_parser, command_line_args, markdown, spread, write_report
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=1")
 
@@ -163,9 +161,9 @@ def run_numpyro(X, y, num_samples, warmup, seed):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--output", type=Path, default=RESULTS)
+    parser = argument_parser(
+        __doc__, RESULTS, quick="D = 8 only, seed 0, short chains (smoke test)"
+    )
     args = parser.parse_args()
     torch.set_num_threads(1)
     dims = [8] if args.quick else [8, 12]

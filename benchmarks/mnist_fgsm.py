@@ -37,11 +37,11 @@ Protocol:
   FGSM's perturbation is ``eps`` times one sign vector, so its gradient is computed once
   per attacked model and the inputs for every ``eps`` are ``clip(x + eps sign grad)``; the
   script checks on a few images that this equals ``fgsm(..., eps)``.
-* Speed: wall time of each sampler or IVON step, median over the steps after the first 10
-  of the training run, times 600 steps (one epoch of 60000 images at batch 100): an
-  extrapolation, not a timed epoch. Ratios are SGLD+R / SGLD and Adam+NR / SGLD at the
-  same ``L``, and IVON / SGLD (an IVON step evaluates one draw, a sampler step ``L``
-  particles).
+* Speed: wall time of each sampler or IVON step over the steps after the first 10 of the
+  training run (median / mean / p90 / max), and the median times 600 steps (one epoch of
+  60000 images at batch 100): an extrapolation, not a timed epoch. Ratios are SGLD+R /
+  SGLD and Adam+NR / SGLD at the same ``L``, and IVON / SGLD (an IVON step evaluates one
+  draw, a sampler step ``L`` particles).
 
 Thesis, figure 2.6: Adam+NR is clearly more accurate than SGLD at low attack strength;
 as the strength grows all methods decay to similar accuracy. The thesis gives no numbers.
@@ -60,15 +60,18 @@ The tables are printed and written to ``benchmarks/results/mnist_fgsm.md`` (``--
 import argparse
 import functools
 import math
+import statistics
 import time
-from pathlib import Path
 
 import pyro  # noqa: E402
 import torch  # noqa: E402
 from _common import (  # noqa: E402
     REPO,  # importing _common also sets $PYRO_EXT_DATA's default
+    accuracy,
+    argument_parser,
     command_line_args,
     markdown,
+    spread,
     write_report,
 )
 
@@ -114,6 +117,7 @@ IVON_SETTINGS = dict(hess_init=1.0, mc_samples=1, beta1=0.9, beta2=0.99999)
 ADAM_EPS = 1.0  # keeps the noise of coordinates with ~zero gradient (dead units) bounded
 EPSILONS = (0.0, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3)
 BATCH, NUM_VALIDATION, STEPS_PER_EPOCH = 100, 5000, 600
+EVAL_BATCH = 500  # test images per call when attacking and scoring
 
 
 def _init(site):
@@ -225,16 +229,10 @@ def predictive(net, draws):
     return predictive_logits(functools.partial(network_logits, net, d) for d in draws)
 
 
-def in_batches(fn, *tensors, size=500):
+def in_batches(fn, *tensors, size=EVAL_BATCH):
     return torch.cat(
         [fn(*(t[i : i + size] for t in tensors)) for i in range(0, len(tensors[0]), size)]
     )
-
-
-def accuracy(predict, x, y):
-    with torch.no_grad():
-        correct = in_batches(lambda xb, yb: predict(xb).argmax(-1) == yb, x, y)
-    return correct.float().mean().item()
 
 
 def fgsm_sign(predict, x, y):
@@ -243,7 +241,7 @@ def fgsm_sign(predict, x, y):
 
 
 def curve(predict, sign, x, y):
-    return [accuracy(predict, (x + eps * sign).clamp(0, 1), y) for eps in EPSILONS]
+    return [accuracy(predict, (x + eps * sign).clamp(0, 1), y, EVAL_BATCH) for eps in EPSILONS]
 
 
 def check_one_gradient_per_model(predict, sign, x, y, eps=0.1):
@@ -260,7 +258,7 @@ def tune(cfg, methods, x_fit, y_fit, x_val, y_val):
             step = step_size(key, base, cfg)
             try:
                 net, draws, _ = train(key, x_fit, y_fit, base, cfg, seed=1)
-                acc = f"{accuracy(predictive(net, draws), x_val, y_val):.4f}"
+                acc = f"{accuracy(predictive(net, draws), x_val, y_val, EVAL_BATCH):.4f}"
             # a diverged chain; IVON raises NGVIDivergenceError, a FloatingPointError
             except (ValueError, RuntimeError, FloatingPointError) as error:
                 acc = f"diverged ({type(error).__name__})"
@@ -272,11 +270,7 @@ def tune(cfg, methods, x_fit, y_fit, x_val, y_val):
 
 
 def main():
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--quick", action="store_true", help="100-unit layers, 5000 images")
-    parser.add_argument("--output", type=Path, default=RESULTS, help="where tables are written")
+    parser = argument_parser(__doc__, RESULTS, quick="100-unit layers, 5000 images", seed=0)
     parser.add_argument("--tune", action="store_true", help="run the step-size grid only")
     parser.add_argument("--particles", type=int, default=None, help="L (default 4; quick 3)")
     parser.add_argument("--steps", type=int, default=None, help="sampler steps (default 400)")
@@ -284,7 +278,6 @@ def main():
     parser.add_argument("--thinning", type=int, default=None, help="default 20 (quick 10)")
     parser.add_argument("--test-size", type=int, default=None, help="default 2000 (quick 300)")
     parser.add_argument("--device", default="cpu", help="torch device of the sampler and attack")
-    parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--jit",
         action=argparse.BooleanOptionalAction,
@@ -350,7 +343,7 @@ def main():
     white_rows, transfer_rows, speed = {}, {}, {}
     for i, (key, label) in enumerate(LABELS.items()):
         net, draws, step_times = train(key, x_fit, y_fit, STEP_SIZES[key], cfg, args.seed + i)
-        speed[key] = step_times.median().item()
+        speed[key] = step_times.tolist()
         posterior = predictive(net, draws)
         sign = fgsm_sign(posterior, x_test, y_test)
         check_one_gradient_per_model(posterior, sign[:20], x_test[:20], y_test[:20])
@@ -363,12 +356,12 @@ def main():
         print(f"  {label}: clean accuracy {white[0]:.3f} ({time.perf_counter() - start:.0f} s)")
 
     def epoch(key):
-        return speed[key] * STEPS_PER_EPOCH
+        return statistics.median(speed[key]) * STEPS_PER_EPOCH
 
     speed_rows = [
         [
             label,
-            f"{speed[key] * 1e3:.0f}",
+            spread(speed[key], 1e3),
             f"{epoch(key):.0f}",
             f"{epoch(key) / epoch('sgld'):.2f}",
         ]
@@ -404,14 +397,18 @@ def main():
         "## Accuracy, FGSM crafted on one network (a sampler's first particle's last draw; "
         "IVON's first posterior draw) and transferred to the posterior predictive (the "
         "thesis' protocol)\n\n" + markdown(header, list(transfer_rows.values())),
-        "## Speed per epoch (extrapolated)\n\nMedian wall time of a step (batch 100) "
-        "over the training run after its first 10 steps, times 600 steps (one epoch of "
-        "60000 images); ratio to SGLD with the same L. A sampler's step moves L particles, "
+        "## Speed per epoch (extrapolated)\n\nWall time of a step (batch 100) over the "
+        "training run after its first 10 steps: its median / mean / p90 / max, and the "
+        "median times 600 steps (one epoch of 60000 images); ratio to SGLD (of those "
+        "epochs) with the same L. A sampler's step moves L particles, "
         "an IVON step evaluates one posterior draw (mc_samples 1) and updates the mean and "
         "curvature. Target: SGLD+R ≤ 1.5 × SGLD. The methods run one after another, so on a "
         "shared machine a change of its load between them shows up in the ratios; "
         "`benchmarks/sgmcmc_speed.py` times the samplers side by side.\n\n"
-        + markdown(["method", "ms / step", "s / epoch", "ratio to SGLD"], speed_rows),
+        + markdown(
+            ["method", "ms / step (median / mean / p90 / max)", "s / epoch", "ratio to SGLD"],
+            speed_rows,
+        ),
     ]
     write_report(preamble, sections, args.output)
 

@@ -80,19 +80,18 @@ Data are read from ``$PYRO_EXT_DATA`` (default: ``../shared/data`` next to the r
 The tables are printed and written to ``benchmarks/results/ngvi.md`` (``--output``).
 """
 
-import argparse
 import math
 import os
 import statistics
 import time
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
-from pathlib import Path
 
 import pyro  # noqa: E402
 import torch  # noqa: E402
 import uci  # noqa: E402
 from _common import (  # noqa: E402
     REPO,  # importing _common also sets $PYRO_EXT_DATA's default
+    argument_parser,
     command_line_args,
     markdown,
     write_report,
@@ -819,11 +818,7 @@ def mnist_section(args, quick):
 
 
 def main():
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--quick", action="store_true", help="smoke test (< 60 s)")
-    parser.add_argument("--output", type=Path, default=RESULTS, help="where the tables go")
+    parser = argument_parser(__doc__, RESULTS, quick="smoke test (< 60 s)")
     parser.add_argument(
         "--datasets",
         nargs="+",

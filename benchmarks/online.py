@@ -80,19 +80,18 @@ Data are read from ``$PYRO_EXT_DATA`` (default: ``../shared/data`` next to the r
 The tables are printed and written to ``benchmarks/results/online.md`` (``--output``).
 """
 
-import argparse
 import math
 import os
 import statistics
 import time
 import warnings
-from pathlib import Path
 
 import pyro
 import pyro.distributions as dist
 import torch
 from _common import (
     REPO,  # importing _common also sets $PYRO_EXT_DATA's default
+    argument_parser,
     command_line_args,
     markdown,
     mean_sd,
@@ -720,12 +719,9 @@ def speed_section(args, quick):
 
 
 def main():
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    parser = argument_parser(
+        __doc__, RESULTS, quick="smoke test (< 60 s)", seeds="two-moons seeds (default 3)"
     )
-    parser.add_argument("--quick", action="store_true", help="smoke test (< 60 s)")
-    parser.add_argument("--output", type=Path, default=RESULTS, help="where the tables go")
-    parser.add_argument("--seeds", type=int, default=None, help="two-moons seeds (default 3)")
     parser.add_argument("--moons-train", type=int, default=None, help="default 1000")
     parser.add_argument("--ogd-inner", type=int, default=5, help="OGD's Adam steps per point")
     parser.add_argument("--mnist-train", type=int, default=None, help="default 2000")

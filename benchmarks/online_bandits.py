@@ -89,16 +89,15 @@ The tables are printed and written to ``benchmarks/results/online_bandits.md``
 (``--output``).
 """
 
-import argparse
 import math
 import os
 import time
-from pathlib import Path
 
 import pyro
 import torch
 from _common import (
     REPO,  # importing _common also sets $PYRO_EXT_DATA's default
+    argument_parser,
     command_line_args,
     markdown,
     mean_sd,
@@ -326,13 +325,10 @@ def checkpoints(rounds):
 
 
 def main():
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    parser = argument_parser(
+        __doc__, RESULTS, quick="smoke test (< 45 s)", seeds="number of seeds (default 3; quick 1)"
     )
-    parser.add_argument("--quick", action="store_true", help="smoke test (< 45 s)")
-    parser.add_argument("--output", type=Path, default=RESULTS, help="where the tables go")
     parser.add_argument("--rounds", type=int, default=None, help="T (default 5000; quick 200)")
-    parser.add_argument("--seeds", type=int, default=None, help="default 3 (quick 1)")
     parser.add_argument("--agents", nargs="+", default=list(AGENTS), choices=AGENTS)
     parser.add_argument("--validation", action="store_true", help="stream training images")
     parser.add_argument("--pca-dim", type=int, default=50)

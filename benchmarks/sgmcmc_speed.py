@@ -43,13 +43,11 @@ The tables are printed and written to ``benchmarks/results/sgmcmc_speed.md`` (CU
 ``sgmcmc_speed_cuda.md``).
 """
 
-import argparse
 import math
 import statistics
 import time
 import warnings
 from importlib.metadata import version
-from pathlib import Path
 from typing import NamedTuple
 
 from _common import REPO, fresh_inductor_cache  # noqa: E402  (sets $PYRO_EXT_DATA's default)
@@ -63,7 +61,7 @@ import numpy as np  # noqa: E402
 import pyro  # noqa: E402
 import pyro.distributions as dist  # noqa: E402
 import torch  # noqa: E402
-from _common import markdown, write_report  # noqa: E402
+from _common import argument_parser, markdown, write_report  # noqa: E402
 from _common import spread as timing_spread  # noqa: E402
 from pyro.infer.svgd import RBFSteinKernel  # noqa: E402
 
@@ -802,13 +800,15 @@ def table_peers(problem, budget):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--output", type=Path, default=None, help="where the tables are written")
-    parser.add_argument(
-        "--quick", action="store_true", help="few steps, 2 repeats, no MNIST or peers"
+    parser = argument_parser(
+        __doc__,
+        None,
+        quick="few steps, 2 repeats, no MNIST or peers",
+        output_help="where the report is written (default benchmarks/results/sgmcmc_speed.md; "
+        "with --device cuda, sgmcmc_speed_cuda.md)",
+        threads=1,
     )
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads on CPU")
     args = parser.parse_args()
     budget = QUICK if args.quick else FULL
     device = torch.device(args.device)

@@ -56,7 +56,6 @@ Run from the repository root::
 The tables are printed and written to ``benchmarks/results/sgmcmc_synthetic.md``.
 """
 
-import argparse
 import math
 import time
 from collections.abc import Callable
@@ -67,7 +66,7 @@ import numpy as np
 import pyro
 import pyro.distributions as dist
 import torch
-from _common import markdown, mean_sd, write_report
+from _common import argument_parser, markdown, mean_sd, write_report
 from pyro.ops.stats import effective_sample_size
 
 from pyro_ext.infer import MCMC, SGLD
@@ -334,10 +333,12 @@ def tune_section(grids):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.strip().split("\n\n")[0])
-    parser.add_argument("--output", type=Path, default=RESULTS, help="where the tables are written")
-    parser.add_argument("--quick", action="store_true", help="2 seeds (smoke test)")
-    parser.add_argument("--seeds", type=int, default=None, help="number of seeds (default 10)")
+    parser = argument_parser(
+        __doc__,
+        RESULTS,
+        quick="2 seeds (smoke test)",
+        seeds="number of seeds (default 10; quick 2)",
+    )
     parser.add_argument("--tune", action="store_true", help="re-run the step-size search first")
     args = parser.parse_args()
     num_seeds = args.seeds if args.seeds is not None else (2 if args.quick else 10)

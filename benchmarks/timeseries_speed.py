@@ -35,18 +35,17 @@ Run from the repository root::
 The tables are printed and written to ``benchmarks/results/timeseries_speed.md``.
 """
 
-import argparse
 import statistics
 import time
 import warnings
 from importlib.metadata import PackageNotFoundError, version
-from pathlib import Path
 
 import numpy as np
 import pyro.distributions as dist
 import torch
 from _common import (
     REPO,  # noqa: E402
+    argument_parser,
     markdown,
     write_report,
 )
@@ -344,12 +343,11 @@ def kalman_tables(lengths, repeats, device):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="small sizes, 2 repeats (smoke test)")
+    parser = argument_parser(
+        __doc__, RESULTS, quick="small sizes, 2 repeats (smoke test)", threads=1
+    )
     parser.add_argument("--repeats", type=int, default=None)
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--output", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)

@@ -55,12 +55,13 @@ import math
 import statistics
 import time
 from concurrent.futures import ProcessPoolExecutor
-from pathlib import Path
 
 import pyro  # noqa: E402
 import torch  # noqa: E402
 from _common import (  # noqa: E402
     REPO,  # importing _common also sets $PYRO_EXT_DATA's default
+    argument_parser,
+    command_line_args,
     markdown,
     write_report,
 )
@@ -444,13 +445,9 @@ def _scoreboard(datasets, samplers, results):
 
 
 def main():
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    parser = argument_parser(
+        __doc__, RESULTS, quick="yacht, 1 split, 1000 iterations, SGLD vs SGLD+R"
     )
-    parser.add_argument(
-        "--quick", action="store_true", help="yacht, 1 split, 1000 iterations, SGLD vs SGLD+R"
-    )
-    parser.add_argument("--output", type=Path, default=RESULTS, help="where the tables are written")
     parser.add_argument(
         "--datasets",
         nargs="+",
@@ -567,7 +564,7 @@ def main():
     )
     preamble = (
         f"# UCI regression: SG-MCMC with and without repulsion ({'quick' if args.quick else 'partial' if num_splits < 20 or len(datasets) < len(UCI_DATASETS) else 'full'} run)\n\n"
-        f"Command: `python benchmarks/uci.py {' '.join(_argv())}`. "
+        f"Command: `python benchmarks/uci.py {command_line_args()}`. "
         f"Data sets: {', '.join(datasets)}; splits 0-{num_splits - 1} of each (fewer where a data set has fewer); "
         f"samplers: {', '.join(SAMPLERS[k][0] for k in samplers)}. "
         f"torch {torch.__version__} (1 thread per worker, {args.jobs} worker(s)), pyro {pyro.__version__}; "
@@ -613,16 +610,6 @@ def _map(fn, tasks, jobs):
         with ProcessPoolExecutor(jobs) as pool:
             return list(pool.map(fn, tasks))
     return [fn(task) for task in tasks]
-
-
-def _argv():
-    import sys
-
-    argv = sys.argv[1:]
-    if "--output" in argv:  # keep the command portable: drop a temporary output path
-        i = argv.index("--output")
-        argv = argv[:i] + argv[i + 2 :]
-    return argv
 
 
 if __name__ == "__main__":

@@ -28,14 +28,13 @@ Run from the repository root::
 The table is printed and written to ``benchmarks/results/vis_cost.md``.
 """
 
-import argparse
 import statistics
 import time
 from pathlib import Path
 
 import pyro
 import torch
-from _common import command_line_args, markdown, write_report
+from _common import argument_parser, command_line_args, markdown, write_report
 from pyro.infer import SVI, Trace_ELBO
 from torch.utils.flop_counter import FlopCounterMode
 
@@ -80,11 +79,8 @@ def measure(num_steps, gradient, x, timed_steps, seed):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.strip().split("\n\n")[0])
-    parser.add_argument("--output", type=Path, default=RESULTS)
-    parser.add_argument("--quick", action="store_true", help="3 timed steps per configuration")
+    parser = argument_parser(__doc__, RESULTS, quick="3 timed steps per configuration", seed=0)
     parser.add_argument("--steps", type=int, default=40, help="timed steps per configuration")
-    parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     torch.set_num_threads(1)
     steps = 3 if args.quick else args.steps

@@ -35,7 +35,7 @@ Run from the repository root::
 The tables are printed and written to ``benchmarks/results/vis_cvae.md``.
 """
 
-import argparse
+import functools
 import math
 import statistics
 import time
@@ -43,7 +43,7 @@ from pathlib import Path
 
 import pyro
 import torch
-from _common import command_line_args, markdown, mean_sd, write_report
+from _common import accuracy, argument_parser, command_line_args, markdown, mean_sd, write_report
 from vis_vae import BATCH, make_guide, train
 
 from pyro_ext.datasets import load_mnist
@@ -70,14 +70,12 @@ def refined_proposal(cvae, num_steps, step_size):
     return proposal
 
 
-@torch.no_grad()
-def accuracy(cvae, x, y, num_steps, step_size, mc_samples, chunk=500):
-    correct = 0
+def cvae_accuracy(cvae, x, y, num_steps, step_size, mc_samples, chunk=500):
+    """Per cent of ``x`` that ``cvae`` classifies as ``y``, with the proposal refined by
+    ``num_steps`` steps."""
     proposal = refined_proposal(cvae, num_steps, step_size)
-    for i in range(0, x.shape[0], chunk):
-        scores = cvae.classify(x[i : i + chunk], mc_samples, proposal=proposal)
-        correct += (scores.argmax(-1) == y[i : i + chunk]).sum().item()
-    return 100.0 * correct / x.shape[0]
+    classify = functools.partial(cvae.classify, num_samples=mc_samples, proposal=proposal)
+    return 100.0 * accuracy(classify, x, y, chunk)
 
 
 def fit(x, y, num_steps, epochs, seed):
@@ -101,12 +99,11 @@ def fmt(values, digits=1):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.strip().split("\n\n")[0])
-    parser.add_argument("--output", type=Path, default=RESULTS, help="where the tables are written")
-    parser.add_argument(
-        "--quick",
-        action="store_true",
-        help="1000 training images, 1 epoch, 200 test images, 1 seed",
+    parser = argument_parser(
+        __doc__,
+        RESULTS,
+        quick="1000 training images, 1 epoch, 200 test images, 1 seed",
+        seeds="number of seeds (default 3; quick 1)",
     )
     parser.add_argument("--epochs", type=int, default=None, help="epochs for T_ref = 0 (15)")
     parser.add_argument(
@@ -117,7 +114,6 @@ def main():
     )
     parser.add_argument("--test-size", type=int, default=None, help="test images (default 10000)")
     parser.add_argument("--mc-samples", type=int, default=5, help="M of eq. (2.15) (5)")
-    parser.add_argument("--seeds", type=int, default=None, help="number of seeds (3)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     quick = args.quick
@@ -146,7 +142,7 @@ def main():
                     acc[setting].append(
                         float("nan")
                         if cvae is None
-                        else accuracy(cvae, x_test, y_test, setting[1], eta, args.mc_samples)
+                        else cvae_accuracy(cvae, x_test, y_test, setting[1], eta, args.mc_samples)
                     )
     total = time.perf_counter() - t_start
 

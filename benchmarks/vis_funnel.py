@@ -38,7 +38,6 @@ Run from the repository root::
 The tables are printed and written to ``benchmarks/results/vis_funnel.md``.
 """
 
-import argparse
 import statistics
 import time
 from pathlib import Path
@@ -46,7 +45,7 @@ from pathlib import Path
 import pyro
 import pyro.distributions as dist
 import torch
-from _common import markdown, mean_sd, write_report
+from _common import argument_parser, markdown, mean_sd, write_report
 from pyro.infer import SVI, Trace_ELBO
 from pyro.infer.autoguide import AutoNormal
 from pyro.infer.autoguide.initialization import init_to_value
@@ -129,10 +128,12 @@ def run_all(seeds, iterations, eval_particles):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.strip().split("\n\n")[0])
-    parser.add_argument("--output", type=Path, default=RESULTS, help="where the tables are written")
-    parser.add_argument("--quick", action="store_true", help="2 seeds, cheaper loss evaluation")
-    parser.add_argument("--seeds", type=int, default=None, help="number of seeds (default 10)")
+    parser = argument_parser(
+        __doc__,
+        RESULTS,
+        quick="2 seeds, cheaper loss evaluation",
+        seeds="number of seeds (default 10; quick 2)",
+    )
     args = parser.parse_args()
     torch.set_num_threads(1)
     torch.set_default_dtype(torch.float64)  # the funnel's neck overflows float32

@@ -34,17 +34,16 @@ Data are read from ``$PYRO_EXT_DATA`` (default: ``../shared/data`` next to the r
 The tables are printed and written to ``benchmarks/results/vis_state_space.md``.
 """
 
-import argparse
 import math
 import statistics
 import time
-from pathlib import Path
 
 import pyro  # noqa: E402
 import pyro.distributions as dist  # noqa: E402
 import torch  # noqa: E402
 from _common import (  # noqa: E402
     REPO,  # importing _common also sets $PYRO_EXT_DATA's default
+    argument_parser,
     markdown,
     mean_sd,
     write_report,
@@ -322,10 +321,12 @@ def metric_table(metrics, paper):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="2 seeds, short runs (smoke test)")
-    parser.add_argument("--seeds", type=int, default=None)
-    parser.add_argument("--output", type=Path, default=RESULTS)
+    parser = argument_parser(
+        __doc__,
+        RESULTS,
+        quick="2 seeds, short runs (smoke test)",
+        seeds="number of seeds (default 5; quick 2)",
+    )
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     torch.set_default_dtype(torch.float64)

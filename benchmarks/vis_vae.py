@@ -46,7 +46,6 @@ Run from the repository root::
 The tables are printed and written to ``benchmarks/results/vis_vae.md``.
 """
 
-import argparse
 import statistics
 import time
 from pathlib import Path
@@ -54,6 +53,7 @@ from pathlib import Path
 import pyro
 import torch
 from _common import (
+    argument_parser,
     command_line_args,
     markdown,
     write_report,
@@ -210,12 +210,11 @@ def run_dataset(name, x_train, x_test, epochs, epochs_refined, is_samples, seed)
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.strip().split("\n\n")[0])
-    parser.add_argument("--output", type=Path, default=RESULTS, help="where the tables are written")
-    parser.add_argument(
-        "--quick",
-        action="store_true",
-        help="1000 training images, 1 epoch, 100 test images x 100 IS samples",
+    parser = argument_parser(
+        __doc__,
+        RESULTS,
+        quick="1000 training images, 1 epoch, 100 test images x 100 IS samples",
+        seed=0,
     )
     parser.add_argument(
         "--epochs",
@@ -234,7 +233,6 @@ def main():
     )
     parser.add_argument("--test-size", type=int, default=None, help="test images (default 2000)")
     parser.add_argument("--is-samples", type=int, default=None, help="IS samples (default 1000)")
-    parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     torch.set_num_threads(1)
     quick = args.quick
