@@ -28,6 +28,14 @@ def _read_columns(path):
     return dict(zip(header, data.T))
 
 
+def _load_annual(name, column, device, dtype):
+    """``(years, values)`` of the annual series ``timeseries/{name}.csv``: its ``year``
+    column as ``torch.long`` and its ``column`` in the floating ``dtype``."""
+    dtype = float_dtype(dtype)
+    columns = _read_columns(get_data_path(f"timeseries/{name}.csv", verify=True))
+    return as_long(columns["year"], device), as_float(columns[column], dtype, device)
+
+
 def load_co2(source="noaa", device=None, dtype=None):
     """
     Load the Mauna Loa monthly mean atmospheric CO2 concentration.
@@ -76,9 +84,7 @@ def load_earthquakes(device=None, dtype=None):
     :returns: A tuple ``(years, counts)`` of shape ``(107,)``; ``years`` is ``torch.long``.
     :rtype: tuple(torch.Tensor, torch.Tensor)
     """
-    dtype = float_dtype(dtype)
-    columns = _read_columns(get_data_path("timeseries/earthquakes.csv", verify=True))
-    return as_long(columns["year"], device), as_float(columns["count"], dtype, device)
+    return _load_annual("earthquakes", "count", device, dtype)
 
 
 def load_nile(device=None, dtype=None):
@@ -95,6 +101,4 @@ def load_nile(device=None, dtype=None):
     :returns: A tuple ``(years, volume)`` of shape ``(100,)``; ``years`` is ``torch.long``.
     :rtype: tuple(torch.Tensor, torch.Tensor)
     """
-    dtype = float_dtype(dtype)
-    columns = _read_columns(get_data_path("timeseries/nile.csv", verify=True))
-    return as_long(columns["year"], device), as_float(columns["volume"], dtype, device)
+    return _load_annual("nile", "volume", device, dtype)

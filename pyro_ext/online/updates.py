@@ -277,6 +277,17 @@ def project_low_rank(
     return diagonal, W
 
 
+def _negative_hessian(current, factor, hessian):
+    """``-G`` for the full family (``(D, D)``, in float64) or the diagonal one (``(D,)``):
+    ``A^T A`` (its diagonal) from the factor ``A`` ``(P, D)``, otherwise ``-hessian``."""
+    if isinstance(current, FullBelief):
+        wide = torch.float64
+        if factor is not None:
+            return factor.transpose(-1, -2).to(wide) @ factor.to(wide)
+        return -hessian.to(wide)
+    return factor.square().sum(0) if factor is not None else -hessian
+
+
 def natural_step(
     current: Belief,
     prior: Belief,
@@ -297,10 +308,7 @@ def natural_step(
     if isinstance(current, FullBelief):
         # Formed in float64: A^T A and the prior precision can differ by orders of magnitude.
         wide = torch.float64
-        if factor is not None:
-            increment = factor.transpose(-1, -2).to(wide) @ factor.to(wide)
-        else:
-            increment = -hessian.to(wide)
+        increment = _negative_hessian(current, factor, hessian)
         if first:
             precision = prior.precision.to(wide) + lr * increment
         else:
@@ -313,7 +321,7 @@ def natural_step(
         step = _solve(chol, direction.unsqueeze(-1)).squeeze(-1)
         return FullBelief(current.mean + lr * step, precision)
     if isinstance(current, DiagBelief):
-        increment = factor.square().sum(0) if factor is not None else -hessian
+        increment = _negative_hessian(current, factor, hessian)
         if first:
             precision = prior.precision + lr * increment
         else:
@@ -360,17 +368,14 @@ def euclidean_step(
     offset = current.mean - prior.mean
     if isinstance(current, FullBelief):
         wide = torch.float64
-        if factor is not None:
-            G = -(factor.transpose(-1, -2).to(wide) @ factor.to(wide))
-        else:
-            G = hessian.to(wide)
+        G = -_negative_hessian(current, factor, hessian)
         cov = _inverse(_cholesky(current.precision, "precision"), wide)
         direction = grad - precision_matvec(prior, offset)
         new_cov = _sym(cov + 0.5 * lr * (G + current.precision - prior.precision))
         chol = _cholesky(new_cov, "updated covariance")
         return FullBelief(current.mean + lr * direction, _sym(_inverse(chol, wide)))
     if isinstance(current, DiagBelief):
-        G = -factor.square().sum(0) if factor is not None else hessian
+        G = -_negative_hessian(current, factor, hessian)
         variance = current.precision.reciprocal()
         direction = grad - prior.precision * offset
         new_variance = variance + 0.5 * lr * (G + current.precision - prior.precision)

@@ -33,14 +33,14 @@ from .kalman import (
     KalmanForecast,
     KalmanSmootherResult,
     KalmanWhitening,
-    _prepare,
-    _simulate_prior,
     kalman_filter,
     kalman_forecast,
     kalman_log_likelihood,
     kalman_sample,
     kalman_smoother,
     kalman_whiten,
+    prepare_state_space,
+    simulate_prior,
 )
 
 #: a scale or coefficient: a Python number or a tensor (batched values broadcast)
@@ -725,8 +725,8 @@ class DLMDistribution(dist.TorchDistribution):
             device=self.dlm.observation_scale.device,
         )
         with torch.no_grad():
-            ssm = _prepare(*self.dlm._args(y, self.observation_precision))
-            _, yy = _simulate_prior(ssm, n)
+            ssm = prepare_state_space(*self.dlm._args(y, self.observation_precision))
+            _, yy = simulate_prior(ssm, n)
         # (T, n, *batch, 1) -> (*sample_shape, *batch, T)
         yy = yy[..., 0].movedim(0, -1)
         return yy.reshape(*sample_shape, *self.batch_shape, self.num_steps)

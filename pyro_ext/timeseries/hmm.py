@@ -145,6 +145,14 @@ def _check_evidence(problem, log_norm, log_norms=None):
     )
 
 
+def _checked_filter(problem):
+    """The filtered probabilities ``(T, ..., K)`` of ``problem``, after
+    :func:`_check_evidence` on the filter's log normalisers."""
+    filtered, log_norms = problem.forward()
+    _check_evidence(problem, log_norms[-1], log_norms)
+    return filtered
+
+
 class _Problem:
     """Validated, normalised inputs in the engine's time-first layout."""
 
@@ -423,8 +431,7 @@ def hmm_filter(
 ) -> torch.Tensor:
     """Filtered probabilities :math:`p(z_t \\mid x_{1:t})`, shape ``(..., T, K)``."""
     problem = _Problem(init_logits, trans_logits, obs_log_probs, mask)
-    filtered, log_norms = problem.forward()
-    _check_evidence(problem, log_norms[-1], log_norms)
+    filtered = _checked_filter(problem)
     return filtered.movedim(0, -2)
 
 
@@ -439,8 +446,7 @@ def hmm_smooth(
     prefix scan times a backward (suffix) scan, ``alpha_t * beta_t`` renormalised.
     """
     problem = _Problem(init_logits, trans_logits, obs_log_probs, mask)
-    filtered, log_norms = problem.forward()
-    _check_evidence(problem, log_norms[-1], log_norms)
+    filtered = _checked_filter(problem)
     # beta_t^T = 1^T X_T^T ... X_{t+1}^T: a prefix scan over the reversed, transposed factors.
     backward_factors = problem.log_factors().transpose(-1, -2).flip(0)
     uniform = torch.zeros_like(problem.log_init)
@@ -523,8 +529,7 @@ def hmm_sample_paths(
     """
     num_samples = check_int(num_samples, "num_samples", low=1)
     problem = _Problem(init_logits, trans_logits, obs_log_probs, mask)
-    filtered, log_norms = problem.forward()
-    _check_evidence(problem, log_norms[-1], log_norms)
+    filtered = _checked_filter(problem)
     log_filtered = torch.log(filtered)
     # (T-1, *batch, K_next, K_prev): conditional over z_t given z_{t+1} = row.
     logits = (log_filtered[:-1].unsqueeze(-1) + problem.log_trans).transpose(-1, -2)

@@ -282,7 +282,7 @@ def _build(args):
     return _SSM(G, F, Q, V, mu, y, mask, (~mask).sum((0, -1)).to(dtype))
 
 
-def _prepare(y, G, F, W, V, m0, P0):
+def prepare_state_space(y, G, F, W, V, m0, P0):
     return _build(_validate(y, G, F, W, V, m0, P0))
 
 
@@ -306,8 +306,11 @@ def _mv(m, v):
 # Filtering (Sarkka & Garcia-Fernandez 2021, Lemma 8 / eqs. (10)-(14))
 
 
-def _filter_elements(ssm):
-    G, F, Q, V, mu, y = ssm.G, ssm.F, ssm.Q, ssm.V, ssm.mu, ssm.y
+def _filter_gains(ssm):
+    """The data-free parts of the filter's elements: ``(K, S^{-1} F G, A, C, J)``, with
+    ``S = F Q F^T + V`` and the gain ``K = Q F^T S^{-1}``; their means ``b`` and ``eta``
+    apply ``K`` and ``(S^{-1} F G)^T`` to the residuals ``y - F mu`` of the data."""
+    G, F, Q, V = ssm.G, ssm.F, ssm.Q, ssm.V
     eye = torch.eye(G.shape[-1], dtype=G.dtype, device=G.device)
     L = _cholesky(F @ Q @ F.mT + V, "innovation covariance F W F^T + V")
     K = torch.cholesky_solve(F @ Q, L).mT
@@ -317,8 +320,13 @@ def _filter_elements(ssm):
     C = _sym(IKF @ Q @ IKF.mT + K @ V @ K.mT)
     SinvFG = torch.cholesky_solve(F @ G, L)
     J = _sym((F @ G).mT @ SinvFG)
-    r = y - _mv(F, mu)
-    b = mu + _mv(K, r)
+    return K, SinvFG, A, C, J
+
+
+def _filter_elements(ssm):
+    K, SinvFG, A, C, J = _filter_gains(ssm)
+    r = ssm.y - _mv(ssm.F, ssm.mu)
+    b = ssm.mu + _mv(K, r)
     eta = _mv(SinvFG.mT, r)
     return A, b, C, eta, J
 
@@ -353,6 +361,20 @@ def _filter_combine(ei, ej, mv=_mv):
     return A, b, C, eta, J
 
 
+def _previous(x):
+    """``x`` shifted one step along time (internal layout): ``x_{t-1}`` at ``t``, 0 at the first."""
+    return torch.cat([torch.zeros_like(x[:1]), x[:-1]])
+
+
+def _predicted_covs(ssm, P):
+    """One-step predicted covariances of ``x_t | y_{1:t-1}`` from the filtered ones ``P``
+    (with ``G[0] = 0`` the first one is the prior's), and the Cholesky factors of the
+    innovation covariances ``F Pp F^T + V``."""
+    Pp = _sym(ssm.G @ _previous(P) @ ssm.G.mT + ssm.Q)
+    Lv = _cholesky(ssm.F @ Pp @ ssm.F.mT + ssm.V, "innovation covariance F P F^T + V")
+    return Pp, Lv
+
+
 def _run_filter(ssm):
     """Filtered and one-step predicted moments plus the log-likelihood (internal layout)."""
     A, b, C, eta, J = _filter_elements(ssm)
@@ -361,12 +383,9 @@ def _run_filter(ssm):
     eta = eta.expand(b.shape)
     _, m, P, _, _ = associative_scan(_filter_combine, (A, b, C, eta, J))
     # One-step predictions x_t | y_{1:t-1}; with G[0] = 0 the first one is the prior.
-    m_prev = torch.cat([torch.zeros_like(m[:1]), m[:-1]])
-    P_prev = torch.cat([torch.zeros_like(P[:1]), P[:-1]])
-    mp = _mv(ssm.G, m_prev) + ssm.mu
-    Pp = _sym(ssm.G @ P_prev @ ssm.G.mT + ssm.Q)
+    mp = _mv(ssm.G, _previous(m)) + ssm.mu
+    Pp, Lv = _predicted_covs(ssm, P)
     e = ssm.y - _mv(ssm.F, mp)
-    Lv = _cholesky(ssm.F @ Pp @ ssm.F.mT + ssm.V, "innovation covariance F P F^T + V")
     z = torch.linalg.solve_triangular(Lv, e.unsqueeze(-1), upper=False).squeeze(-1)
     p = e.shape[-1]
     log_det = Lv.diagonal(dim1=-2, dim2=-1).log().sum(-1)
@@ -388,15 +407,7 @@ _filter_combine_columns = functools.partial(_filter_combine, mv=torch.matmul)
 def _run_whiten(ssm, Y):
     """Standardised innovations of the series ``Y`` ``(T, *b, p, n)`` (zero prior mean) and
     the log-determinant of the observed part of their covariance."""
-    G, F, Q, V = ssm.G, ssm.F, ssm.Q, ssm.V
-    eye = torch.eye(G.shape[-1], dtype=G.dtype, device=G.device)
-    L = _cholesky(F @ Q @ F.mT + V, "innovation covariance F W F^T + V")
-    K = torch.cholesky_solve(F @ Q, L).mT
-    IKF = eye - K @ F
-    A = IKF @ G
-    C = _sym(IKF @ Q @ IKF.mT + K @ V @ K.mT)
-    SinvFG = torch.cholesky_solve(F @ G, L)
-    J = _sym((F @ G).mT @ SinvFG)
+    K, SinvFG, A, C, J = _filter_gains(ssm)
     b = K @ Y
     eta = SinvFG.mT @ Y
     batch = torch.broadcast_shapes(b.shape[1:-2], A.shape[1:-2])
@@ -404,11 +415,8 @@ def _run_whiten(ssm, Y):
     eta = eta.expand(b.shape)
     A, C, J = [x.expand(x.shape[0], *batch, *x.shape[-2:]) for x in (A, C, J)]
     _, m, P, _, _ = associative_scan(_filter_combine_columns, (A, b, C, eta, J))
-    m_prev = torch.cat([torch.zeros_like(m[:1]), m[:-1]])
-    P_prev = torch.cat([torch.zeros_like(P[:1]), P[:-1]])
-    Pp = _sym(G @ P_prev @ G.mT + Q)
-    e = Y - F @ (G @ m_prev)
-    Lv = _cholesky(F @ Pp @ F.mT + V, "innovation covariance F P F^T + V")
+    _, Lv = _predicted_covs(ssm, P)
+    e = Y - ssm.F @ (ssm.G @ _previous(m))
     z = torch.linalg.solve_triangular(Lv, e, upper=False)
     log_det = 2 * Lv.diagonal(dim1=-2, dim2=-1).log().sum((0, -1))
     return z, log_det
@@ -816,7 +824,7 @@ def kalman_filter(
     :param init_cov: ``(..., S, S)`` covariance of ``x_1``.
     :returns: :class:`KalmanFilterResult`; means ``(..., T, S)``, covs ``(..., T, S, S)``.
     """
-    ssm = _prepare(
+    ssm = prepare_state_space(
         y,
         transition_matrix,
         observation_matrix,
@@ -893,7 +901,7 @@ def kalman_smoother(
 
     Arguments as :func:`kalman_filter`; needs invertible predicted covariances.
     """
-    ssm = _prepare(
+    ssm = prepare_state_space(
         y,
         transition_matrix,
         observation_matrix,
@@ -919,7 +927,7 @@ def _affine_combine(ei, ej):
     return Aj @ Ai, _mv(Aj, bi) + bj
 
 
-def _simulate_prior(ssm, num_samples):
+def simulate_prior(ssm, num_samples):
     """Joint prior draws ``(x, y)`` with a sample dim after time: ``(T, n, *b, .)``."""
     T, S, p = ssm.G.shape[0], ssm.G.shape[-1], ssm.F.shape[-2]
     batch = ssm.G.shape[1:-2]
@@ -951,7 +959,7 @@ def kalman_sample(
     :returns: ``(num_samples, ..., T, S)``.
     """
     num_samples = check_int(num_samples, "num_samples", low=0)
-    ssm = _prepare(
+    ssm = prepare_state_space(
         y,
         transition_matrix,
         observation_matrix,
@@ -960,7 +968,7 @@ def kalman_sample(
         init_mean,
         init_cov,
     )
-    x_plus, y_plus = _simulate_prior(ssm, num_samples)
+    x_plus, y_plus = simulate_prior(ssm, num_samples)
     y_diff = torch.where(ssm.mask.unsqueeze(1), ssm.y.unsqueeze(1) - y_plus, 0.0)
     add_sample_dim = dict(
         G=ssm.G.unsqueeze(1),
