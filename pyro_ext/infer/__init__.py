@@ -18,6 +18,7 @@ from .sgmcmc import (
     SamplerDivergenceError,
     SGMCMCKernel,
 )
+from .tuning import StepSizeTrial, StepSizeTuning, tune_step_size
 from .vis import VIS
 
 __all__ = [
@@ -36,5 +37,8 @@ __all__ = [
     "SGLD",
     "SGMCMCKernel",
     "SamplerDivergenceError",
+    "StepSizeTrial",
+    "StepSizeTuning",
     "VIS",
+    "tune_step_size",
 ]

@@ -370,7 +370,13 @@ class Gibbs(ParticleKernel):
             if isinstance(params, _GibbsParams):
                 continuous = params.continuous
         if self._step % self.every == 0:
-            self._sweep()
+            try:
+                self._sweep()
+            except torch.linalg.LinAlgError as error:
+                self.kernel.divergence = SamplerDivergenceError.from_model_error(
+                    self._step, self.num_particles, error
+                )
+                raise self.kernel.divergence from error
         continuous = self.kernel.sample(continuous)
         self._step += 1
         return self._params(continuous)

@@ -61,7 +61,7 @@ from pyro.poutine.util import site_is_subsample
 from torch.distributions import constraints
 
 from ..ops.validation import check_choice, check_int, check_positive
-from .sgmcmc.potential import LogJointMessenger, SupportMap
+from .sgmcmc.potential import LogJointMessenger, SupportMap, check_model_data
 from .sgmcmc.repulsion import RBFKernel, stein_coupling
 from .sgmcmc.updates import get_sampler
 
@@ -368,7 +368,9 @@ class VIS:
         rng_state = pyro.util.get_rng_state()
         with poutine.block():
             trace = poutine.trace(self.model).get_trace(*args, **kwargs)
+        check_model_data(self.model, args, kwargs, trace)
         pyro.util.set_rng_state(rng_state)
+        self._setup_trace = trace
         latents, plates, nesting = {}, set(), 0
         for name, site in trace.nodes.items():
             if site["type"] != "sample":
@@ -627,6 +629,8 @@ class VIS:
         num_samples = check_int(num_samples, "num_samples", low=1)
         if self._prototype is None:
             self._setup(args, kwargs)
+        else:
+            check_model_data(self.model, args, kwargs, self._setup_trace)
         with (
             poutine.trace() as tracer,
             pyro.plate("_vis_samples", num_samples, dim=-self.max_plate_nesting - 1),

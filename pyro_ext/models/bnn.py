@@ -18,6 +18,7 @@ helpers below evaluate a set of posterior draws in vectorised chunks.
 import math
 import numbers
 from collections.abc import Sequence
+from functools import partial
 
 import pyro
 import pyro.distributions as dist
@@ -238,7 +239,10 @@ class BayesianMLP(PyroModule):
         The start this model declares to the package's inference (SG-MCMC kernels, ARA
         training, natural-gradient VI) when none is given: :meth:`init_strategy` on the
         model's arguments. A kernel run as ``SGLD(net, ...)`` on ``mcmc.run(x, y)`` starts
-        as if passed ``init_strategy=net.init_strategy(x, y)``.
+        as if passed ``init_strategy=net.init_strategy(x, y)``. The observation site also
+        declares it (``infer={"default_init_strategy": ...}``), so a model that wraps the
+        network, ``SGLD(lambda x, y: net(x, y, subsample_size=64), ...)``, starts the same
+        way.
         """
         if x is None or y is None:
             return self.init_strategy()
@@ -340,15 +344,25 @@ class BayesianMLP(PyroModule):
                 "data", num, subsample_size=subsample_size, dim=-1, device=x.device
             ) as idx:
                 rows = self._network(x.index_select(0, idx))
-                obs = None if y is None else y.index_select(0, idx)
-                pyro.sample("obs", self.likelihood_dist(rows, precision), obs=obs)
+                self._observe(rows, precision, x, y, idx)
             return rows
         output = self._network(x)
         with pyro.plate("data", num, subsample_size=subsample_size, dim=-1, device=x.device) as idx:
             rows = output.index_select(-1 if self.out_features == 1 else -2, idx)
-            obs = None if y is None else y.index_select(0, idx)
-            pyro.sample("obs", self.likelihood_dist(rows, precision), obs=obs)
+            self._observe(rows, precision, x, y, idx)
         return output
+
+    def _observe(self, rows, precision, x, y, idx):
+        """The observation site ``obs`` of the data plate's rows ``idx``, given the network
+        output ``rows`` for them; it declares the model's start on the full data ``(x, y)``
+        (see :meth:`default_init_strategy`)."""
+        obs = None if y is None else y.index_select(0, idx)
+        pyro.sample(
+            "obs",
+            self.likelihood_dist(rows, precision),
+            obs=obs,
+            infer={"default_init_strategy": partial(self.default_init_strategy, x, y)},
+        )
 
     def _network(self, h):
         for i, layer in enumerate(self.layers):

@@ -207,7 +207,8 @@ class BONG:
         update the covariance grows by :math:`q I` (``q > 0``), tracking drifting
         parameters.
     :param callable init_strategy: a Pyro init strategy for the initial mean (default:
-        the model's ``default_init_strategy`` when it declares one, else a draw from the
+        the start the model declares (see
+        :meth:`~pyro_ext.infer.sgmcmc.ParticlePotential.declared_init_strategy`), else a draw from the
         prior, :func:`~pyro.infer.autoguide.init_to_sample`).
     :param dict unconstrained_prior: ``site -> (loc, scale)`` Gaussian priors on the
         unconstrained coordinates of sites whose prior is not a fixed Normal.
@@ -324,7 +325,7 @@ class BONG:
 
     # -- set-up --------------------------------------------------------------------------
     def _setup(self, args, kwargs):
-        potential = ParticlePotential(self.model, args, kwargs, vectorize="vmap")
+        potential = ParticlePotential(self.model, args, kwargs, vectorize="vmap", check_data=False)
         if potential.subsample_sizes:
             raise ValueError(
                 f"the model subsamples plate(s) {sorted(potential.subsample_sizes)}: an online "
@@ -332,7 +333,7 @@ class BONG:
                 "subsample_size out of the model's plates"
             )
         strategy = self.init_strategy
-        if strategy is None and not callable(getattr(self.model, "default_init_strategy", None)):
+        if strategy is None and potential.declared_init_strategy() is None:
             strategy = init_to_sample
         point = potential.initial_particles(1, strategy)[0]
         priors = potential.fixed_normal_priors(point)

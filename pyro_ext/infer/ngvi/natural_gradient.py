@@ -97,9 +97,9 @@ class NaturalGradientVI:
         default); ``False`` follows Algorithm 1 of the paper literally.
     :param callable init_loc_fn: a Pyro init strategy for the mean (as in Pyro's
         autoguides); by default the start the SG-MCMC kernels take: the model's declared
-        ``default_init_strategy`` (a :class:`~pyro_ext.models.BayesianMLP` starts as a
-        network's optimiser would), else uniform in ``(-2, 2)`` per unconstrained
-        coordinate.
+        start (a :class:`~pyro_ext.models.BayesianMLP` starts as a network's optimiser
+        would, also inside a wrapping model), else the prior-scaled start of
+        :meth:`~pyro_ext.infer.sgmcmc.ParticlePotential.initial_particles`.
     :param str vectorize: how the ``mc_samples`` draws are evaluated together (see
         :class:`~pyro_ext.infer.sgmcmc.ParticlePotential`).
     :param jit_compile: compile the update's elementwise arithmetic into one loop with

@@ -135,10 +135,13 @@ class SGMCMCKernel(ParticleKernel):
         into its optimiser (SGLD+R into SVGD), ``1`` samples the posterior.
     :param callable init_strategy: a Pyro initialisation strategy, applied to each
         particle independently. By default the model's own start when it declares one
-        (``model.default_init_strategy(*args, **kwargs)``, as
-        :class:`~pyro_ext.models.BayesianMLP` does), otherwise each unconstrained
-        coordinate is drawn uniformly in ``(-2, 2)``, as
-        :func:`~pyro.infer.autoguide.init_to_uniform` does.
+        (``model.default_init_strategy(*args, **kwargs)``, or a site's
+        ``infer={"default_init_strategy": factory}``: :class:`~pyro_ext.models.BayesianMLP`
+        declares its start both ways, so ``SGLD(lambda x, y: net(x, y, subsample_size=64),
+        ...)`` starts as ``SGLD(net, ...)`` does), otherwise a start scaled to the prior:
+        each unconstrained coordinate uniformly in its prior median ± 2 prior scales
+        (capped at ± 2, Pyro's :func:`~pyro.infer.autoguide.init_to_uniform`; see
+        :meth:`~pyro_ext.infer.sgmcmc.ParticlePotential.initial_particles`).
     :param jit_compile: ``False`` (default) runs each step eagerly. ``True`` traces the
         whole step once (gradient of all particles, coupling, preconditioner, noise and
         update; see :mod:`~pyro_ext.infer.sgmcmc.compiled`) and compiles it with
@@ -475,7 +478,15 @@ class SGMCMCKernel(ParticleKernel):
         if state is None:
             # Eager, or a compiled step that was not finite: the eager step from the same
             # inputs retries the repulsive factorisation or diagnoses the divergence.
-            log_density, grad = self.potential.log_density_and_grad(z, subsamples)
+            try:
+                log_density, grad = self.potential.log_density_and_grad(z, subsamples)
+            except torch.linalg.LinAlgError as error:
+                # A factorisation inside the model failed at the particles' values (a
+                # covariance that lost positive definiteness as a scale ran to 0).
+                self.divergence = SamplerDivergenceError.from_model_error(
+                    self._step, self.num_particles, error
+                )
+                raise self.divergence from error
             state, log_density, grad, ok = transition(
                 lambda s, g, e, n, c: self._update(s, g, e, n, c, adapt),
                 self._state,

@@ -8,6 +8,7 @@ from the plates, and all particles are evaluated in one :func:`torch.func.vmap` 
 shares one fresh subsample per plate and step.
 """
 
+import inspect
 import numbers
 import warnings
 from typing import NamedTuple
@@ -32,22 +33,41 @@ class SamplerDivergenceError(RuntimeError):
     :ivar list sites: latent sites whose gradient is not finite (empty when only the
         potential is).
     :ivar list particles: indices of the particles concerned.
+    :ivar str reason: what failed, when not a non-finite value (e.g. the model's Cholesky
+        factorisation of a covariance at the particles' values).
     """
 
-    def __init__(self, step, sites, particles):
+    def __init__(self, step, sites, particles, reason=None):
         self.step, self.sites, self.particles = step, list(sites), list(particles)
+        self.reason = reason
         where = f"in site(s) {', '.join(repr(s) for s in self.sites)}" if self.sites else ""
+        what = reason or f"non-finite potential or gradient {where}"
         super().__init__(
-            f"Sampler diverged at step {step}: non-finite potential or gradient {where} "
+            f"Sampler diverged at step {step}: {what} "
             f"for particle(s) {self.particles[:10]}{'...' if len(self.particles) > 10 else ''}. "
-            "Reduce the step size or check the model; draws collected before this step "
-            "are kept (see MCMC.get_samples())."
+            "Reduce the step size (pyro_ext.infer.tune_step_size picks one from a grid by "
+            "the kernel Stein discrepancy of short pilot runs) or check the model; draws "
+            "collected before this step are kept (see MCMC.get_samples())."
         )
 
     def __reduce__(self):
         # Rebuild from the constructor's arguments: the default pickling passes only the
         # message, which breaks the error's trip back from a worker process.
-        return type(self), (self.step, self.sites, self.particles)
+        return type(self), (self.step, self.sites, self.particles, self.reason)
+
+    @classmethod
+    def from_model_error(cls, step, num_particles, error):
+        """The divergence of a step at which the model itself failed on the particles'
+        values (a covariance no longer positive definite, say), naming the error."""
+        first_line = str(error).strip().splitlines()[0] if str(error).strip() else ""
+        return cls(
+            step,
+            [],
+            range(num_particles),
+            reason=f"the model raised {type(error).__name__.lstrip('_')} ({first_line}) at the "
+            "particles' "
+            "values",
+        )
 
 
 def _base_support(support):
@@ -207,6 +227,124 @@ class LogJointMessenger(Messenger):
         self.log_joint = self.log_joint + log_prob
 
 
+def _first_bad_index(bad: torch.Tensor) -> tuple:
+    return tuple(int(i) for i in bad.nonzero()[0])
+
+
+def _nonfinite_arguments(model, args, kwargs) -> list[str]:
+    """``"argument 'y' has NaN first at index (17,)"`` for each floating-point tensor
+    among the model's arguments that holds NaN or infinite values."""
+    try:
+        bound = inspect.signature(model).bind(*args, **kwargs).arguments
+    except (TypeError, ValueError):  # no signature, or one that *args hides
+        bound = {f"#{i}": a for i, a in enumerate(args)} | dict(kwargs)
+    found = []
+    for name, value in bound.items():
+        leaves, spec = torch.utils._pytree.tree_flatten(value)
+        for position, leaf in enumerate(leaves):
+            if not (isinstance(leaf, torch.Tensor) and leaf.is_floating_point()):
+                continue
+            bad = ~torch.isfinite(leaf)
+            if bool(bad.any()):
+                kind = "NaN" if bool(leaf[bad].isnan().any()) else "infinite values"
+                label = name if len(leaves) == 1 else f"{name}[{position}]"
+                label = f"positional argument {label[1:]}" if label.startswith("#") else label
+                found.append(f"{label!r} has {kind} first at index {_first_bad_index(bad)}")
+    return found
+
+
+def _check_observed_sites(trace, arguments, minibatch=None):
+    for name, site in trace.nodes.items():
+        if site["type"] != "sample" or not site["is_observed"] or site_is_subsample(site):
+            continue
+        value = site["value"]
+        if not (isinstance(value, torch.Tensor) and value.is_floating_point()):
+            continue
+        bad = ~torch.isfinite(value)
+        if not bool(bad.any()):
+            continue
+        # A NaN the site's support admits is a missing value (the pyro_ext.timeseries
+        # models marginalise them); an infinite value never is.
+        nan_allowed = bool(site["fn"].support.check(torch.full_like(value, float("nan"))).all())
+        if nan_allowed:
+            bad = bad & ~value.isnan()
+            if not bool(bad.any()):
+                continue
+        kind = "NaN" if bool(value[bad].isnan().any()) else "infinite"
+        where = f"first at index {_first_bad_index(bad)} of its {tuple(value.shape)} values"
+        if minibatch is not None:
+            where = f"in {minibatch}"
+        source = f" (the model's argument {'; '.join(arguments)})" if arguments else ""
+        raise ValueError(
+            f"observed site {name!r} holds {kind} values, {where}{source}; the "
+            "likelihood of those rows is not finite, so inference would diverge or return "
+            "NaN. Drop or impute them before inference (models that marginalise missing "
+            "values, such as those in pyro_ext.timeseries, take NaN where the observation "
+            "is missing)."
+        )
+
+
+def check_model_data(model, args, kwargs, trace) -> None:
+    """
+    Raise a :class:`ValueError` naming the observed site, the model argument and the first
+    bad index when the model's observed data hold NaN or infinite values (NaN where the
+    site's support admits it, a missing value, is fine).
+
+    ``trace`` is a trace of the model already run (its observed sites are checked as they
+    are). When a floating-point argument holds non-finite values, the model is run again
+    on ``args``/``kwargs`` over the whole data (in passes of each subsampled plate's
+    minibatch size; the latent sites keep the trace's values), so that a bad row is found now,
+    not at the first minibatch that draws it, nor never, when no minibatch does.
+    """
+    arguments = _nonfinite_arguments(model, args, kwargs)
+    plates = {
+        name: (site["fn"].size, site["fn"].subsample_size, site["value"])
+        for name, site in trace.nodes.items()
+        if site["type"] == "sample"
+        and site_is_subsample(site)
+        and (site["fn"].subsample_size or site["fn"].size) < site["fn"].size
+    }
+    _check_observed_sites(trace, arguments, "a minibatch" if plates else None)
+    if not arguments:
+        return
+    # Plates fix their subsample size, so the whole data is covered in minibatches of
+    # that size: pass k takes rows [k b, (k + 1) b) (mod N) of every subsampled plate.
+    latents = {
+        name: site["value"]
+        for name, site in trace.nodes.items()
+        if site["type"] == "sample" and not site["is_observed"] and not site_is_subsample(site)
+    }
+    passes = max((-(-size // batch) for size, batch, _ in plates.values()), default=1)
+    for k in range(passes):
+        rows = {
+            name: torch.arange(k * batch, (k + 1) * batch, device=like.device) % size
+            for name, (size, batch, like) in plates.items()
+        }
+        with (
+            torch.no_grad(),
+            pyro.validation_enabled(False),
+            pyro.poutine.block(),
+            pyro.poutine.trace() as tracer,
+            LogJointMessenger(latents, rows, strict=False, block=False),
+        ):
+            model(*args, **kwargs)
+        minibatch = ", ".join(
+            f"rows {k * batch % size}-{((k + 1) * batch - 1) % size} of plate {name!r}"
+            for name, (size, batch, _) in plates.items()
+        )
+        _check_observed_sites(tracer.trace, arguments, minibatch or None)
+        for name, site in tracer.trace.nodes.items():
+            if site["type"] == "sample" and site["is_observed"] and not site_is_subsample(site):
+                log_prob = site["fn"].log_prob(site["value"], *site["args"], **site["kwargs"])
+                if bool(log_prob.isnan().any()):
+                    raise ValueError(
+                        f"the log density of observed site {name!r} is NaN"
+                        f"{' in ' + minibatch if minibatch else ''} because the model's "
+                        f"argument {'; '.join(arguments)}. Drop or impute the non-finite "
+                        "entries before inference."
+                    )
+
+
 def _subsampled_frames(site):
     return [
         f for f in site["cond_indep_stack"] if f.full_size is not None and f.full_size != f.size
@@ -242,6 +380,9 @@ class ParticlePotential:
         every evaluation conditions them on per-particle values, :attr:`conditioned`.
     :param int max_support_size: the most values a discrete site's elements may take
         (each is enumerated by a Gibbs move).
+    :param bool check_data: check the observed data at setup and on :meth:`set_data`
+        (:func:`check_model_data`); ``False`` for a caller that handles NaN itself (the
+        online filters skip missing observations and report NaN inputs with the step).
     """
 
     def __init__(
@@ -252,8 +393,10 @@ class ParticlePotential:
         vectorize="auto",
         discrete_sites=(),
         max_support_size=64,
+        check_data=True,
     ):
         check_choice(vectorize, "vectorize", VECTORIZE)
+        self.check_data = bool(check_data)
         self.discrete_sites = tuple(discrete_sites)
         self.max_support_size = max_support_size
         #: name -> :class:`DiscreteSite` of the sites in ``discrete_sites``
@@ -273,12 +416,28 @@ class ParticlePotential:
 
     def _read_structure(self):
         """Run the model once: its latent sites' layout and its subsampled plates' sizes."""
-        with pyro.poutine.block():
-            trace = pyro.poutine.trace(self.model).get_trace(*self.model_args, **self.model_kwargs)
+        try:
+            with pyro.poutine.block():
+                trace = pyro.poutine.trace(self.model).get_trace(
+                    *self.model_args, **self.model_kwargs
+                )
+        except ValueError as error:
+            # Pyro's argument validation meets the non-finite data first: say which.
+            arguments = _nonfinite_arguments(self.model, self.model_args, self.model_kwargs)
+            if not arguments or not self.check_data:
+                raise
+            first_line = str(error).splitlines()[0]
+            raise ValueError(
+                f"the model failed on its data ({first_line}): the model's argument "
+                f"{'; '.join(arguments)}. Drop or impute the non-finite entries before "
+                "inference."
+            ) from error
         previous = getattr(self, "layout", None)
         self.layout: dict[str, _SiteLayout] = {}
         self.discrete_layout = {}
         self._check_discrete_names(trace)
+        if self.check_data:
+            check_model_data(self.model, self.model_args, self.model_kwargs, trace)
         self.subsample_sizes: dict[str, tuple[int, int]] = {}
         start = 0
         for name, site in trace.nodes.items():
@@ -411,6 +570,8 @@ class ParticlePotential:
         long as the shapes stay.
         """
         reshaped = self._shapes(args, kwargs) != self._shapes(self.model_args, self.model_kwargs)
+        if not reshaped and self.check_data:
+            check_model_data(self.model, args, kwargs, self._trace)
         self.model_args, self.model_kwargs = tuple(args), dict(kwargs)
         if reshaped:
             self._read_structure()
@@ -546,22 +707,94 @@ class ParticlePotential:
             columns.append(value.reshape(num_particles, -1))
         return torch.cat(columns, dim=-1)
 
+    def declared_init_strategy(self):
+        """
+        The start the model declares, or ``None``: ``model.default_init_strategy(*args,
+        **kwargs)`` when the model has that method (:class:`~pyro_ext.models.BayesianMLP`
+        has), otherwise the first sample site whose ``infer`` dict holds a
+        ``"default_init_strategy"`` factory (called with no arguments). The second form lets
+        a module declare its start from inside a model that wraps it, as in
+        ``SGLD(lambda x, y: net(x, y, subsample_size=64), ...)``.
+        """
+        declared = getattr(self.model, "default_init_strategy", None)
+        if callable(declared):
+            return declared(*self.model_args, **self.model_kwargs)
+        for site in self._trace.nodes.values():
+            factory = site.get("infer", {}).get("default_init_strategy")
+            if site["type"] == "sample" and callable(factory):
+                return factory()
+        return None
+
+    def _prior_center_and_spread(self, name: str, num_draws: int = 256):
+        """
+        Per unconstrained coordinate of site ``name``: the centre and scale of its prior
+        (the scale at most 1). A real-valued site with a finite mean and standard
+        deviation gives those; otherwise the median and the interquartile range / 1.349
+        of ``num_draws`` prior draws (fewer for large sites), moved to unconstrained
+        space; ``(0, 1)`` where the prior cannot be sampled or its draws are not finite.
+        A prior that depends on other latent sites is taken at the set-up trace's values
+        of those.
+        """
+        s = self.layout[name]
+        fn = self._trace.nodes[name]["fn"]
+        like = self._trace.nodes[name]["value"]
+        center = like.new_zeros(s.end - s.start)
+        spread = like.new_ones(s.end - s.start)
+        if s.is_real:
+            try:
+                mean = fn.mean.expand(like.shape).reshape(-1).to(like.dtype)
+                sd = fn.stddev.expand(like.shape).reshape(-1).to(like.dtype)
+            except (NotImplementedError, RuntimeError, ValueError):
+                mean = sd = None
+            if mean is not None and bool(torch.isfinite(mean).all() & torch.isfinite(sd).all()):
+                ok = sd > 0
+                return torch.where(ok, mean, center), torch.where(ok, sd.clamp(max=1.0), spread)
+        num_draws = max(8, min(num_draws, (1 << 22) // max(1, s.end - s.start)))
+        try:
+            with torch.no_grad():
+                draws = fn.sample((num_draws,))
+                draws = s.transform.inv(draws).reshape(num_draws, -1).to(like.dtype)
+        except (NotImplementedError, RuntimeError, ValueError):
+            return center, spread
+        if draws.shape[-1] != center.numel():
+            return center, spread
+        quartiles = torch.quantile(draws, draws.new_tensor([0.25, 0.5, 0.75]), dim=0)
+        robust_scale = ((quartiles[2] - quartiles[0]) / 1.349).clamp(max=1.0)
+        ok = torch.isfinite(quartiles).all(0) & (robust_scale > 0)
+        return torch.where(ok, quartiles[1], center), torch.where(ok, robust_scale, spread)
+
     def initial_particles(self, num_particles: int, init_strategy=None, radius=2.0) -> torch.Tensor:
         """
         Draw ``num_particles`` flat unconstrained starting points by running a Pyro
-        ``init_strategy`` once per particle. Without one, the model's own start when it
-        declares one, ``model.default_init_strategy(*model_args, **model_kwargs)``
-        (:class:`~pyro_ext.models.BayesianMLP` does); otherwise uniformly in ``(-radius,
-        radius)`` per unconstrained coordinate (what
-        :func:`~pyro.infer.autoguide.init_to_uniform` does, for all particles at once).
+        ``init_strategy`` once per particle. Without one, the model's declared start
+        (:meth:`declared_init_strategy`); otherwise the prior-scaled start: each
+        unconstrained coordinate uniformly in ``median ± radius * scale``, with the
+        median and the robust scale (capped at 1) of that coordinate under its prior
+        (:meth:`_prior_center_and_spread`), and, for a median inside Pyro's box
+        ``(-radius, radius)``, within that box. For a unit-scale prior centred at zero
+        this is Pyro's :func:`~pyro.infer.autoguide.init_to_uniform`; a ``Normal(0,
+        0.1)`` weight starts in ``(-0.2, 0.2)`` instead of up to 20 prior standard
+        deviations out, and a ``Normal(5, 0.1)`` one in ``(4.8, 5.2)``.
         """
-        declared = getattr(self.model, "default_init_strategy", None)
-        if init_strategy is None and callable(declared):
-            init_strategy = declared(*self.model_args, **self.model_kwargs)
         if init_strategy is None:
-            first = self._trace.nodes[next(iter(self.layout))]["value"]
-            u = torch.rand(num_particles, self.dim, dtype=first.dtype, device=first.device)
-            return (2 * u - 1) * radius
+            init_strategy = self.declared_init_strategy()
+        if init_strategy is None:
+            columns = []
+            for name in self.layout:
+                center, spread = self._prior_center_and_spread(name)
+                low, high = center - radius * spread, center + radius * spread
+                # Inside Pyro's box (-radius, radius) only narrower, never wider: a noise
+                # scale started far below its usual start gives a first gradient of order
+                # 1 / scale^2 that throws the chain out; a prior centred outside the box
+                # moves the whole interval.
+                inside = center.abs() < radius
+                low = torch.where(inside, low.clamp(min=-radius), low)
+                high = torch.where(inside, high.clamp(max=radius), high)
+                u = torch.rand(
+                    num_particles, center.numel(), dtype=center.dtype, device=center.device
+                )
+                columns.append(low + u * (high - low))
+            return torch.cat(columns, -1)
         draws = []
         for _ in range(num_particles):
             with pyro.poutine.block():
