@@ -112,9 +112,26 @@ def check_bsts_peers(text):
     assert "| **truth** | " in sections[1] and "| **truth** | " not in sections[0]
 
 
+def check_first_try(text):
+    # Every start's rows and both baselines; the default start (declared by the wrapped
+    # network) beats predicting the mean at both step sizes, where it used to do far worse.
+    rows = {
+        (row.split("|")[1].strip(), row.split("|")[2].strip()): row.split("|")[3].strip()
+        for row in text.splitlines()
+        if row.startswith("| ") and "start |" not in row
+    }
+    mean = float(rows[("predict the training mean", "-")])
+    assert float(rows[("ridge regression (LOO penalty)", "-")]) < mean
+    for step in ("1e-04", "1e-03"):
+        assert float(rows[("default (the network's declared start)", step)]) < mean, step
+        assert ("init_to_uniform (Pyro's default, the package's before)", step) in rows
+    assert any(label == "default start, tune_step_size's pick" for label, _ in rows)
+
+
 #: content checks of a quick run's results, beyond "a table was written", by script name
 CONTENT_CHECKS = {
     "bsts_peers": check_bsts_peers,
+    "first_try": check_first_try,
     "bsts_selection": check_bsts_selection,
     "online": check_online,
     "online_bandits": check_online_bandits,
