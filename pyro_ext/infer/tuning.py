@@ -112,8 +112,8 @@ def tune_step_size(
     arguments ``*args, **kwargs`` from the same seed (so the candidates differ only in
     their step size), keeps the draws of all particles after ``burn_in`` steps (thinned
     to at most ``max_draws``) and scores them by their KSD to the posterior, with the
-    whole-data score at each draw (see :func:`_full_data_score`). A pilot that diverges
-    scores ``inf``. The step size of the smallest KSD is returned with every trial.
+    whole-data score at each draw (a subsampled plate is covered in passes of its
+    minibatch size, whose gradients are averaged). A pilot that diverges scores ``inf``. The step size of the smallest KSD is returned with every trial.
 
     Pilot length matters: the KSD favours the step that gets closest to the posterior in
     ``num_steps`` steps, so a pilot much shorter than the run it tunes favours large
