@@ -5,6 +5,7 @@ import pyro.distributions as dist
 import pytest
 import torch
 from pyro.infer.autoguide import AutoNormal
+from torch.distributions.transforms import AffineTransform
 
 from pyro_ext.infer import MCMC, SGLD, VIS
 from pyro_ext.infer.sgmcmc import ParticlePotential
@@ -150,3 +151,19 @@ def test_a_wrapped_network_starts_as_the_network_declares():
     # The data-informed noise precision (1 / mean squared residual ~ 1 / 3400), not a
     # unit-scale draw that makes the first step of any sampler diverge.
     assert (precision.exp() < 1e-2).all()
+
+
+def test_priors_without_finite_or_analytic_moments_are_scaled_from_their_draws():
+    # A TransformedDistribution has no analytic mean (NotImplementedError), a Cauchy no
+    # finite one: both are centred and scaled by the median and IQR of prior draws.
+    def model():
+        shifted = dist.TransformedDistribution(
+            dist.Normal(torch.zeros(30), 1.0), [AffineTransform(5.0, 0.1)]
+        )
+        pyro.sample("affine", shifted.to_event(1))
+        pyro.sample("heavy", dist.Cauchy(torch.full((30,), 3.0), 0.01).to_event(1))
+
+    potential = ParticlePotential(model)
+    z = potential.unflatten(potential.initial_particles(20))
+    assert (z["affine"] - 5).abs().max() < 0.4 and (z["affine"] - 5).abs().max() > 0.1
+    assert (z["heavy"] - 3).abs().max() < 0.1

@@ -744,7 +744,7 @@ class ParticlePotential:
             try:
                 mean = fn.mean.expand(like.shape).reshape(-1).to(like.dtype)
                 sd = fn.stddev.expand(like.shape).reshape(-1).to(like.dtype)
-            except (NotImplementedError, RuntimeError, ValueError):
+            except NotImplementedError:  # no analytic moments (a TransformedDistribution)
                 mean = sd = None
             if mean is not None and bool(torch.isfinite(mean).all() & torch.isfinite(sd).all()):
                 ok = sd > 0
@@ -754,7 +754,7 @@ class ParticlePotential:
             with torch.no_grad():
                 draws = fn.sample((num_draws,))
                 draws = s.transform.inv(draws).reshape(num_draws, -1).to(like.dtype)
-        except (NotImplementedError, RuntimeError, ValueError):
+        except NotImplementedError:  # a distribution that cannot draw more than one value
             return center, spread
         if draws.shape[-1] != center.numel():
             return center, spread
