@@ -71,6 +71,42 @@ def test_new_data_with_nan_is_refused_by_set_data():
     potential.set_data(y + 1)  # clean data of the same shape is taken
 
 
+def test_set_data_checks_data_once_until_it_changes(monkeypatch):
+    # A loop that passes the whole data set at every step (NaturalGradientVI.step(x, y))
+    # is checked once; a new tensor, or one written in place since, is checked again.
+    import pyro_ext.infer.sgmcmc.potential as potential_module
+
+    calls = []
+    check = potential_module.check_model_data
+    monkeypatch.setattr(
+        potential_module, "check_model_data", lambda *a: calls.append(1) or check(*a)
+    )
+    y = torch.randn(50)
+    potential = ParticlePotential(lambda y, scale=1.0: regression(y * scale, 10), (y,))
+    calls.clear()
+    for _ in range(3):
+        potential.set_data(y)
+    assert calls == []
+    potential.set_data(y, scale=2.0)  # another non-tensor argument
+    potential.set_data(y.clone(), scale=2.0)  # another tensor
+    assert len(calls) == 2
+    y[3] = float("nan")  # in place: the version counter moves
+    with pytest.raises(ValueError, match=r"'y' has NaN first at index \(3,\)"):
+        potential.set_data(y)
+
+
+def test_natural_gradient_vi_finds_nan_written_into_its_data_between_steps():
+    from pyro_ext.infer import NaturalGradientVI
+
+    y = torch.randn(40)
+    vi = NaturalGradientVI(lambda y: regression(y, 10))
+    for _ in range(3):
+        vi.step(y)
+    y[17] = float("inf")
+    with pytest.raises(ValueError, match=r"'y' has infinite values first at index \(17,\)"):
+        vi.step(y)
+
+
 def test_nan_marking_missing_values_is_accepted_where_the_model_marginalises_it():
     # DLMDistribution's support admits NaN (a missing observation): not an error.
     y = torch.randn(30, dtype=torch.float64).cumsum(0)
