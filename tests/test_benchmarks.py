@@ -80,6 +80,21 @@ def check_bsts_selection(text):
         assert number(row[12]) > 0.9, row  # split-R-hat
         assert all(float(v) > 0 for v in row[13].split(" / ")), row
     assert "## The simulated truths" in text and "| 100 |" in text
+    # The exact oracles: each one's row per variant with probabilities in [0, 1], and the
+    # grid of priors of the oracle of the model's form.
+    oracles = text.split("## What any method could reach: exact oracles")[1]
+    for variant in ("RF", "RA"):
+        for structure in ("all known", "level unknown", "the model's form"):
+            row = next(
+                r
+                for r in oracles.splitlines()
+                if r.startswith(f"| oracle: {structure} | {variant} |")
+            )
+            for cell in row.split("|")[4:8]:
+                if cell.strip() != "n/a":
+                    assert 0 <= number(cell) <= 1, row
+    grid = [r for r in oracles.split("both targets")[-1].splitlines() if r.startswith("| ")]
+    assert len(grid) == 24  # 4 expected model sizes x 3 slab sds x 2 seasonals
 
 
 def check_bsts_peers(text):
@@ -128,10 +143,33 @@ def check_first_try(text):
     assert any(label == "default start, tune_step_size's pick" for label, _ in rows)
 
 
+def check_ngvi(text):
+    # UCI: every method's row with a finite test LL and RMSE, and a validation search of
+    # each VI method's own (VOGN included); MNIST: each method's accuracy / NLL / ECE after
+    # the quick run's epoch, the target's verdict, and the parts of a step with the floor.
+    uci, mnist = text.split("\n## ")[1:3]
+    for method in ("IVON (ours)", "VOGN (ours)", "Bayes-by-backprop", "SGLD", "Adam+NR"):
+        row = next(r for r in uci.splitlines() if r.startswith(f"| yacht | {method} |"))
+        ll, rmse = (float(cell.strip()) for cell in row.split("|")[4:6])
+        assert ll == ll and 0 < rmse < 1e3, row
+    search = uci.split("### Validation search")[1]
+    for method in ("IVON (ours)", "VOGN (ours)", "Bayes-by-backprop"):
+        assert f"| yacht | {method} | lr " in search, method
+    for method in ("IVON (ours)", "IVON (`ivon-opt`)", "Bayes-by-backprop", "Adam (MAP)"):
+        row = next(r for r in mnist.splitlines() if r.startswith(f"| {method} |"))
+        if "not installed" in row:
+            continue
+        accuracy, nll, ece = (float(v) for v in row.split("|")[2].split(" / "))
+        assert 0 <= accuracy <= 1 and nll > 0 and 0 <= ece <= 1, row
+    assert "- after 1 epoch(s): **target " in mnist
+    assert "| floor of any IVON step: forward + backward, then D normals |" in mnist
+
+
 #: content checks of a quick run's results, beyond "a table was written", by script name
 CONTENT_CHECKS = {
     "bsts_peers": check_bsts_peers,
     "first_try": check_first_try,
+    "ngvi": check_ngvi,
     "bsts_selection": check_bsts_selection,
     "online": check_online,
     "online_bandits": check_online_bandits,
