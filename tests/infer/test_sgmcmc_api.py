@@ -246,9 +246,11 @@ def test_checkpoint_resume_gives_identical_draws(tmp_path, kernel_class):
     assert torch.equal(resumed.get_samples()["w"], reference.get_samples()["w"])
 
 
-def test_a_factorisation_failing_inside_the_model_is_a_divergence_with_the_step():
+@pytest.mark.parametrize("jit_compile", [False, "trace", True])
+def test_a_factorisation_failing_inside_the_model_is_a_divergence_with_the_step(jit_compile):
     # A variance run to 0 makes the model's covariance singular and its Cholesky raise.
-    # That is a divergence at that step, the draws so far kept, not a raw LinAlgError.
+    # That is a divergence at that step, the draws so far kept, not a raw LinAlgError; a
+    # compiled step hands the failing step to the eager one, which reports it the same way.
     def model():
         s = pyro.sample("s", dist.Normal(0.0, 1.0))
         pyro.factor("pull", -1e4 * s)  # ... which the first step of size 1 throws to -5000
@@ -261,6 +263,7 @@ def test_a_factorisation_failing_inside_the_model_is_a_divergence_with_the_step(
         step_size=1.0,
         num_particles=2,
         init_strategy=init_to_value(values={"s": torch.tensor(0.0)}),
+        jit_compile=jit_compile,
     )
     mcmc = MCMC(kernel, num_samples=20, warmup_steps=0, disable_progbar=True)
     with pytest.raises(SamplerDivergenceError, match=r"step 1: the model raised LinAlgError"):

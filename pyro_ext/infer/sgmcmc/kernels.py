@@ -461,16 +461,23 @@ class SGMCMCKernel(ParticleKernel):
         deferred = False
         if self._compiled is not None and self._step >= self._eager_until:
             step_size_t, adapt_t = self._tensor_inputs(step_size, adapt, z)
-            output = self._compiled(
-                self._state,
-                noise,
-                step_size_t,
-                adapt_t,
-                subsamples,
-                self.potential.model_args,
-                self.potential.model_kwargs,
-            )
-            if deferred_checks:
+            try:
+                output = self._compiled(
+                    self._state,
+                    noise,
+                    step_size_t,
+                    adapt_t,
+                    subsamples,
+                    self.potential.model_args,
+                    self.potential.model_kwargs,
+                )
+            except torch.linalg.LinAlgError:
+                # A factorisation inside the model failed at these particles: the eager
+                # step below, from the same inputs, reports it as a divergence at this step.
+                output = None
+            if output is None:
+                pass
+            elif deferred_checks:
                 state, log_density, deferred = output.state, output.log_density, True
                 self._pending_ok.append(output.ok)
             elif bool(output.ok):
