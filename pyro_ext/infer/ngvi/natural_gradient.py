@@ -145,7 +145,7 @@ class NaturalGradientVI:
         if jit_compile is not None and not isinstance(jit_compile, bool):
             raise TypeError(f"jit_compile must be None or a bool, got {type(jit_compile).__name__}")
         self.jit_compile = jit_compile
-        self._compiled_update = None
+        self._step_functions = None
         self.vectorize = vectorize
         self.potential = None
         self.state = None
@@ -258,18 +258,18 @@ class NaturalGradientVI:
         ATen's (inductor's CPU generator is ten times slower), so the compiled step draws
         what the eager one draws.
         """
-        if self._compiled_update is None:
+        if self._step_functions is None:
             compile_it = self.jit_compile
             if compile_it is None:
                 compile_it = self.potential.dim >= _COMPILE_FROM
             if compile_it:
-                self._compiled_update = (
+                self._step_functions = (
                     torch.compile(self._perturb, dynamic=False),
                     torch.compile(self._update, dynamic=False),
                 )
             else:
-                self._compiled_update = (self._perturb, self._update)
-        return self._compiled_update
+                self._step_functions = (self._perturb, self._update)
+        return self._step_functions
 
     def _pseudo_outputs(self, theta, subsamples):
         """

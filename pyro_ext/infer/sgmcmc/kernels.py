@@ -475,12 +475,10 @@ class SGMCMCKernel(ParticleKernel):
                 # A factorisation inside the model failed at these particles: the eager
                 # step below, from the same inputs, reports it as a divergence at this step.
                 output = None
-            if output is None:
-                pass
-            elif deferred_checks:
+            if output is not None and deferred_checks:
                 state, log_density, deferred = output.state, output.log_density, True
                 self._pending_ok.append(output.ok)
-            elif bool(output.ok):
+            elif output is not None and bool(output.ok):
                 state, log_density = output.state, output.log_density
         if state is None:
             # Eager, or a compiled step that was not finite: the eager step from the same

@@ -591,9 +591,8 @@ class ParticlePotential:
         for its check once, not once per step (a scan of MNIST's 47 million pixels costs
         more than the step).
         """
-        checked = getattr(self, "_checked_versions", None)
-        current = self._versions(args, kwargs)
-        if checked is None or len(checked) != len(current):
+        checked, current = self._checked_versions, self._versions(args, kwargs)
+        if len(checked) != len(current):
             return False
         for (old, old_version), (new, new_version) in zip(checked, current):
             if isinstance(new, torch.Tensor):
