@@ -152,9 +152,13 @@ def check_ngvi(text):
         row = next(r for r in uci.splitlines() if r.startswith(f"| yacht | {method} |"))
         ll, rmse = (float(cell.strip()) for cell in row.split("|")[4:6])
         assert ll == ll and 0 < rmse < 1e3, row
+    assert "\nRefits: " in uci  # the finite-failure refits are listed, or "none."
     search = uci.split("### Validation search")[1]
     for method in ("IVON (ours)", "VOGN (ours)", "Bayes-by-backprop"):
         assert f"| yacht | {method} | lr " in search, method
+    for method in ("IVON (ours)", "VOGN (ours)"):  # the clip stage ran for both
+        row = next(r for r in search.splitlines() if r.startswith(f"| yacht | {method} |"))
+        assert ", clip 3: " in row and ", clip 1: " in row, row
     for method in ("IVON (ours)", "IVON (`ivon-opt`)", "Bayes-by-backprop", "Adam (MAP)"):
         row = next(r for r in mnist.splitlines() if r.startswith(f"| {method} |"))
         if "not installed" in row:

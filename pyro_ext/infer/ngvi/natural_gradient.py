@@ -92,7 +92,16 @@ class NaturalGradientVI:
     :param int mc_samples: draws per step.
     :param float weight_decay: ``None`` (default): the model's priors; a number replaces
         them (see above).
-    :param float clip_radius: clips each coordinate of the mean's step direction.
+    :param float clip_radius: clips each coordinate of the mean's step direction
+        :math:`(\hat g + \delta m)/(h + \delta)` to ``[-clip_radius, clip_radius]``
+        (``ivon-opt``'s ``clip_radius``); by default no clip. A learned Gaussian noise
+        precision is the usual reason to set one: a minibatch of large residuals gives its
+        log a gradient :math:`\tfrac12(\tau r^2 - 1)` that ``h`` does not track (a Newton
+        step down on it is less than 1 whatever the residuals), so one step can collapse
+        the precision and leave a finite fit that predicts worse than a constant. A radius
+        of 1 to 3 bounds such steps but does not rule the failure out: check a fit's
+        posterior predictive on its training data (``benchmarks/ngvi.py`` refits a run that
+        scores below the constant predictor).
     :param bool rescale_lr: multiply ``lr`` by ``hess_init + delta`` (``ivon-opt``'s
         default); ``False`` follows Algorithm 1 of the paper literally.
     :param callable init_loc_fn: a Pyro init strategy for the mean (as in Pyro's
