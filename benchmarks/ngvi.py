@@ -87,13 +87,14 @@ Every figure below is measured by this script in the same run, from fixed seeds.
    rest: IVON on ``MNIST_IVON_GRID`` (lr x hess_init; ``--mnist-beta2`` 0.99999,
    ``ivon-opt``'s default, and mc_samples 1), Bayes-by-backprop and Adam on their
    learning rates (``MNIST_BBB_LRS``, ``MNIST_ADAM_LRS``); ``ivon-opt`` takes IVON's
-   choice.
-   ``--mnist-seeds N`` repeats the runs for seeds 0..N-1 (each seed its own start and random
-   stream, shared by the four methods): the scores become mean ± standard error over seeds,
-   and the verdict adds IVON's paired differences to MAP and Bayes-by-backprop with their
-   standard errors (the seed-to-seed spread of a 10-epoch NLL is as large as the gaps the
-   target compares); times and the profile come from seed 0. The report lists every setting's hold-out NLL. Without it, ``--mnist-lr`` (0.5),
+   choice. The report lists every setting's hold-out NLL. Without it, ``--mnist-lr`` (0.5),
    ``--mnist-hess-init`` (1), ``--mnist-bbb-lr`` and ``--mnist-adam-lr`` (1e-3).
+
+   ``--mnist-seeds N`` repeats the runs for seeds 0..N-1 (each seed its own start and random
+   stream, shared by the four methods; default 1, quick 2): the scores become mean ± standard
+   error over seeds, and the verdict adds IVON's paired differences to MAP and
+   Bayes-by-backprop with their standard errors (the seed-to-seed spread of a 10-epoch NLL is
+   as large as the gaps the target compares); times and the profile come from seed 0.
 
 Run from the repository root::
 
@@ -911,7 +912,7 @@ def mnist_section(args, quick):
             choice["bbb"]["bbb_lr"],
             choice["adam"]["adam_lr"],
         )
-    seeds = range(args.mnist_seeds)
+    seeds = range(args.mnist_seeds or (2 if quick else 1))  # quick: the multi-seed path too
     runs_by_seed = []  # per seed: method -> (times, scores by epoch, step) or None
     for seed in seeds:
         start = mnist_start(seed)
@@ -1127,8 +1128,9 @@ def main():
     parser.add_argument(
         "--mnist-seeds",
         type=int,
-        default=1,
-        help="MNIST runs per method, seeds 0..N-1 (start and random stream); scores as mean ± SE",
+        default=None,
+        help="MNIST runs per method, seeds 0..N-1 (start and random stream); scores as mean ± SE "
+        "(default 1; quick 2)",
     )
     parser.add_argument("--mnist-lr", type=float, default=0.5, help="IVON's lr on MNIST")
     parser.add_argument("--mnist-hess-init", type=float, default=1.0, help="IVON's h0 on MNIST")
@@ -1144,6 +1146,8 @@ def main():
     parser.add_argument("--skip-uci", action="store_true")
     parser.add_argument("--skip-mnist", action="store_true")
     args = parser.parse_args()
+    if args.mnist_seeds is not None and args.mnist_seeds < 1:
+        parser.error(f"--mnist-seeds must be at least 1, got {args.mnist_seeds}")
     torch.set_num_threads(1)
     began = time.perf_counter()
 
