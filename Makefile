@@ -7,7 +7,7 @@ PIP := $(PY) -m pip install --disable-pip-version-check -q -c constraints.txt
 SHARED_DATA := $(abspath ../shared/data)
 export PYRO_EXT_DATA ?= $(if $(wildcard $(SHARED_DATA)),$(SHARED_DATA),)
 
-.PHONY: demo test test-slow bench lint format docs clean
+.PHONY: demo test test-integration test-all test-slow bench lint format docs clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -52,8 +52,17 @@ demo: $(VENV)/.installed-demo
 	$(PY) -m pyro_ext.demo
 
 # pytest exits 5 when it collects no test: that is not a failure of the suite.
+# The default run: every module's unit tests, about five minutes on 2 cores. The slowest
+# tests are listed at the end, so that they stay in view.
 test: $(VENV)/.installed-test
-	$(PY) -m pytest -n 2 -q; rc=$$?; if [ $$rc -eq 5 ]; then exit 0; fi; exit $$rc
+	$(PY) -m pytest -n 2 -q --durations=20; rc=$$?; if [ $$rc -eq 5 ]; then exit 0; fi; exit $$rc
+
+# End to end: each benchmark's quick mode, each demo chapter and each tutorial notebook.
+test-integration: $(VENV)/.installed-test
+	$(PY) -m pytest -n 2 -q --durations=10 -m "integration and not slow"; rc=$$?; if [ $$rc -eq 5 ]; then exit 0; fi; exit $$rc
+
+# What CI runs: the two above.
+test-all: test test-integration
 
 test-slow: $(VENV)/.installed-test
 	$(PY) -m pytest -n 2 -q -m slow; rc=$$?; if [ $$rc -eq 5 ]; then exit 0; fi; exit $$rc

@@ -8,6 +8,9 @@ from pathlib import Path
 
 import pytest
 
+# End-to-end runs: `make test-integration` (CI runs it after `make test`).
+pytestmark = pytest.mark.integration
+
 BENCHMARKS = sorted((Path(__file__).resolve().parents[1] / "benchmarks").glob("[!_]*.py"))
 
 

@@ -7,6 +7,9 @@ import pytest
 
 from pyro_ext import demo
 
+# End-to-end runs: `make test-integration` (CI runs it after `make test`).
+pytestmark = pytest.mark.integration
+
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 # What each chapter draws: the files of its figures folder, without ".png".

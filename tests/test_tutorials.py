@@ -5,6 +5,9 @@ from pathlib import Path
 
 import pytest
 
+# End-to-end runs: `make test-integration` (CI runs it after `make test`).
+pytestmark = pytest.mark.integration
+
 nbformat = pytest.importorskip("nbformat")
 nbclient = pytest.importorskip("nbclient")
 pytest.importorskip("ipykernel")

@@ -6,19 +6,22 @@ Reusable numerics, as :mod:`pyro.ops` is for Pyro.
 * :mod:`pyro_ext.ops.semiring` — the sum-product, max-product and index-map semirings of
   discrete HMMs.
 * :mod:`pyro_ext.ops.stats` — sample-quality statistics (:func:`kernel_stein_discrepancy`,
-  :func:`split_rhat`); it mirrors :mod:`pyro.ops.stats`.
+  :func:`split_rhat`) and simulation-based calibration (:func:`sbc_ranks`,
+  :func:`rank_uniformity_test`); it mirrors :mod:`pyro.ops.stats`.
 * :mod:`pyro_ext.ops.curvature` — :func:`hessian_diagonal`.
 * :mod:`pyro_ext.ops.validation` — the package's argument checks.
 """
 
 from .curvature import hessian_diagonal
 from .scan import associative_scan, vector_reduce, vector_scan
-from .stats import kernel_stein_discrepancy, split_rhat
+from .stats import kernel_stein_discrepancy, rank_uniformity_test, sbc_ranks, split_rhat
 
 __all__ = [
     "associative_scan",
     "hessian_diagonal",
     "kernel_stein_discrepancy",
+    "rank_uniformity_test",
+    "sbc_ranks",
     "split_rhat",
     "vector_reduce",
     "vector_scan",

@@ -2,6 +2,9 @@ r"""Sample-quality statistics, in the spirit of :mod:`pyro.ops.stats`.
 
 * :func:`kernel_stein_discrepancy` — the IMQ kernel Stein discrepancy of draws to a target.
 * :func:`split_rhat` — Pyro's split-:math:`\hat R`, ``NaN`` for chains too short to split.
+* :func:`sbc_ranks` and :func:`rank_uniformity_test` — simulation-based calibration
+  (Talts et al. 2018): the rank of each simulated truth among its posterior draws, and a
+  chi-square test that the ranks are uniform.
 """
 
 import math
@@ -11,7 +14,7 @@ from pyro.ops.stats import split_gelman_rubin
 
 from .validation import check_int, check_positive, check_real
 
-__all__ = ["kernel_stein_discrepancy", "split_rhat"]
+__all__ = ["kernel_stein_discrepancy", "rank_uniformity_test", "sbc_ranks", "split_rhat"]
 
 
 def _as_float_tensor(value, name):
@@ -146,3 +149,70 @@ def split_rhat(samples, chain_dim=0, sample_dim=1):
         shape = [size for dim, size in enumerate(samples.shape) if dim not in dims]
         return torch.full(shape, math.nan, dtype=samples.dtype, device=samples.device)
     return split_gelman_rubin(samples, chain_dim=chain_dim, sample_dim=sample_dim)
+
+
+def sbc_ranks(truth, draws, sample_dim=0):
+    r"""
+    Simulation-based calibration ranks (Talts et al. 2018, algorithm 1): for each simulated
+    truth :math:`\theta^*`, the number of its posterior draws below it,
+    :math:`\#\{m : \theta_m < \theta^*\}`, an integer in ``[0, M]``.
+
+    If the draws are ``M`` independent draws from the exact posterior of data simulated
+    from :math:`\theta^*`, itself drawn from the prior, the rank is uniform on ``{0, ...,
+    M}``. Draws that are autocorrelated make it U-shaped even for an exact sampler: thin
+    them (or take independent chains) first.
+
+    :param torch.Tensor truth: the simulated parameters, any shape ``S``.
+    :param torch.Tensor draws: posterior draws of shape ``S`` with a draw dimension
+        ``sample_dim`` inserted.
+    :returns: the ranks, a long tensor of shape ``S``.
+    """
+    truth, draws = torch.as_tensor(truth), torch.as_tensor(draws)
+    if draws.dim() != truth.dim() + 1:
+        raise ValueError(
+            f"draws must have one dimension more than truth (the draws'), got shapes "
+            f"{tuple(draws.shape)} and {tuple(truth.shape)}"
+        )
+    truth = truth.unsqueeze(sample_dim)
+    return (draws < truth).sum(sample_dim)
+
+
+def rank_uniformity_test(ranks, num_draws, num_bins=None):
+    r"""
+    A chi-square test that SBC ranks (:func:`sbc_ranks`) are uniform on ``{0, ...,
+    num_draws}``, with the ``num_draws + 1`` possible ranks pooled into ``num_bins`` bins
+    of (nearly) equal width; each bin's expected count is proportional to how many ranks it
+    holds.
+
+    :param torch.Tensor ranks: ranks of any shape, each one replication.
+    :param int num_draws: the number ``M`` of posterior draws each rank was taken among.
+    :param int num_bins: bins of the histogram; by default as many as leave 20 expected
+        counts per bin (fewer, wider bins see the smooth shapes a miscalibrated sampler
+        leaves, a hump or a U, with more power), from 2 to 20 and at most ``M + 1``.
+    :returns: ``(p_value, counts)``: the test's p-value (small: not uniform) and the
+        histogram's counts.
+    :rtype: tuple(float, torch.Tensor)
+    """
+    from scipy import stats as scipy_stats
+
+    num_draws = check_int(num_draws, "num_draws", low=1)
+    ranks = torch.as_tensor(ranks).reshape(-1)
+    if ranks.numel() == 0:
+        raise ValueError("ranks is empty")
+    if ranks.is_floating_point() or ranks.is_complex() or ranks.dtype == torch.bool:
+        raise TypeError(f"ranks must be an integer tensor, got dtype {ranks.dtype}")
+    if bool((ranks < 0).any()) or bool((ranks > num_draws).any()):
+        raise ValueError(f"ranks must lie in [0, num_draws={num_draws}]")
+    if num_bins is None:
+        num_bins = max(2, min(20, ranks.numel() // 20, num_draws + 1))
+    num_bins = check_int(num_bins, "num_bins", low=1, high=num_draws + 1)
+    # rank r falls in bin floor(r B / (M + 1)); bin b holds the ranks in [ceil(b (M+1) / B),
+    # ceil((b+1) (M+1) / B)).
+    bins = ranks.cpu() * num_bins // (num_draws + 1)
+    counts = torch.bincount(bins, minlength=num_bins)
+    if num_bins == 1:
+        return 1.0, counts
+    edges = -((-torch.arange(num_bins + 1) * (num_draws + 1)) // num_bins)  # ceil division
+    expected = edges.diff().double() * (ranks.numel() / (num_draws + 1))
+    p_value = scipy_stats.chisquare(counts.double().numpy(), expected.numpy()).pvalue
+    return float(p_value), counts

@@ -181,6 +181,57 @@ def test_rbf_repulsion_matches_autograd():
     assert torch.allclose(drift(grad, coupling._replace(shift=None)), expected_drift)
 
 
+@pytest.mark.parametrize("num_particles", [2, 3, 4, 7])
+def test_rbf_repulsion_is_the_exact_divergence_with_the_median_bandwidth(num_particles):
+    # SGLD+R's divergence term Gamma_i = sum_j d K_ij / d z_j (eq. 2.5), where the median
+    # bandwidth h(z) makes K_ij depend on every particle (4 particles: 6 pairs, an even
+    # count, where the median is the lower middle one).
+    z = torch.randn(num_particles, 3, dtype=torch.float64)
+    rows, cols = torch.triu_indices(num_particles, num_particles, offset=1)
+
+    def gram(particles, bandwidth=None):
+        sq = (particles.unsqueeze(1) - particles.unsqueeze(0)).square().sum(-1)
+        if bandwidth is None:
+            bandwidth = sq[rows, cols].median() / math.log(num_particles + 1)
+        return torch.exp(-sq / bandwidth)
+
+    def divergence(jacobian):  # (L, L, L, D): d K_ij / d z_k
+        return (
+            torch.stack(
+                [jacobian[i, j, j] for i in range(num_particles) for j in range(num_particles)]
+            )
+            .reshape(num_particles, num_particles, -1)
+            .sum(1)
+        )
+
+    exact = divergence(torch.autograd.functional.jacobian(gram, z))
+    assert torch.allclose(RBFKernel().coupling(z).repulsion, exact)
+    # Holding h constant (SVGD's convention) leaves out a term of the same order.
+    h = (2 * z / RBFKernel().coupling(z).shift)[0, 0]
+    held = divergence(torch.autograd.functional.jacobian(lambda p: gram(p, h), z))
+    frozen = RBFKernel().coupling(z, bandwidth_gradient=False)
+    assert torch.allclose(frozen.repulsion, held)
+    assert (exact - held).abs().max() > 0.01
+    # The drift's one-product path carries the term too.
+    grad = torch.randn(num_particles, 3, dtype=torch.float64)
+    expected_drift = (gram(z) @ grad + exact) / num_particles
+    assert torch.allclose(drift(grad, RBFKernel().coupling(z)), expected_drift)
+    # A fixed bandwidth has no such term.
+    fixed = RBFKernel(bandwidth=1.3)
+    assert torch.allclose(fixed.coupling(z).repulsion, fixed.coupling(z, False).repulsion)
+
+
+def test_repulsion_gradient_is_used_by_noisy_samplers_only():
+    # SGLD+R at temperature 0 is SVGD (bandwidth held constant, as pyro.infer.SVGD does);
+    # with noise the exact divergence enters: the two drifts differ by the bandwidth term.
+    z = torch.randn(5, 2, dtype=torch.float64)
+    exact = RBFKernel().coupling(z)
+    frozen = RBFKernel().coupling(z, bandwidth_gradient=False)
+    grad = torch.zeros_like(z)
+    assert torch.allclose(drift(grad, exact) - drift(grad, frozen), exact.bandwidth_term / 5)
+    assert exact.bandwidth_term.abs().max() > 0
+
+
 def test_coupled_noise_covariance():
     z = torch.randn(5, 3, dtype=torch.float64)
     coupling = RBFKernel().coupling(z)

@@ -257,6 +257,7 @@ class CompiledStep:
                 repulsion,
                 shard,
                 tries=1,
+                bandwidth_gradient=temperature != 0,
             )
             return (*new_state, log_density, ok)
 

@@ -232,13 +232,26 @@ class Shard:
         return everyone
 
 
-def transition(update, state, grad, log_density, step_size, noise, repulsion, shard, tries=None):
+def transition(
+    update,
+    state,
+    grad,
+    log_density,
+    step_size,
+    noise,
+    repulsion,
+    shard,
+    tries=None,
+    bandwidth_gradient=True,
+):
     """
     One sampler transition from this rank's gradient: the step that the eager kernel and
     the compiled step share. ``update(state, grad, step_size, noise, coupling)`` is the
     sampler's update; ``noise`` holds standard normal noise for all ``L`` particles
     (``shard`` picks this rank's rows); ``tries`` overrides the coupling's Cholesky tries (1
-    in a traced step). Returns the new state of this rank's particles, the log densities and
+    in a traced step); ``bandwidth_gradient`` whether the repulsion carries the median
+    bandwidth's dependence on the particles (see :func:`~.repulsion.stein_coupling`: the
+    noisy samplers need it, SVGD holds the bandwidth constant). Returns the new state of this rank's particles, the log densities and
     gradients the update used (averaged over data shards), and a 0-dim flag: whether the
     step is finite on every rank (one reduction and no host sync; a non-finite gradient
     makes the new particles non-finite too).
@@ -257,7 +270,7 @@ def transition(update, state, grad, log_density, step_size, noise, repulsion, sh
         noise = shard.local(noise)
     coupling = None
     if repulsion is not None:
-        coupling = stein_coupling(repulsion, state.z)
+        coupling = stein_coupling(repulsion, state.z, bandwidth_gradient)
         if tries is not None:
             coupling = coupling._replace(cholesky_tries=tries)
     new_state = update(state, grad, step_size, noise, coupling)

@@ -501,6 +501,7 @@ class SGMCMCKernel(ParticleKernel):
                 noise,
                 self.repulsion,
                 shard,
+                bandwidth_gradient=self.temperature != 0,
             )
             self._check_finite(ok, log_density, grad, state.z, subsamples)
         self._state = state

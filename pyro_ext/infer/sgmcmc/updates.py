@@ -40,10 +40,15 @@ def drift(grad: torch.Tensor, coupling: Coupling | None) -> torch.Tensor:
     if coupling is None:
         return grad
     if coupling.shift is not None:
-        # (K (grad - s) + rowsum(K) s) / L, with one product by K (see Coupling.shift); the
-        # 1 / L scales the small factors, and addmm adds in place of a separate pass.
-        shift, scaled = coupling.shift, coupling.matrix / grad.shape[0]
-        return torch.addmm(scaled.sum(-1, keepdim=True) * shift, scaled, grad - shift)
+        # (K (grad - s) + rowsum(K) s + bandwidth term) / L, with one product by K (see
+        # Coupling.shift); the 1 / L scales the small factors, and addmm adds in place of a
+        # separate pass.
+        num_particles = grad.shape[0]
+        shift, scaled = coupling.shift, coupling.matrix / num_particles
+        offset = scaled.sum(-1, keepdim=True) * shift
+        if coupling.bandwidth_term is not None:
+            offset = offset + coupling.bandwidth_term / num_particles
+        return torch.addmm(offset, scaled, grad - shift)
     return (coupling.matrix @ grad + coupling.repulsion) / grad.shape[0]
 
 
