@@ -2,6 +2,7 @@
 
 import math
 import pickle
+import warnings
 
 import pyro
 import pyro.distributions as dist
@@ -626,3 +627,12 @@ def test_potential_constrain_unconstrain_and_log_jacobian():
         keep = [0, 1, 2, 4, 5]
         expected = torch.linalg.slogdet(jacobian[keep])[1]
         torch.testing.assert_close(potential.log_jacobian(particle), expected)
+
+
+def test_a_stein_kernel_with_a_particle_bandwidth_is_flagged_for_sampling():
+    with pytest.warns(UserWarning, match="holds its bandwidth constant"):
+        SGLD(logistic_model, 1e-3, num_particles=3, repulsion=RBFSteinKernel())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        SGLD(logistic_model, 1e-3, num_particles=3, repulsion=RBFSteinKernel(), temperature=0.0)
+        SGLD(logistic_model, 1e-3, num_particles=3, repulsion="rbf")

@@ -6,7 +6,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pyro.ops.stats import split_gelman_rubin
 
-from pyro_ext.ops import kernel_stein_discrepancy, split_rhat
+from pyro_ext.ops import kernel_stein_discrepancy, rank_uniformity_test, sbc_ranks, split_rhat
 from pyro_ext.ops.stats import kernel_stein_discrepancy as from_module
 
 
@@ -44,6 +44,8 @@ def test_reexported():
         "associative_scan",
         "hessian_diagonal",
         "kernel_stein_discrepancy",
+        "rank_uniformity_test",
+        "sbc_ranks",
         "split_rhat",
         "vector_reduce",
         "vector_scan",
@@ -208,3 +210,40 @@ def test_split_rhat_of_chains_too_short_to_split_is_nan(device, num_draws):
     rhat = split_rhat(draws)
     assert rhat.shape == (2, 5) and rhat.dtype == draws.dtype and rhat.device == draws.device
     assert torch.isnan(rhat).all()
+
+
+def test_sbc_ranks_count_the_draws_below_the_truth():
+    truth = torch.tensor([0.0, 10.0, -10.0])
+    draws = torch.tensor([[-1.0, 1.0, 2.0], [0.5, -0.5, 3.0], [1.5, 2.0, 4.0]])  # (M=3, 3)
+    assert sbc_ranks(truth, draws).tolist() == [1, 3, 0]
+    assert sbc_ranks(truth, draws.T, sample_dim=1).tolist() == [1, 3, 0]
+    with pytest.raises(ValueError, match="one dimension more than truth"):
+        sbc_ranks(truth, truth)
+
+
+def test_rank_uniformity_test_accepts_uniform_and_rejects_humped_ranks():
+    generator = torch.Generator().manual_seed(0)
+    uniform = torch.randint(0, 100, (2000,), generator=generator)  # ranks among M = 99 draws
+    p_value, counts = rank_uniformity_test(uniform, 99)
+    assert p_value > 1e-3
+    assert counts.sum() == 2000 and counts.shape == (20,)
+    # Draws twice as wide as the posterior put the truth mid-rank.
+    z = torch.randn(2000, generator=generator)
+    humped = (torch.distributions.Normal(0.0, 2**0.5).cdf(z) * 100).long().clamp_max(99)
+    assert rank_uniformity_test(humped, 99)[0] < 1e-6
+    # Bins of unequal width (M + 1 = 101 ranks in 20 bins) still expect uniform counts.
+    assert rank_uniformity_test(torch.randint(0, 101, (4000,), generator=generator), 100)[0] > 1e-3
+
+
+@pytest.mark.parametrize(
+    "args, error, match",
+    [
+        ((torch.tensor([0.5]), 3), TypeError, "integer tensor"),
+        ((torch.tensor([4]), 3), ValueError, r"\[0, num_draws=3\]"),
+        ((torch.tensor([], dtype=torch.long), 3), ValueError, "empty"),
+        ((torch.tensor([1, 2]), 3, 5), ValueError, "num_bins"),
+    ],
+)
+def test_rank_uniformity_test_refuses_bad_input(args, error, match):
+    with pytest.raises(error, match=match):
+        rank_uniformity_test(*args)

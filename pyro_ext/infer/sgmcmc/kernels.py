@@ -1,6 +1,7 @@
 """Stochastic-gradient MCMC kernels for :class:`pyro.infer.MCMC`."""
 
 import math
+import warnings
 from abc import abstractmethod
 from collections.abc import Callable, Mapping
 
@@ -17,7 +18,7 @@ from .schedules import as_schedule
 from .updates import SAMPLERS, lookup
 
 
-def _check_repulsion(repulsion, num_particles):
+def _check_repulsion(repulsion, num_particles, temperature):
     if repulsion is None:
         return None
     if isinstance(repulsion, str):
@@ -31,6 +32,15 @@ def _check_repulsion(repulsion, num_particles):
         )
     if num_particles < 2:
         raise ValueError("repulsion acts between particles: it needs num_particles >= 2")
+    if temperature != 0 and not isinstance(repulsion, RBFKernel):
+        warnings.warn(
+            f"repulsion={type(repulsion).__name__}(): the update holds its bandwidth constant "
+            "within a step, so a bandwidth computed from the particles (as "
+            "pyro.infer.RBFSteinKernel's median heuristic) biases the stationary law. "
+            "repulsion='rbf' (pyro_ext.infer.RBFKernel) includes its median bandwidth's "
+            "gradient exactly; a kernel of fixed bandwidth needs nothing more.",
+            stacklevel=3,
+        )
     return repulsion
 
 
@@ -129,8 +139,11 @@ class SGMCMCKernel(ParticleKernel):
         :mod:`pyro_ext.infer.sgmcmc.schedules`).
     :param int num_particles: the number ``L`` of particles (chains).
     :param repulsion: ``None`` for independent particles, ``"rbf"`` for
-        :class:`~pyro_ext.infer.RBFKernel` with the median heuristic, or any
-        :class:`pyro.infer.svgd.SteinKernel`.
+        :class:`~pyro_ext.infer.RBFKernel` with the median heuristic (whose dependence on
+        the particles enters the update exactly, so the chain keeps its stationary law), or
+        any :class:`pyro.infer.svgd.SteinKernel` (its bandwidth is held constant within a
+        step: exact for a fixed bandwidth, biased for one computed from the particles, which
+        a warning says).
     :param float temperature: scales the injected noise variance; ``0`` turns the sampler
         into its optimiser (SGLD+R into SVGD), ``1`` samples the posterior.
     :param callable init_strategy: a Pyro initialisation strategy, applied to each
@@ -219,7 +232,7 @@ class SGMCMCKernel(ParticleKernel):
         self.model = model
         self.step_size = as_schedule(step_size)
         self.num_particles = num_particles
-        self.repulsion = _check_repulsion(repulsion, num_particles)
+        self.repulsion = _check_repulsion(repulsion, num_particles, temperature)
         self.temperature = temperature
         self.init_strategy = init_strategy
         check_choice(vectorize, "vectorize", VECTORIZE)
