@@ -135,7 +135,10 @@ class RBFKernel(SteinKernel):
         median, index = sq[rows, cols].median(dim=0)
         h = median / math.log(num_particles + 1)
         # Coincident particles give h = 0; any positive h then gives the same (flat) kernel.
-        return torch.where(h > 0, h, torch.ones_like(h)), rows[index], cols[index]
+        # index_select (not rows[index]) reads no 0-dim index on the host, so this traces.
+        index = index.reshape(1)
+        pair_rows, pair_cols = rows.index_select(0, index), cols.index_select(0, index)
+        return torch.where(h > 0, h, torch.ones_like(h)), pair_rows[0], pair_cols[0]
 
     def _bandwidth(self, sq):
         if self.bandwidth is not None:
@@ -169,12 +172,16 @@ class RBFKernel(SteinKernel):
         matrix = torch.exp(-sq / h)
         if self.bandwidth is None and bandwidth_gradient:
             # sum_j dK_ij/dh grad_{z_j} h with dK_ij/dh = K_ij |z_i - z_j|^2 / h^2: only z_a
-            # and z_b move h, in opposite directions, so the term is rank one. It vanishes
-            # where h fell back to 1 for coincident particles (h is constant there).
-            weight = matrix * sq / h.square()
-            moved = torch.where(sq[a, b] > 0, weight[:, a] - weight[:, b], 0.0)
-            direction = (2.0 / math.log(z.shape[0] + 1)) * (z[a] - z[b])
-            bandwidth_term = moved.unsqueeze(-1) * direction
+            # and z_b move h, in opposite directions, so the term is rank one. (Where h fell
+            # back to 1, z_a = z_b and the direction below vanishes, as it should: h is
+            # constant there.) index_select with the pair as a tensor reads nothing on the
+            # host, so the step traces.
+            pair = torch.stack([a, b])  # (2,)
+            weight = (matrix * sq / h.square()).index_select(1, pair)  # (L, 2)
+            moved = weight[:, :1] - weight[:, 1:]
+            ends = z.index_select(0, pair)
+            direction = (2.0 / math.log(z.shape[0] + 1)) * (ends[:1] - ends[1:])  # (1, D)
+            bandwidth_term = moved * direction
         # sum_j k_ij (2/h)(z_i - z_j) = rowsum(K) s - K s with s = 2 z / h, without forming
         # the (L, L, D) differences; read (and computed) only when asked for.
         return Coupling(matrix, shift=(2.0 / h) * z, bandwidth_term=bandwidth_term)
