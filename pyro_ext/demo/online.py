@@ -12,6 +12,8 @@ FIGURES = ("online_two_moons", "online_outliers")
 
 def run(quick=False, figures=None):
     """Online variational Bayes: BONG / LoFi filters on a stream, WoLF against outliers."""
+    from pyro.infer.autoguide.initialization import init_to_sample
+
     from pyro_ext.online import BONG, LoFi, WoLF
 
     print("== Chapter: online Bayesian learning (BONG, LoFi, WoLF) ==")
@@ -44,10 +46,12 @@ def run(quick=False, figures=None):
         f"({2 * hidden + 2 * hidden + 1} weights, N(0, 1) priors); test error of the "
         "linearised predictive on 1000 points after"
     )
+    # A network's Jacobian vanishes at its zero prior mean: each filter starts at a prior
+    # draw instead (the belief is the prior's covariance around it).
     filters = {
-        "BONG full": lambda: BONG(mlp),
-        "BONG diag": lambda: BONG(mlp, family="diag"),
-        "LoFi rank 10": lambda: LoFi(mlp, rank=10),
+        "BONG full": lambda: BONG(mlp, init_strategy=init_to_sample),
+        "BONG diag": lambda: BONG(mlp, family="diag", init_strategy=init_to_sample),
+        "LoFi rank 10": lambda: LoFi(mlp, rank=10, init_strategy=init_to_sample),
     }
     beliefs = {}
     for name, make in filters.items():

@@ -43,7 +43,7 @@ from typing import NamedTuple
 import pyro
 import pyro.distributions as dist
 import torch
-from pyro.infer.autoguide.initialization import init_to_mean
+from pyro.infer.autoguide.initialization import init_to_mean, init_to_sample
 
 from ..ops.validation import check_int, check_real
 from . import updates
@@ -131,6 +131,11 @@ def _start_at_prior_mean(*args, **kwargs):
     # Linear-in-parameters reward models learn from the prior mean (their Jacobian does
     # not vanish there), which is the right start for every arm never pulled.
     return init_to_mean
+
+
+def _start_at_a_prior_draw(*args, **kwargs):
+    # A network's Jacobian vanishes at its prior mean of zeros: start at a prior draw.
+    return init_to_sample
 
 
 def bernoulli_arms_model(num_arms: int, prior_scale: float = 1.0) -> Callable:
@@ -294,8 +299,11 @@ def neural_contextual_model(
     context to one output per arm (features shared by the arms). Sites
     ``"layer{i}.weight"`` ``(out, in)`` and ``"layer{i}.bias"`` ``(out,)``, with priors
     :math:`\mathcal N(0, s_0^2 / \mathrm{fan_{in}})` and :math:`\mathcal N(0, s_0^2)`. The
-    filter starts at a draw from the prior (a network at zero would not learn). Pair it
-    with a low-rank belief, :func:`~pyro_ext.online.LoFi`, as the paper does.
+    model declares a draw from the prior as the filter's start
+    (``model.default_init_strategy``, :func:`~pyro.infer.autoguide.init_to_sample`): at
+    the prior mean of zeros the network's Jacobian is zero and a linearised filter would
+    never learn; an explicit ``init_strategy`` overrides it. Pair it with a low-rank
+    belief, :func:`~pyro_ext.online.LoFi`, as the paper does.
 
     :param int context_dim: the context's length.
     :param int num_arms: at least 2.
@@ -317,6 +325,7 @@ def neural_contextual_model(
             return pyro.sample("reward", dist.Normal(mean, noise_scale), obs=reward)
 
     model.num_arms = num_arms
+    model.default_init_strategy = _start_at_a_prior_draw
     return model
 
 
@@ -608,7 +617,8 @@ class ThompsonBandit:
     def _scores(self, context):
         if self.policy == "thompson":
             with torch.no_grad():
-                theta = updates.sample(self.filter.belief, 1)[0]
+                # A draw of the parameters of the coming round: after the drift, if any.
+                theta = updates.sample(self.filter.predicted_belief(), 1)[0]
                 return self._arm_means(self.filter.potential.constrain(theta), context)
         if self.policy != "ucb":
             with torch.no_grad():

@@ -8,11 +8,13 @@ and wires them together.
 
 import math
 import numbers
+import warnings
 from collections.abc import Callable
 
 import pyro
 import torch
-from pyro.infer.autoguide.initialization import init_to_sample
+from pyro.infer.autoguide.initialization import init_to_feasible
+from pyro.infer.inspect import get_dependencies
 from pyro.poutine.messenger import Messenger
 from pyro.poutine.util import site_is_subsample
 
@@ -51,23 +53,74 @@ class OnlineDivergenceError(FloatingPointError):
 
 class IMQ:
     r"""
-    The inverse multi-quadric weight of WoLF (Duran-Martin et al. 2024): an observation
-    with residual :math:`r = y - \hat y` (the prior predictive mean) counts
-    :math:`W = (1 + \lVert r\rVert^2 / c^2)^{-1/2}` times in the update. ``c`` is the
-    soft threshold, in the units of ``y``; ``c = inf`` weighs every observation 1.
+    The inverse multi-quadric weight of WoLF (Duran-Martin et al. 2024, "Outlier-robust
+    Kalman filtering through generalised Bayes"): an observation with residual :math:`r =
+    y - \hat y` against the predicted mean (the prior predictive's) has the IMQ
+    :math:`W = (1 + \lVert r\rVert^2 / c^2)^{-1/2}`, and the paper's loss is
+    :math:`-W^2 \log p(y \mid \theta)`: its log-likelihood counts
+
+    .. math:: W^2 = \frac{c^2}{c^2 + \lVert r\rVert^2}
+
+    times in the update, i.e. :math:`R` becomes :math:`R / W^2` in the Kalman update (the
+    paper's WoLF algorithm for a linear-Gaussian model; the authors' code,
+    ``rebayes-mini``'s ``ExtendedKalmanFilterIMQ``, computes exactly
+    ``c**2 / (c**2 + err @ err)``). ``c`` is the soft threshold, in the units of ``y``;
+    ``c = inf`` weighs every observation 1.
+
+    :param float c: the soft threshold, ``> 0`` (``inf`` allowed).
+    :param bool squared: ``True`` (default) weighs the log-likelihood by :math:`W^2`, the
+        paper's; ``False`` by the IMQ :math:`W` itself, the weight this package used before
+        (not the paper's: an outlier far out keeps weight :math:`c / \lVert r\rVert`
+        instead of :math:`c^2 / \lVert r\rVert^2`, so it pulls harder).
     """
 
-    def __init__(self, c: float):
+    def __init__(self, c: float, squared: bool = True):
         # c = inf weighs every observation 1 (the plain filter).
         self.c = check_real(
             c, "c (the soft threshold of the residual)", low=0, low_open=True, finite=False
         )
+        if not isinstance(squared, bool):
+            raise TypeError(f"squared must be a bool, got {type(squared).__name__}")
+        self.squared = squared
 
     def __call__(self, squared_residual: torch.Tensor) -> torch.Tensor:
+        """The weight of each example's log-likelihood, from its ``squared_residual``."""
+        if self.squared:
+            # c^2 / (c^2 + r^2), written as 1 / (1 + r^2 / c^2) so that c = inf gives 1.
+            return (1 + squared_residual / self.c**2).reciprocal()
         return (1 + squared_residual / self.c**2).rsqrt()
 
     def __repr__(self):
-        return f"IMQ(c={self.c})"
+        return f"IMQ(c={self.c})" if self.squared else f"IMQ(c={self.c}, squared=False)"
+
+
+def _placeholder(fn):
+    """A value of ``fn``'s shape for an output with no value (its log-density is unused)."""
+    value = torch.zeros(fn.shape(), device=_device_of(fn))
+    if isinstance(_base(fn), torch.distributions.Categorical):
+        value = value.long()
+    return value
+
+
+def _is_deterministic(msg):
+    """A ``pyro.deterministic`` site: Pyro records it as an observed Delta, but it is a
+    function of the latent sites, never an observation."""
+    return bool(msg["infer"].get("_deterministic"))
+
+
+class _OutputsObserved(Messenger):
+    """Marks the sites named in ``outputs`` that the call gives no value as observed at a
+    placeholder, so that reading a model on prediction inputs (no observations) does not
+    take its outputs for latent sites."""
+
+    def __init__(self, outputs):
+        super().__init__()
+        self.outputs = frozenset(outputs)
+
+    def _process_message(self, msg):
+        if msg["type"] == "sample" and msg["name"] in self.outputs and not msg["is_observed"]:
+            msg["value"] = _placeholder(msg["fn"])
+            msg["is_observed"] = True
 
 
 class _Observations(Messenger):
@@ -86,7 +139,7 @@ class _Observations(Messenger):
 
     def _process_message(self, msg):
         msg["stop"] = True
-        if msg["type"] != "sample" or site_is_subsample(msg):
+        if msg["type"] != "sample" or site_is_subsample(msg) or _is_deterministic(msg):
             return
         name = msg["name"]
         if name in self.values:
@@ -94,9 +147,7 @@ class _Observations(Messenger):
             msg["is_observed"] = True
             return
         if not msg["is_observed"] and name in self.outputs:
-            msg["value"] = torch.zeros(msg["fn"].shape(), device=_device_of(msg["fn"]))
-            if isinstance(_base(msg["fn"]), torch.distributions.Categorical):
-                msg["value"] = msg["value"].long()
+            msg["value"] = _placeholder(msg["fn"])
             msg["is_observed"] = True
             msg["infer"]["_placeholder"] = True
             return
@@ -108,7 +159,12 @@ class _Observations(Messenger):
                 msg["infer"]["_missing"] = missing
 
     def _postprocess_message(self, msg):
-        if msg["type"] != "sample" or site_is_subsample(msg) or msg["name"] in self.values:
+        if (
+            msg["type"] != "sample"
+            or site_is_subsample(msg)
+            or _is_deterministic(msg)
+            or msg["name"] in self.values
+        ):
             return
         if not msg["is_observed"]:
             raise ValueError(
@@ -116,6 +172,20 @@ class _Observations(Messenger):
                 "pass its value to update() (the model's structure must stay the same)"
             )
         self.sites[msg["name"]] = msg
+
+
+def _with_outputs_observed(model, outputs):
+    """``model`` with the sites ``outputs`` read as observed when they have no value; it
+    keeps the model's declared start (``default_init_strategy``)."""
+
+    def wrapped(*args, **kwargs):
+        with _OutputsObserved(outputs):
+            return model(*args, **kwargs)
+
+    declared = getattr(model, "default_init_strategy", None)
+    if declared is not None:
+        wrapped.default_init_strategy = declared
+    return wrapped
 
 
 def _base(fn):
@@ -168,16 +238,31 @@ class BONG:
       in its logits (the same thing, without the singular :math:`R`). For a
       linear-Gaussian model, BONG-LIN is exactly the Kalman filter.
     * ``linearize=False``: Monte Carlo expectations over ``num_samples`` draws from the
-      belief: ``hessian="mc"`` (the exact Hessian at each draw: dense for ``"full"``, its
-      diagonal for ``"diag"``) or ``"ef"``.
+      belief, in antithetic pairs :math:`\mu \pm \epsilon` (unbiased as plain draws are,
+      and exact for a gradient linear in :math:`\theta`): ``hessian="mc"`` (default for
+      ``"full"`` and ``"diag"``: the exact Hessian at each draw, dense for ``"full"``, its
+      diagonal for ``"diag"``) or ``"ef"``. On a linear-Gaussian model the defaults are
+      exact whatever ``num_samples`` (the Hessian is the same at every draw, the pairs
+      average the linear gradient to its value at the mean); a network's Hessian is
+      indefinite, so pass ``hessian="ef"`` there. ``"dlr"`` has only ``"ef"``, which is not
+      exact even for a linear-Gaussian model, so it must be asked for.
 
     **Priors.** Latent sites with a fixed Normal prior (a network's weights) give the
     initial precision directly. Any other site needs a Gaussian prior on its
-    unconstrained coordinate: ``unconstrained_prior={"sigma": (loc, scale)}``. The
-    initial *mean* is drawn from the prior (or ``init_strategy``): a network at its prior
-    mean of zeros has a zero Jacobian and would never learn. The linearised update only
+    unconstrained coordinate: ``unconstrained_prior={"sigma": (loc, scale)}``. The belief
+    starts as the prior: its mean is the prior mean (the fixed Normal's ``loc``, the
+    ``unconstrained_prior``'s), so on a linear-Gaussian model every update is exact Bayes.
+    A network at its prior mean of zeros is a saddle point, where the Jacobian of its
+    output with respect to the weights is zero and the linearised update never moves
+    them (the first update warns when it finds such sites): start it away from zero with
+    ``init_strategy=init_to_sample`` (the random start the LoFi and BONG papers give
+    networks; the belief is then the prior's covariance around that draw), a
+    :class:`~pyro_ext.models.BayesianMLP`'s ``net.init_strategy()``, or a start the model
+    declares (``model.default_init_strategy``, as
+    :func:`~pyro_ext.online.neural_contextual_model` does). The linearised update only
     learns the sites the observed mean depends on (a noise scale inside ``R`` is not
-    learned by it; use ``linearize=False``, or observe it).
+    learned by it; use ``linearize=False``, or observe it). A ``pyro.deterministic``
+    site is a function of the latent sites, never an observation.
 
     :param callable model: a Pyro model with continuous latent sites and static
         structure; each call of :meth:`update` passes one batch of data (no subsampled
@@ -190,10 +275,14 @@ class BONG:
         gradient step in :math:`(\mu, \Sigma)`), ``"bbb"`` (``num_iters`` of them). BOG
         and BBB have the full and diagonal families.
     :param bool linearize: linearised (default) or Monte Carlo expectations.
-    :param int num_samples: draws per expectation when ``linearize=False`` (default 10).
-    :param str hessian: ``"lin"`` (default when linearising), ``"ef"`` (default
-        otherwise: never indefinite) or ``"mc"`` (the Hessian at the draws: a network's is
-        indefinite, and the precision soon stops being positive definite).
+    :param int num_samples: draws per expectation when ``linearize=False``, an even
+        number (antithetic pairs; default 10).
+    :param str hessian: ``"lin"`` (the linearised Hessian; default when linearising),
+        ``"mc"`` (the Hessian at the draws; default with ``linearize=False`` for the
+        ``"full"`` and ``"diag"`` families: exact for a linear-Gaussian model, but a
+        network's is indefinite, and the precision soon stops being positive definite) or
+        ``"ef"`` (the empirical Fisher: never indefinite, not exact; the only choice of
+        ``"dlr"`` with ``linearize=False``, where it must be passed).
     :param float learning_rate: the rate :math:`\alpha`. Defaults: 1 for BONG (exact in
         the conjugate case), 0.5 for BLR, 0.003 for BOG and BBB. Their step adds
         :math:`\tfrac{\alpha}{2} G` to the covariance, which leaves the positive-definite
@@ -203,13 +292,18 @@ class BONG:
         with the full one (Jones et al. find BOG and BBB the weakest of the four).
     :param int num_iters: inner steps of BLR and BBB (default 10; BONG and BOG take 1).
     :param robust: ``None`` or an :class:`IMQ` weight (WoLF).
-    :param dynamics: ``None`` (static parameters) or ``("random_walk", q)``: before each
-        update the covariance grows by :math:`q I` (``q > 0``), tracking drifting
-        parameters.
-    :param callable init_strategy: a Pyro init strategy for the initial mean (default:
-        the start the model declares (see
-        :meth:`~pyro_ext.infer.sgmcmc.ParticlePotential.declared_init_strategy`), else a draw from the
-        prior, :func:`~pyro.infer.autoguide.init_to_sample`).
+    :param dynamics: ``None`` (static parameters) or ``("random_walk", q)``: the
+        parameters follow :math:`\theta_t = \theta_{t-1} + \mathcal N(0, q I)` (``q >
+        0``), tracking drifting parameters. As in the extended Kalman filter, each
+        :meth:`update` first predicts (the covariance grows by :math:`q I`, before the
+        first update too) and then conditions on the data; :meth:`predictive` and
+        :meth:`predicted_belief` give that predicted belief's view of the next
+        observation, :attr:`mean`, :meth:`covariance` and :meth:`sample` the filtered
+        belief after the last update.
+    :param callable init_strategy: a Pyro init strategy for the initial mean, which then
+        replaces the prior mean (see **Priors**; default: the start the model declares, see
+        :meth:`~pyro_ext.infer.sgmcmc.ParticlePotential.declared_init_strategy`, else the
+        prior mean).
     :param dict unconstrained_prior: ``site -> (loc, scale)`` Gaussian priors on the
         unconstrained coordinates of sites whose prior is not a fixed Normal.
     :param int jacobian_chunk_size: rows of the Jacobian of the observed means computed
@@ -253,9 +347,23 @@ class BONG:
                 raise ValueError(
                     "num_samples applies to Monte Carlo expectations: pass linearize=False"
                 )
-            _check_int("num_samples", num_samples, 1)
+            _check_int("num_samples", num_samples, 2)
+            if num_samples % 2:
+                raise ValueError(
+                    "num_samples must be even: the Monte Carlo draws come in antithetic "
+                    f"pairs mean +- eps, got {num_samples}"
+                )
         if hessian is None:
-            hessian = "lin" if linearize else "ef"
+            if linearize:
+                hessian = "lin"
+            elif family == "dlr":
+                raise ValueError(
+                    "family='dlr' with linearize=False has only the empirical Fisher "
+                    "(hessian='ef'), which is not exact even for a linear-Gaussian model: "
+                    "pass hessian='ef' to use it, or linearize=True (LoFi's update)"
+                )
+            else:
+                hessian = "mc"
         _check_choice("hessian", hessian, HESSIANS)
         if hessian == "lin" and not linearize:
             raise ValueError("hessian='lin' is the linearised Hessian: it needs linearize=True")
@@ -320,12 +428,22 @@ class BONG:
         self.potential = None
         self.belief = None
         self.observed_sites = None
+        #: the observed sites :meth:`predictive` found before the first update
+        self._prediction_outputs = ()
         self.num_updates = 0
         self._loaded_state = None
 
     # -- set-up --------------------------------------------------------------------------
-    def _setup(self, args, kwargs):
-        potential = ParticlePotential(self.model, args, kwargs, vectorize="vmap", check_data=False)
+    def _setup(self, args, kwargs, outputs=()):
+        """
+        Read the model on ``args``/``kwargs`` and set the prior belief. ``outputs``: sites
+        that these arguments leave without a value but that are observations (a
+        :meth:`predictive` call before the first update), read as observed.
+        """
+        model = self.model
+        if outputs:
+            model = _with_outputs_observed(self.model, outputs)
+        potential = ParticlePotential(model, args, kwargs, vectorize="vmap", check_data=False)
         if potential.subsample_sizes:
             raise ValueError(
                 f"the model subsamples plate(s) {sorted(potential.subsample_sizes)}: an online "
@@ -333,10 +451,16 @@ class BONG:
                 "subsample_size out of the model's plates"
             )
         strategy = self.init_strategy
-        if strategy is None and potential.declared_init_strategy() is None:
-            strategy = init_to_sample
-        point = potential.initial_particles(1, strategy)[0]
+        if strategy is None:
+            strategy = potential.declared_init_strategy()
+        # The belief starts as the prior: its mean is the prior mean, unless a start is
+        # given or declared. The priors are read at a feasible point (a fixed Normal's
+        # parameters do not depend on where), which draws no random numbers.
+        start_at_prior = strategy is None
+        point = potential.initial_particles(1, init_to_feasible if start_at_prior else strategy)[0]
         priors = potential.fixed_normal_priors(point)
+        if start_at_prior:
+            point = torch.where(priors.columns, priors.mean, point)
         precision = priors.precision.clone()
         unknown = [name for name in self.unconstrained_prior if name not in potential.layout]
         if unknown:
@@ -378,6 +502,9 @@ class BONG:
             self.belief = DiagBelief(point, precision)
         else:
             self.belief = DLRBelief(point, precision, point.new_zeros(dim, self.rank))
+        # Prediction inputs read the outputs as observed at set-up only; later runs (an
+        # update's data, the predictive's placeholders) go to the model itself.
+        potential.model = self.model
         self.potential = potential
         if self._loaded_state is not None:
             self._restore(self._loaded_state)
@@ -519,7 +646,8 @@ class BONG:
             A, e = jacobian * root.unsqueeze(-1), e * root
             grad = A.transpose(-1, -2) @ e
             return grad, A, None, weights
-        draws = updates.sample(belief, self.num_samples)
+        # Antithetic pairs: exact for a gradient linear in theta (a linear-Gaussian model).
+        draws = updates.sample(belief, self.num_samples, antithetic=True)
 
         def log_likelihood(theta):
             return self._log_likelihoods(theta, weights)
@@ -546,7 +674,8 @@ class BONG:
     def setup(self, *args, **kwargs) -> "BONG":
         """
         Read the model on its arguments and set the prior belief (the first :meth:`update`
-        does it otherwise); draws the initial mean, so it consumes random numbers.
+        does it otherwise). The mean is the prior mean; only an ``init_strategy`` (given or
+        declared by the model) that draws consumes random numbers.
         """
         self._setup(args, kwargs)
         return self
@@ -616,8 +745,10 @@ class BONG:
             # fewer per update); Monte Carlo: from a run at the predicted mean.
             weights = None if self.linearize else self._example_weights(self._observed(prior.mean))
             current = prior
-            for _ in range(self.num_iters):
+            for inner in range(self.num_iters):
                 grad, factor, hessian, weights = self._expectations(current, weights)
+                if self.num_updates == 0 and inner == 0 and factor is not None and self.linearize:
+                    self._warn_if_at_a_saddle(prior, factor)
                 if not bool(torch.isfinite(grad).all()):
                     raise OnlineDivergenceError(
                         self.num_updates,
@@ -640,9 +771,64 @@ class BONG:
         self.num_updates += 1
         return self
 
+    def _warn_if_at_a_saddle(self, prior, factor):
+        """
+        Warn when the first linearised update finds latent sites that the observations do
+        not depend on at the start (all their Jacobian columns zero) but do depend on at a
+        draw from the prior: a network at its zero prior mean, which the linearised update
+        would never move.
+        """
+        flat = factor.reshape(-1, factor.shape[-1])
+        stuck = [
+            name
+            for name, site in self.potential.layout.items()
+            if not bool(flat[:, site.start : site.end].any())
+        ]
+        if not stuck:
+            return
+        # A fixed seed: the check leaves the global random state alone.
+        generator = torch.Generator(device=prior.mean.device).manual_seed(0)
+        draw = updates.sample(prior, 1, generator)[0]
+        jacobian, (_, examples, weights) = torch.func.jacrev(
+            lambda theta: self._linear_terms(theta),
+            has_aux=True,
+            chunk_size=self.jacobian_chunk_size,
+        )(draw)
+        # Only the examples the update uses (a missing or masked one has weight 0).
+        jacobian = jacobian * (weights[examples] > 0).unsqueeze(-1)
+        layout = self.potential.layout
+        saddle = [
+            name for name in stuck if bool(jacobian[:, layout[name].start : layout[name].end].any())
+        ]
+        if saddle:
+            warnings.warn(
+                f"the observations do not depend on latent site(s) {saddle} at the start of "
+                "the belief (their Jacobian is zero there, as a network's at its prior mean "
+                "of zeros) but do away from it: the linearised update will never learn them. "
+                "Start the belief away from that point, e.g. init_strategy=init_to_sample "
+                "(from pyro.infer.autoguide), or declare model.default_init_strategy",
+                UserWarning,
+                stacklevel=3,
+            )
+
     def _require_belief(self):
         if self.belief is None:
-            raise RuntimeError("no belief yet: call update() at least once")
+            raise RuntimeError(
+                "no belief yet: the filter reads the model at its first update() (or at "
+                "setup(*args), or predictive(*args)), which sets the prior belief"
+            )
+
+    def predicted_belief(self):
+        r"""
+        The belief the next :meth:`update` starts from, whose view of the next observation
+        :meth:`predictive` gives: with ``dynamics=("random_walk", q)``, the filtered belief
+        after the drift, covariance :math:`\Sigma + q I` (the Kalman filter's predict
+        step); without dynamics, the belief itself.
+        """
+        self._require_belief()
+        if self.drift is None:
+            return self.belief
+        return updates.predict_random_walk(self.belief, self.drift)
 
     @property
     def mean(self) -> torch.Tensor:
@@ -681,22 +867,31 @@ class BONG:
         )
 
     def predictive(self, *args, num_samples: int | None = None, noise: bool = True, **kwargs):
-        """
-        Predictive mean and variance of the observed site at new inputs (e.g.
-        ``predictive(x)``): ``(mean, variance)`` shaped as the site's mean (a Categorical:
-        class probabilities ``(..., C)`` and their variances). ``num_samples=None``
-        linearises, :math:`h(\\mu)` and :math:`\\mathrm{diag}(H \\Sigma H^\\top) + R`;
-        otherwise the mean and variance over ``num_samples`` draws of the belief (total
-        variance). ``noise=False`` leaves out the observation noise (:math:`R`, the
-        draws' own variances): the variance of the mean alone, what a UCB bonus needs. A
-        model with several observed sites gives ``{site: (mean, variance)}``.
+        r"""
+        One-step-ahead predictive mean and variance of the observed site at new inputs
+        (e.g. ``predictive(x)``), under :meth:`predicted_belief` (the belief after the
+        dynamics' drift, :math:`\Sigma + qI`, as the Kalman filter predicts before it
+        updates): ``(mean, variance)`` shaped as the site's mean (a Categorical: class
+        probabilities ``(..., C)`` and their variances). ``num_samples=None`` linearises,
+        :math:`h(\mu)` and :math:`\mathrm{diag}(H \Sigma H^\top) + R`; otherwise the mean
+        and variance over ``num_samples`` draws of the belief (total variance).
+        ``noise=False`` leaves out the observation noise (:math:`R`, the draws' own
+        variances): the variance of the mean alone, what a UCB bonus needs. A model with
+        several observed sites gives ``{site: (mean, variance)}``.
+
+        Before the first :meth:`update` it is the prior predictive: the model is read on
+        these inputs, its observed sites being the sample sites that depend on others and
+        that no other site depends on (the leaves of the model's graph, as
+        :func:`pyro.infer.inspect.get_dependencies` finds them).
         """
         if not isinstance(noise, bool):
             raise TypeError(f"noise must be a bool, got {type(noise).__name__}")
-        self._require_belief()
         if num_samples is not None:
             _check_int("num_samples", num_samples, 1)
-        outputs = self.observed_sites or ()
+        if self.potential is None:
+            self._prediction_outputs = self._find_outputs(args, kwargs)
+            self._setup(args, kwargs, self._prediction_outputs)
+        outputs = self.observed_sites or self._prediction_outputs
         args_before, kwargs_before = self.potential.model_args, self.potential.model_kwargs
         self.potential.model_args, self.potential.model_kwargs = tuple(args), dict(kwargs)
         try:
@@ -704,6 +899,35 @@ class BONG:
         finally:
             self.potential.model_args, self.potential.model_kwargs = args_before, kwargs_before
         return result if len(result) > 1 else next(iter(result.values()))
+
+    def _find_outputs(self, args, kwargs):
+        """The observed sites of a model called without observations: the sample sites
+        (not deterministic) that depend on another site and that no other depends on."""
+        try:
+            with pyro.validation_enabled(False):
+                dependencies = get_dependencies(self.model, args, kwargs)["prior_dependencies"]
+        except Exception as error:  # the dependency tracer cannot run every model
+            raise ValueError(
+                "predictive() before the first update() reads which sites are observations "
+                f"from the model's dependencies, which failed here ({error}): call "
+                "setup(*args) with the observations first (e.g. setup(x, y))"
+            ) from error
+        upstream = {
+            name: set(parents) - {name}
+            for name, parents in dependencies.items()
+            if name not in self.unconstrained_prior
+        }
+        needed = set().union(*upstream.values()) if upstream else set()
+        outputs = tuple(
+            name for name, parents in upstream.items() if parents and name not in needed
+        )
+        if not outputs:
+            raise ValueError(
+                "predictive() before the first update() found no observed site (a sample "
+                "site that depends on the latent sites); call setup(*args) with the "
+                "observations first (e.g. setup(x, y))"
+            )
+        return outputs
 
     def _predict(self, outputs, num_samples, noise):
         def moments(theta):
@@ -718,9 +942,10 @@ class BONG:
                     means[name], variances[name] = base.mean, base.variance
             return means, variances
 
+        belief = self.predicted_belief()
         with torch.no_grad():
             if num_samples is not None:
-                draws = updates.sample(self.belief, num_samples)
+                draws = updates.sample(belief, num_samples)
                 per_draw = [moments(theta) for theta in draws]
                 result = {}
                 for name in per_draw[0][0]:
@@ -729,7 +954,7 @@ class BONG:
                     spread = m.var(0, unbiased=False)
                     result[name] = (m.mean(0), v.mean(0) + spread if noise else spread)
                 return result
-        mean = self.belief.mean
+        mean = belief.mean
         means, variances = moments(mean)
         result = {}
         for name in means:
@@ -739,7 +964,7 @@ class BONG:
                 return moments(theta)[0][name].reshape(-1)
 
             jacobian = torch.func.jacrev(flat_mean, chunk_size=self.jacobian_chunk_size)(mean)
-            spread = updates.quadratic_diagonal(self.belief, jacobian).reshape(shape)
+            spread = updates.quadratic_diagonal(belief, jacobian).reshape(shape)
             variance = variances[name] + spread if noise else spread
             result[name] = (means[name].detach(), variance.detach())
         return result
@@ -761,11 +986,13 @@ def LoFi(model: Callable, rank: int = 10, **kwargs) -> BONG:
     return BONG(model, family="dlr", rank=rank, **kwargs)
 
 
-def WoLF(model: Callable, c: float, **kwargs) -> BONG:
-    """
-    WoLF (Duran-Martin et al. 2024): a filter whose likelihood is weighted by the
-    inverse multi-quadric :class:`IMQ` of the residual, with soft threshold ``c``; full
-    covariance unless ``family`` says otherwise. Other keyword arguments go to
+def WoLF(model: Callable, c: float, squared: bool = True, **kwargs) -> BONG:
+    r"""
+    WoLF (Duran-Martin et al. 2024): a filter whose log-likelihood is weighted by the
+    squared inverse multi-quadric of the residual against the predicted mean, :math:`W^2
+    = c^2 / (c^2 + \lVert y - \hat y\rVert^2)` (:class:`IMQ`), with soft threshold ``c``;
+    full covariance unless ``family`` says otherwise. ``squared=False`` weighs by
+    :math:`W` instead (not the paper's; see :class:`IMQ`). Other keyword arguments go to
     :class:`BONG`.
     """
-    return BONG(model, robust=IMQ(c), **kwargs)
+    return BONG(model, robust=IMQ(c, squared=squared), **kwargs)

@@ -205,15 +205,25 @@ def covariance_solve_rows(belief: Belief, rows: torch.Tensor) -> torch.Tensor:
     return dlr_solve(belief, rows.transpose(-1, -2)).transpose(-1, -2)
 
 
-def sample(belief: Belief, num_samples: int, generator=None) -> torch.Tensor:
+def sample(belief: Belief, num_samples: int, generator=None, antithetic=False) -> torch.Tensor:
     r"""
-    ``num_samples`` draws ``(S, D)``. The low-rank family draws exactly in
+    ``num_samples`` draws ``(S, D)``; ``antithetic=True`` (``S`` even) draws ``S / 2`` and
+    reflects them about the mean, :math:`\mu \pm \epsilon`: each half is an exact sample,
+    and the average of a function linear in :math:`\theta` is its value at the mean
+    exactly. The low-rank family draws exactly in
     :math:`O(D L^2)`: with :math:`V = \Upsilon^{-1/2} W = Q S R^\top` (thin SVD),
     :math:`\theta = \mu + \Upsilon^{-1/2}\big(I + Q((1 + S^2)^{-1/2} - 1) Q^\top\big)
     \epsilon` has covariance :math:`\Upsilon^{-1/2} (I + V V^\top)^{-1} \Upsilon^{-1/2} =
     \Lambda^{-1}`.
     """
     mean = belief.mean
+    if antithetic:
+        if num_samples % 2:
+            raise ValueError(
+                f"antithetic draws come in pairs: num_samples must be even, got {num_samples}"
+            )
+        half = sample(belief, num_samples // 2, generator) - mean
+        return torch.cat([mean + half, mean - half])
     eps = torch.randn(
         (num_samples,) + mean.shape, dtype=mean.dtype, device=mean.device, generator=generator
     )

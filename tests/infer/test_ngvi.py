@@ -433,3 +433,26 @@ def test_compiled_update_equals_the_eager_one():
         assert torch.allclose(eager, compiled, rtol=1e-5, atol=1e-6)
     with pytest.raises(TypeError, match="jit_compile must be None or a bool"):
         NaturalGradientVI(linear_model, jit_compile="yes")
+
+
+@pytest.mark.parametrize("method", ["vogn", "ivon", "von"])
+def test_deterministic_sites_are_never_observations(method):
+    # pyro.deterministic records an observed Delta; the step must equal the same model's
+    # without it (vogn used to take it for a likelihood term and refuse a "Delta").
+    x, y, noise = linear_data(torch.device("cpu"), num_data=40)
+
+    def with_deterministic(x, y, noise):
+        w = pyro.sample("w", dist.Normal(x.new_zeros(x.shape[-1]), PRIOR_SCALE).to_event(1))
+        mean = pyro.deterministic("mean", x @ w)
+        with pyro.plate("data", x.shape[0]):
+            pyro.sample("y", dist.Normal(mean, noise), obs=y)
+
+    states = []
+    for model in (linear_model, with_deterministic):
+        pyro.set_rng_seed(0)
+        vi = NaturalGradientVI(model, method=method, ess=len(x), mc_samples=2)
+        for _ in range(3):
+            vi.step(x, y, noise)
+        states.append(vi.state)
+    for plain, deterministic in zip(*states):
+        torch.testing.assert_close(plain, deterministic, atol=0, rtol=0)

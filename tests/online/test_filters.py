@@ -1,13 +1,14 @@
 """BONG / LoFi / WoLF filters against exact posteriors, Kalman filtering and hand-derived steps."""
 
 import math
+import warnings
 
 import pyro
 import pyro.distributions as dist
 import pytest
 import torch
 from pyro.infer import Predictive
-from pyro.infer.autoguide.initialization import init_to_mean
+from pyro.infer.autoguide.initialization import init_to_mean, init_to_sample
 
 from pyro_ext.online import BONG, IMQ, LoFi, OnlineDivergenceError, WoLF, updates
 from pyro_ext.timeseries import kalman_filter
@@ -333,7 +334,13 @@ def test_categorical_network_learns_and_is_reproducible(family):
     means = []
     for _ in range(2):
         pyro.set_rng_seed(5)
-        f = BONG(model, family=family, rank=5 if family == "dlr" else None)
+        # A network learns from a start away from its zero prior mean (a saddle point).
+        f = BONG(
+            model,
+            family=family,
+            rank=5 if family == "dlr" else None,
+            init_strategy=init_to_sample,
+        )
         for t in range(0, 200, 2):
             f.update(x[t : t + 2], labels[t : t + 2])
         means.append(f.mean)
@@ -399,6 +406,8 @@ def test_divergence_is_reported_with_the_step_and_keeps_the_belief(float64):
         ({"linearize": False, "hessian": "lin"}, ValueError, "linearize=True"),
         ({"family": "dlr", "linearize": False, "hessian": "mc"}, ValueError, "low-rank"),
         ({"num_samples": 5}, ValueError, "linearize=False"),
+        ({"linearize": False, "num_samples": 3}, ValueError, "even"),
+        ({"family": "dlr", "linearize": False}, ValueError, "hessian='ef'"),
         ({"learning_rate": 0.0}, ValueError, "learning_rate"),
         ({"learning_rate": 1.5}, ValueError, "learning_rate"),
         ({"num_iters": 3}, ValueError, "num_iters"),
@@ -493,3 +502,216 @@ def test_linearised_empirical_fisher_is_the_per_example_outer_product(float64, f
     cov = torch.linalg.inv(precision)
     torch.testing.assert_close(f.mean, m0 + cov @ g.sum(0), atol=1e-12, rtol=0)
     torch.testing.assert_close(f.covariance(), cov, atol=1e-12, rtol=0)
+
+
+# -- issue 30: filters equal to their papers, with default settings ---------------------------
+def diagonal_ekf(x, y, prior_scale, noise):
+    """The variational diagonal EKF (BONG's diagonal family, one natural step per point,
+    linearised Hessian) written out: lambda += x^2 / s^2, mu += x (y - x mu) / s^2 / lambda."""
+    mean = torch.zeros(x.shape[-1], dtype=x.dtype, device=x.device)
+    precision = torch.full_like(mean, prior_scale**-2)
+    for xt, yt in zip(x, y):
+        precision = precision + xt.square() / noise**2
+        mean = mean + xt * (yt - xt @ mean) / noise**2 / precision
+    return mean, precision.reciprocal()
+
+
+@pytest.mark.parametrize(
+    "family, linearize",
+    [("full", True), ("full", False), ("diag", True), ("diag", False), ("dlr", True)],
+)
+def test_default_settings_are_exact_on_the_conjugate_stream(float64, device, family, linearize):
+    # Bayesian linear regression streamed one point at a time, every other setting left at
+    # its default (the start, the Hessian, the Monte Carlo draws): the full and full-rank
+    # LoFi beliefs are the closed-form posterior; the diagonal one is the diagonal EKF.
+    dim, prior_scale, noise, n = 4, 1.5, 0.5, 30
+    x, y, _ = linear_data(n, dim, noise, device)
+    kwargs = {"rank": dim} if family == "dlr" else {}
+    f = BONG(linear_model(dim, prior_scale, noise), family=family, linearize=linearize, **kwargs)
+    pyro.set_rng_seed(0)
+    for t in range(n):
+        f.update(x[t : t + 1], y[t : t + 1])
+        if t == 4:  # after 5 points, where a start away from the prior mean shows most
+            mean, cov = exact_posterior(x[:5], y[:5], prior_scale, noise)
+            if family == "diag":
+                mean, variance = diagonal_ekf(x[:5], y[:5], prior_scale, noise)
+                cov = torch.diag(variance)
+            torch.testing.assert_close(f.mean, mean, atol=1e-10, rtol=0)
+    mean, cov = exact_posterior(x, y, prior_scale, noise)
+    if family == "diag":
+        mean, variance = diagonal_ekf(x, y, prior_scale, noise)
+        cov = torch.diag(variance)
+    assert f.mean.device.type == device.type
+    torch.testing.assert_close(f.mean, mean, atol=1e-10, rtol=0)
+    torch.testing.assert_close(f.covariance(), cov, atol=1e-10, rtol=0)
+
+
+def test_monte_carlo_low_rank_default_is_refused_with_what_to_pass():
+    with pytest.raises(ValueError, match="hessian='ef'.*linearize=True"):
+        BONG(linear_model(3, 1.0, 0.5), family="dlr", linearize=False)
+    BONG(linear_model(3, 1.0, 0.5), family="dlr", linearize=False, hessian="ef")  # explicit
+
+
+def test_antithetic_draws_are_exact_samples_reflected_about_the_mean(float64):
+    g = torch.Generator().manual_seed(0)
+    root = torch.randn(3, 3, generator=g)
+    belief = updates.FullBelief(torch.tensor([1.0, -2.0, 0.5]), root @ root.T + torch.eye(3))
+    draws = updates.sample(belief, 40000, torch.Generator().manual_seed(1), antithetic=True)
+    first, second = draws.chunk(2)
+    torch.testing.assert_close(first + second, 2 * belief.mean.expand_as(first))
+    cov = torch.linalg.inv(belief.precision)
+    assert (torch.cov(first.T) - cov).abs().max() < 0.05 * cov.abs().max()
+    with pytest.raises(ValueError, match="even"):
+        updates.sample(belief, 3, antithetic=True)
+
+
+def test_predictive_with_drift_is_the_ekf_one_step_ahead_predictive(float64):
+    # Predict-then-update EKF written out: before each observation the covariance grows by
+    # q I, the one-step-ahead predictive is N(x mu, x (P + q I) x^T + s^2), then the update.
+    # The filter's predictive must be that, before the first update too (the prior
+    # predictive), and its filtered belief must not drift twice.
+    dim, prior_scale, noise, q, n = 3, 1.0, 0.1, 1e-3, 40
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(n, dim, generator=g)
+    w = torch.randn(dim, generator=g) + (q**0.5 * torch.randn(n, dim, generator=g)).cumsum(0)
+    y = (x * w).sum(-1) + noise * torch.randn(n, generator=g)
+    f = BONG(linear_model(dim, prior_scale, noise), dynamics=("random_walk", q))
+    mu, P = torch.zeros(dim), prior_scale**2 * torch.eye(dim)
+    total, total_ekf = 0.0, 0.0
+    for t in range(n):
+        xt, yt = x[t : t + 1], y[t : t + 1]
+        P = P + q * torch.eye(dim)  # predict
+        loc_ekf, var_ekf = xt @ mu, (xt @ P @ xt.T).reshape(1) + noise**2
+        loc, var = f.predictive(xt)
+        torch.testing.assert_close(loc, loc_ekf, atol=1e-10, rtol=0)
+        torch.testing.assert_close(var, var_ekf, atol=1e-10, rtol=0)
+        _, spread = f.predictive(xt, noise=False)
+        torch.testing.assert_close(spread, var_ekf - noise**2, atol=1e-10, rtol=0)
+        torch.testing.assert_close(f.predicted_belief().mean, mu, atol=1e-10, rtol=0)
+        total += dist.Normal(loc, var.sqrt()).log_prob(yt).sum().item()
+        total_ekf += dist.Normal(loc_ekf, var_ekf.sqrt()).log_prob(yt).sum().item()
+        S = (xt @ P @ xt.T).reshape(()) + noise**2  # update
+        K = (P @ xt.T).reshape(-1) / S
+        mu, P = mu + K * (yt - xt @ mu), P - torch.outer(K, K) * S
+        f.update(xt, yt)
+        torch.testing.assert_close(f.mean, mu, atol=1e-10, rtol=0)
+        torch.testing.assert_close(f.covariance(), P, atol=1e-10, rtol=0)
+    assert abs(total - total_ekf) < 1e-8
+
+
+def test_thompson_draws_come_from_the_predicted_belief(float64):
+    from pyro_ext.online import ThompsonBandit, gaussian_arms_model
+
+    agent = ThompsonBandit(
+        lambda: BONG(gaussian_arms_model(2), family="diag", dynamics=("random_walk", 0.5)), 2
+    )
+    agent.observe(None, 0, 1.0)
+    belief = agent.filter.predicted_belief()
+    torch.testing.assert_close(
+        belief.precision.reciprocal(), agent.filter.belief.precision.reciprocal() + 0.5
+    )
+
+
+def wolf_by_hand(x, y, prior_scale, noise, c, squared=True):
+    """WoLF on a linear-Gaussian model as the paper's algorithm writes it (Duran-Martin et
+    al. 2024; the authors' ExtendedKalmanFilterIMQ): the Kalman update with R / w, w = the
+    IMQ weight of the residual against the predicted mean, c^2 / (c^2 + r^2)."""
+    mean = torch.zeros(x.shape[-1], dtype=x.dtype)
+    cov = prior_scale**2 * torch.eye(x.shape[-1], dtype=x.dtype)
+    for xt, yt in zip(x, y):
+        r = yt - xt @ mean
+        w = c**2 / (c**2 + r**2)
+        if not squared:
+            w = w.sqrt()
+        S = xt @ cov @ xt + noise**2 / w
+        K = cov @ xt / S
+        mean, cov = mean + K * r, cov - torch.outer(K, K) * S
+    return mean, cov
+
+
+@pytest.mark.parametrize("squared", [True, False])
+def test_wolf_is_the_papers_algorithm_written_out(float64, squared):
+    dim, noise, n, c = 3, 0.3, 60, 0.5
+    x, y, _ = linear_data(n, dim, noise, seed=11)
+    g = torch.Generator().manual_seed(12)
+    outlier = torch.rand(n, generator=g) < 0.2
+    y = torch.where(outlier, y + 5 * torch.randn(n, generator=g).sign(), y)
+    f = WoLF(linear_model(dim, 1.0, noise), c=c, squared=squared)
+    for t in range(n):
+        f.update(x[t : t + 1], y[t : t + 1])
+    mean, cov = wolf_by_hand(x, y, 1.0, noise, c, squared)
+    torch.testing.assert_close(f.mean, mean, atol=1e-10, rtol=0)
+    torch.testing.assert_close(f.covariance(), cov, atol=1e-10, rtol=0)
+    assert repr(f.robust) == ("IMQ(c=0.5)" if squared else "IMQ(c=0.5, squared=False)")
+    with pytest.raises(TypeError, match="squared must be a bool"):
+        IMQ(1.0, squared="yes")
+
+
+def test_prior_predictive_before_the_first_update(float64):
+    dim, prior_scale, noise, q = 3, 1.5, 0.5, 0.2
+    x, y, _ = linear_data(5, dim, noise)
+    f = BONG(linear_model(dim, prior_scale, noise), dynamics=("random_walk", q))
+    loc, var = f.predictive(x)
+    torch.testing.assert_close(loc, torch.zeros(5), atol=1e-12, rtol=0)
+    expected = (x.square().sum(-1)) * (prior_scale**2 + q) + noise**2
+    torch.testing.assert_close(var, expected, atol=1e-10, rtol=0)
+    # The belief it set up is the one the update starts from.
+    f.update(x, y)
+    g = BONG(linear_model(dim, prior_scale, noise), dynamics=("random_walk", q)).update(x, y)
+    torch.testing.assert_close(f.mean, g.mean, atol=1e-12, rtol=0)
+    torch.testing.assert_close(f.covariance(), g.covariance(), atol=1e-12, rtol=0)
+
+
+def test_prior_predictive_keeps_a_declared_random_start():
+    from pyro_ext.online import neural_contextual_model
+
+    model = neural_contextual_model(3, 2, hidden=4)
+    context, action, reward = torch.randn(4, 3), torch.tensor([0, 1, 1, 0]), torch.randn(4)
+    means = []
+    for predict_first in (False, True):
+        pyro.set_rng_seed(3)
+        f = LoFi(model, rank=2)
+        if predict_first:
+            loc, var = f.predictive(context, action)
+            assert loc.shape == (4,) and bool((var > 1).all())  # the prior's spread + noise
+        means.append(f.update(context, action, reward).mean)
+    torch.testing.assert_close(means[0], means[1], atol=0, rtol=0)
+    assert bool((means[0] != 0).all())  # a prior draw, not the zero prior mean
+
+
+def test_network_at_its_zero_prior_mean_is_reported():
+    def net(x, y=None):
+        w1 = pyro.sample("w1", dist.Normal(0.0, 1.0).expand([2, 4]).to_event(2))
+        w2 = pyro.sample("w2", dist.Normal(0.0, 1.0).expand([4]).to_event(1))
+        b = pyro.sample("b", dist.Normal(0.0, 1.0))
+        with pyro.plate("data", x.shape[0]):
+            pyro.sample("y", dist.Normal(torch.tanh(x @ w1) @ w2 + b, 0.1), obs=y)
+
+    x, y = torch.randn(3, 2), torch.randn(3)
+    with pytest.warns(UserWarning, match=r"\['w1', 'w2'\].*init_to_sample"):
+        BONG(net).update(x, y)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        BONG(net, init_strategy=init_to_sample).update(x, y)
+        BONG(linear_model(2, 1.0, 0.5)).update(x, y)  # nonzero Jacobian at the prior mean
+
+
+@pytest.mark.parametrize("linearize", [True, False])
+def test_deterministic_sites_are_never_observations(float64, linearize):
+    dim, noise = 3, 0.5
+    x, y, _ = linear_data(10, dim, noise)
+
+    def model(x, y=None):
+        w = pyro.sample("w", dist.Normal(torch.zeros(dim), 1.0).to_event(1))
+        f = pyro.deterministic("f", x @ w)
+        with pyro.plate("data", x.shape[0]):
+            pyro.sample("y", dist.Normal(f, noise), obs=y)
+
+    filt = BONG(model, linearize=linearize)
+    prior_loc, _ = filt.predictive(x)  # y is the output, not f
+    assert prior_loc.shape == (10,)
+    filt.update(x, y)
+    assert filt.observed_sites == ("y",)
+    mean, cov = exact_posterior(x, y, 1.0, noise)
+    torch.testing.assert_close(filt.mean, mean, atol=1e-10, rtol=0)
+    torch.testing.assert_close(filt.covariance(), cov, atol=1e-10, rtol=0)

@@ -299,6 +299,9 @@ class NaturalGradientVI:
                 or site_is_subsample(site)
                 or name in self.potential.layout
                 or not site["is_observed"]
+                # pyro.deterministic records an observed Delta: a function of the latent
+                # sites, not an observation, and no term of the likelihood.
+                or site["infer"].get("_deterministic")
             ):
                 continue
             fn = site["fn"]
