@@ -26,10 +26,34 @@ covariates whose exact inclusion probability lies in (0.05, 0.95), where mixing 
 wall time (median / mean / p90 / max over seeds, NumPyro without compilation), and ESS per
 second. One CPU thread.
 
+**Mixture** (``--mixture``, written to ``results/gibbs_mixture.md``; issue 30, item 7): the
+3-component 1-D Gaussian mixture of Pyro's GMM tutorial, ``weights ~ Dirichlet(0.5)``,
+``scale ~ LogNormal(0, 2)`` (unknown), ``locs_k ~ N(0, 10^2)``, ``assignment_n ~
+Categorical(weights)`` and ``y_n ~ N(locs[assignment_n], scale)``, on N = 150 points drawn
+from components at -5, 0, 5 with sd 1 (data seed 0). ``Gibbs(kernel, ["assignment"])`` with
+L = 4 particles, from the default start (no ``initial_params``):
+
+- **time per step**, median / mean / p90 / max over the steps of 5 seeds, of the assignment
+  move as it was (every assignment swept one at a time, ``V = 3`` model evaluations each:
+  the path that remains for interacting elements, forced here) against the move now (all
+  150 drawn at once from their exact conditionals, ``V + 2`` evaluations per sweep, with
+  the energy check of each gradient step);
+- **what a user gets from the default start** with constant SGLD step sizes: the step
+  and sites of the divergence the kernel reports, or the draws;
+- **sorted posterior means of the component locations** (each draw's locations sorted,
+  which removes label switching, then averaged) per seed, against Pyro's ``NUTS`` with the
+  assignments enumerated (``config_enumerate``, ``max_plate_nesting=1``), one chain per
+  seed: ours from the default start with the step ramped up from a stable 1e-5 (3 % a
+  step, to 3e-3), and ours started in the true components' basin (locations -5, 0, 5,
+  scale 1, weights 1/3, step 3e-3), which checks the stationary law apart from the start.
+  NumPyro's ``DiscreteHMCGibbs`` is run beside them when numpyro is installed.
+
 Run from the repository root::
 
-    python benchmarks/gibbs.py            # full: D = 8 and 12, 3 seeds, ~5 minutes
-    python benchmarks/gibbs.py --quick    # D = 8, one seed, few draws
+    python benchmarks/gibbs.py              # full: D = 8 and 12, 3 seeds, ~5 minutes
+    python benchmarks/gibbs.py --mixture    # full mixture section, 5 seeds
+    python benchmarks/gibbs.py --quick      # D = 8, one seed, few draws; and the mixture's
+                                            # quick section (one seed, few steps)
 """
 
 import itertools
@@ -47,9 +71,10 @@ import pyro.distributions as dist  # noqa: E402
 import torch  # noqa: E402
 from pyro.ops.stats import effective_sample_size  # noqa: E402
 
-from pyro_ext.infer import MCMC, SGLD, Gibbs  # noqa: E402
+from pyro_ext.infer import MCMC, SGLD, Gibbs, SamplerDivergenceError  # noqa: E402
 
 RESULTS = REPO / "benchmarks" / "results" / "gibbs.md"
+MIXTURE_RESULTS = REPO / "benchmarks" / "results" / "gibbs_mixture.md"
 N, SLAB, PI, PARTICLES = 40, 1.0, 0.3, 8
 
 
@@ -160,12 +185,277 @@ def run_numpyro(X, y, num_samples, warmup, seed):
     return torch.as_tensor(jax.device_get(gamma)).double().unsqueeze(0), seconds, first - seconds
 
 
+# -- the mixture of issue 30, item 7 --------------------------------------------------
+K, MIXTURE_N, MIXTURE_PARTICLES = 3, 150, 4
+TRUE_LOCS = (-5.0, 0.0, 5.0)
+
+
+def mixture_data(seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    locs = torch.tensor(TRUE_LOCS)
+    assignment = torch.randint(0, K, (MIXTURE_N,), generator=generator)
+    return locs[assignment] + torch.randn(MIXTURE_N, generator=generator)
+
+
+def gmm(data):
+    """Pyro's GMM tutorial model, with an unknown scale."""
+    weights = pyro.sample("weights", dist.Dirichlet(0.5 * torch.ones(K)))
+    scale = pyro.sample("scale", dist.LogNormal(0.0, 2.0))
+    with pyro.plate("components", K):
+        locs = pyro.sample("locs", dist.Normal(0.0, 10.0))
+    with pyro.plate("data", len(data)):
+        assignment = pyro.sample("assignment", dist.Categorical(weights))
+        pyro.sample("obs", dist.Normal(locs[assignment], scale), obs=data)
+
+
+def gibbs_run(data, step_size, warmup, num_samples, seed, sweep=False, initial_params=None):
+    """One run of ``Gibbs(SGLD(gmm, step_size, 4), ["assignment"])`` from the default start
+    (or ``initial_params``):
+    ``(mcmc, kernel, seconds per step, divergence or None)``. ``sweep=True`` moves the
+    assignments one at a time without the energy check (the kernel as it was)."""
+    pyro.set_rng_seed(seed)
+    kernel = Gibbs(
+        SGLD(gmm, step_size=step_size, num_particles=MIXTURE_PARTICLES),
+        ["assignment"],
+        divergence_threshold=None if sweep else 1000.0,
+    )
+    if sweep:
+        kernel._gibbs_block = lambda name, z: False  # the element-by-element sweep
+    stamps = []
+    mcmc = MCMC(
+        kernel,
+        num_samples=num_samples,
+        warmup_steps=warmup,
+        disable_progbar=True,
+        initial_params=initial_params,
+        hook_fn=lambda *_: stamps.append(time.perf_counter()),
+    )
+    divergence = None
+    try:
+        mcmc.run(data)
+    except SamplerDivergenceError as error:
+        divergence = error
+    seconds = [b - a for a, b in zip(stamps, stamps[1:])]
+    return mcmc, kernel, seconds, divergence
+
+
+def nuts_run(data, warmup, num_samples, seed):
+    from pyro.infer import MCMC as PyroMCMC
+    from pyro.infer import NUTS, config_enumerate
+
+    pyro.set_rng_seed(seed)
+    mcmc = PyroMCMC(
+        NUTS(config_enumerate(gmm), max_plate_nesting=1),
+        num_samples=num_samples,
+        warmup_steps=warmup,
+        disable_progbar=True,
+    )
+    started = time.perf_counter()
+    mcmc.run(data)
+    return mcmc.get_samples(), (time.perf_counter() - started) / (warmup + num_samples)
+
+
+def numpyro_run(data, warmup, num_samples, seed):
+    import jax
+    import jax.numpy as jnp
+    import numpyro
+    import numpyro.distributions as ndist
+    from numpyro.infer import MCMC as NumPyroMCMC
+    from numpyro.infer import NUTS, DiscreteHMCGibbs
+
+    def model(data):
+        weights = numpyro.sample("weights", ndist.Dirichlet(0.5 * jnp.ones(K)))
+        scale = numpyro.sample("scale", ndist.LogNormal(0.0, 2.0))
+        with numpyro.plate("components", K):
+            locs = numpyro.sample("locs", ndist.Normal(0.0, 10.0))
+        with numpyro.plate("data", len(data)):
+            assignment = numpyro.sample("assignment", ndist.Categorical(weights))
+            numpyro.sample("obs", ndist.Normal(locs[assignment], scale), obs=data)
+
+    mcmc = NumPyroMCMC(
+        DiscreteHMCGibbs(NUTS(model)),
+        num_warmup=warmup,
+        num_samples=num_samples,
+        progress_bar=False,
+    )
+    started = time.perf_counter()
+    mcmc.run(jax.random.PRNGKey(seed), jnp.asarray(data.numpy()))
+    locs = torch.as_tensor(jax.device_get(mcmc.get_samples()["locs"]))
+    return {"locs": locs}, (time.perf_counter() - started) / (warmup + num_samples)
+
+
+def sorted_means(locs):
+    """Posterior means of the sorted locations (each draw sorted: no label switching)."""
+    return locs.sort(-1).values.reshape(-1, K).mean(0)
+
+
+def fmt_locs(means):
+    return "(" + ", ".join(f"{float(m):.2f}" for m in means) + ")"
+
+
+def mixture_section(quick):
+    data = mixture_data()
+    seeds = [0] if quick else [0, 1, 2, 3, 4]
+    sections = []
+
+    # 1. Time per step: the sweep as it was against the move now, at a step size stable
+    # from the default start (1e-5), so both time the same path.
+    timing_steps = 4 if quick else 30
+    labels = {
+        True: "before: element-by-element sweep, no energy check",
+        False: "after: all assignments at once, with the energy check",
+    }
+    seconds = {True: [], False: []}
+    for seed in seeds:  # interleaved, so that both see the same load of a shared machine
+        for sweep in (True, False):
+            steps = max(2, timing_steps // 5) if sweep else timing_steps
+            seconds[sweep] += gibbs_run(data, 1e-5, 0, steps, seed, sweep=sweep)[2]
+    rows = [
+        [labels[sweep], len(seconds[sweep]), spread(seconds[sweep], scale=1e3, fmt="{:.1f}")]
+        for sweep in (True, False)
+    ]
+    before_median = statistics.median(seconds[True])
+    after_median = statistics.median(seconds[False])
+    sections.append(
+        "## Mixture: time per step\n\n"
+        + markdown(
+            ["assignment move", "steps timed", "ms per step: median / mean / p90 / max"], rows
+        )
+        + f"\n\nMedian speed-up: {before_median / after_median:.0f}×."
+    )
+
+    # 2. What a user gets from the default start, at constant SGLD step sizes.
+    step_sizes = [1e-3, 1e-5] if quick else [1e-3, 1e-4, 3e-5, 1e-5]
+    warmup, num_samples = (5, 5) if quick else (300, 300)
+    rows = []
+    for step_size in step_sizes:
+        for seed in seeds:
+            mcmc, _, _, error = gibbs_run(data, step_size, warmup, num_samples, seed)
+            if error is not None:
+                outcome = (
+                    f"divergence at step {error.step} in {', '.join(error.sites)} "
+                    f"(particles {error.particles})"
+                )
+                rows.append([f"{step_size:g}", seed, outcome, "", ""])
+                continue
+            samples = mcmc.get_samples()
+            rows.append(
+                [
+                    f"{step_size:g}",
+                    seed,
+                    "ran",
+                    fmt_locs(sorted_means(samples["locs"])),
+                    f"{float(samples['scale'].mean()):.2f}",
+                ]
+            )
+    sections.append(
+        f"## Mixture: SGLD from the default start, constant step sizes ({warmup} + "
+        f"{num_samples} steps)\n\n"
+        + markdown(["step size", "seed", "outcome", "sorted means of locs", "mean scale"], rows)
+    )
+    # 3. Sorted posterior means of the locations against NUTS with the assignments
+    # enumerated. Ours from the default start with the step size ramped up from a stable
+    # 1e-5 (3 % a step, to 3e-3), and from the true components' basin (locs at -5, 0, 5,
+    # scale 1, weights 1/3; the assignments drawn from the model given them), which checks
+    # the stationary law apart from the start.
+    ramp = lambda t: min(3e-3, 1e-5 * 1.03**t)  # noqa: E731
+    truth = {  # unconstrained, as the kernels take initial values
+        "locs": torch.tensor(TRUE_LOCS),
+        "scale": torch.tensor(0.0),  # log 1
+        "weights": torch.distributions.biject_to(dist.constraints.simplex).inv(torch.ones(K) / K),
+    }
+    warmup, num_samples = (5, 5) if quick else (300, 300)
+    nuts_warmup, nuts_samples = (3, 3) if quick else (100, 100)
+    samplers = {
+        "ours, default start, ramped step": lambda seed: gibbs_run(
+            data, ramp, warmup, num_samples, seed
+        ),
+        "ours, started in the true basin, step 3e-3": lambda seed: gibbs_run(
+            data, 3e-3, warmup, num_samples, seed, initial_params=truth
+        ),
+    }
+    rows = []
+    for name, run in samplers.items():
+        for seed in seeds:
+            mcmc, _, seconds, error = run(seed)
+            locs = mcmc.get_samples(group_by_chain=True)["locs"]  # (L, S, K)
+            if error is not None or locs.shape[1] == 0:
+                rows.append([name, seed, f"divergence at step {error.step}", "", ""])
+                continue
+            per_particle = "; ".join(fmt_locs(sorted_means(chain)) for chain in locs)
+            rows.append(
+                [
+                    name,
+                    seed,
+                    fmt_locs(sorted_means(locs)),
+                    per_particle,
+                    f"{statistics.fmean(seconds) * 1e3:.1f}",
+                ]
+            )
+    for seed in seeds:
+        samples, per_step = nuts_run(data, nuts_warmup, nuts_samples, seed)
+        rows.append(
+            [
+                f"Pyro NUTS, assignments enumerated ({nuts_warmup} + {nuts_samples} steps)",
+                seed,
+                fmt_locs(sorted_means(samples["locs"])),
+                "",
+                f"{per_step * 1e3:.1f}",
+            ]
+        )
+    try:
+        numpyro_version = version("numpyro")
+    except Exception:
+        numpyro_version = None
+    if numpyro_version is None:
+        rows.append(["NumPyro `DiscreteHMCGibbs(NUTS)`", "", "not installed", "", ""])
+    else:
+        for seed in seeds:
+            samples, per_step = numpyro_run(data, nuts_warmup, nuts_samples, seed)
+            rows.append(
+                [
+                    "NumPyro `DiscreteHMCGibbs(NUTS)`",
+                    seed,
+                    fmt_locs(sorted_means(samples["locs"])),
+                    "",
+                    f"{per_step * 1e3:.1f}",
+                ]
+            )
+    sections.append(
+        f"## Mixture: sorted posterior means of the locations ({warmup} + {num_samples} "
+        f"steps for ours, {MIXTURE_PARTICLES} particles)\n\n"
+        + markdown(
+            [
+                "sampler",
+                "seed",
+                "sorted means (all draws)",
+                "per particle",
+                "ms per step (mean)",
+            ],
+            rows,
+        )
+    )
+    return sections
+
+
 def main():
     parser = argument_parser(
         __doc__, RESULTS, quick="D = 8 only, seed 0, short chains (smoke test)"
     )
+    parser.add_argument(
+        "--mixture",
+        action="store_true",
+        help="run the mixture section only (issue 30, item 7), written to "
+        "results/gibbs_mixture.md unless --output is given",
+    )
     args = parser.parse_args()
     torch.set_num_threads(1)
+    if args.mixture:
+        started = time.perf_counter()
+        sections = mixture_section(args.quick)
+        output = MIXTURE_RESULTS if args.output == RESULTS else args.output
+        write_report(mixture_preamble(args.quick, started), sections, output)
+        return
     dims = [8] if args.quick else [8, 12]
     seeds = [0] if args.quick else [0, 1, 2]
     per_particle = 50 if args.quick else 600  # kept draws per particle
@@ -233,8 +523,27 @@ def main():
         "script's docstring: the same model and data for every sampler, exact inclusion "
         "probabilities by enumeration of all 2^D models, the same number of kept draws."
     )
-    write_report(
-        preamble, ["## Spike-and-slab regression, N = 40\n\n" + markdown(header, rows)], args.output
+    sections = ["## Spike-and-slab regression, N = 40\n\n" + markdown(header, rows)]
+    if args.quick:
+        # The smoke test covers the mixture section too (its full run: --mixture).
+        sections += mixture_section(quick=True)
+    write_report(preamble, sections, args.output)
+
+
+def mixture_preamble(quick, started):
+    try:
+        numpyro_version = version("numpyro")
+    except Exception:
+        numpyro_version = "not installed"
+    return (
+        "# Gibbs on mixture assignments: one pass for all of them\n\n"
+        f"Mode: {'quick' if quick else 'full'}. torch {version('torch')}, pyro "
+        f"{version('pyro-ppl')}, numpyro {numpyro_version}, one CPU thread (a machine shared "
+        "with other jobs: the timings are comparable within this report only); total "
+        f"{(time.perf_counter() - started) / 60:.1f} min. Generated by `python "
+        f"benchmarks/gibbs.py {command_line_args()}`. Protocol in the script's docstring: "
+        "Pyro's GMM tutorial model with an unknown scale, K = 3, N = 150 points from "
+        "components at -5, 0, 5 with sd 1, L = 4 particles."
     )
 
 

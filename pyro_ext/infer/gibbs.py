@@ -8,17 +8,23 @@ exact marginal likelihood with the coefficients integrated out.
 
 Every move is vectorised: all ``L`` particles, and all values of the element being moved,
 are evaluated in one pass of the model's potential (:class:`~.sgmcmc.ParticlePotential`,
-the same layer the gradient step runs on).
+the same layer the gradient step runs on). The elements of a site that are conditionally
+independent given everything else (mixture assignments in a data plate) are all drawn in
+that one pass.
 """
 
+import math
+import warnings
 from collections.abc import Mapping
 
 import pyro
 import torch
+from pyro.distributions.util import scale_and_mask
+from pyro.poutine.util import site_is_subsample
 
 from ..ops.validation import check_choice, check_int
 from .sgmcmc.kernels import ParticleKernel, SGMCMCKernel
-from .sgmcmc.potential import SamplerDivergenceError
+from .sgmcmc.potential import LogJointMessenger, SamplerDivergenceError
 
 __all__ = ["MOVES", "Gibbs"]
 
@@ -45,6 +51,22 @@ class _GibbsParams(Mapping):
         return len(self.continuous) + len(self.discrete)
 
 
+class _SiteLogProbs(LogJointMessenger):
+    """:class:`~.sgmcmc.potential.LogJointMessenger`'s conditioning, keeping each site's
+    scaled, masked log density as a tensor over its batch (plate) dimensions instead of
+    summing them: the factors a Gibbs move splits into per-element conditionals."""
+
+    def __init__(self, values):
+        super().__init__(values, {})
+        self.log_probs = {}
+
+    def _postprocess_message(self, msg):
+        if msg["type"] != "sample" or site_is_subsample(msg) or msg["infer"].get("_deterministic"):
+            return
+        log_prob = msg["fn"].log_prob(msg["value"], *msg["args"], **msg["kwargs"])
+        self.log_probs[msg["name"]] = scale_and_mask(log_prob, msg["scale"], msg["mask"])
+
+
 class Gibbs(ParticleKernel):
     r"""
     Alternate a stochastic-gradient kernel on the continuous sites with moves on the
@@ -63,7 +85,23 @@ class Gibbs(ParticleKernel):
 
     * ``"gibbs"`` (default): the element is drawn from its exact full conditional, which
       is computed by enumerating its values (the model is run once per value, vectorised
-      with the particles): ``V`` evaluations per element for ``V`` values.
+      with the particles): ``V`` evaluations per element for ``V`` values. When the
+      site's elements are conditionally independent given the rest (mixture assignments
+      in a data plate, indicators in a plate whose downstream sites each read their own
+      element), all of them are drawn at once from their exact full conditionals
+      (blocked Gibbs; Ishwaran & James 2001 for mixtures): the model runs once per value
+      with every element at that value, as Pyro's parallel enumeration broadcasts a value
+      along a plate (``TraceEnum_ELBO``, ``infer_discrete``), each factor's log density is
+      read element by element, and element ``i`` is drawn with probabilities
+      ``softmax_v`` of the sum of its factors at ``v``: ``V + 2`` evaluations per sweep,
+      whatever the number of elements. The split is checked in the same pass at every
+      sweep: every factor that changes with the value must be batched over the site's
+      elements, and the log joint at the current values and at uniformly drawn values must
+      equal the per-element sum. A site that fails (its elements interact: a factor outside
+      its plate, a ``.to_event()`` site, a sum or shift along the plate) is swept one
+      element at a time from then on, with a ``RuntimeWarning`` that says why;
+      :attr:`vectorised_sites` tells which sites are drawn at once. A model that
+      subsamples a plate is always swept.
     * ``"mh-flip"``: Metropolis-Hastings, proposing another value of the element
       uniformly (a flip for a binary site): one evaluation per element. Cheaper than
       ``"gibbs"`` for many-valued sites; it mixes less per sweep.
@@ -97,6 +135,20 @@ class Gibbs(ParticleKernel):
     :param int max_support_size: the most values an element may take (default 64): a
         Gibbs sweep costs that many model evaluations per element, so a site with more
         values is refused with an error.
+    :param float divergence_threshold: the largest energy error (nats) of a step of the
+        inner kernel before it counts as a divergence (default 1000, the threshold of
+        Stan's and Pyro's NUTS); ``None`` turns the check off. After each step ``z -> z'``
+        the log density ``log p`` (unconstrained, discrete sites at their values) and its
+        gradient ``g`` are evaluated at both ends on the step's data, and the step's energy
+        error ``|log p(z') - log p(z) - (g(z) + g(z')) . (z' - z) / 2|`` is the error of the
+        trapezoidal rule along the step: zero on a Gaussian target whatever the dimension
+        and the step, and huge when one step jumps across the posterior (a noise scale
+        thrown from 0.1 to 1e25 by a gradient of 1e6). A step above the threshold, or one
+        whose log density or gradient is not finite, raises
+        :class:`~pyro_ext.infer.SamplerDivergenceError` with the step and the sites that
+        carry the error; the draws before it are kept (:meth:`MCMC.get_samples`). It costs
+        one gradient evaluation of the ``L`` particles per step (of ``2 L`` after a
+        compiled inner step, whose gradient at the step's start is not kept).
     """
 
     def __init__(
@@ -106,6 +158,7 @@ class Gibbs(ParticleKernel):
         moves: str = "gibbs",
         every: int = 1,
         max_support_size: int = 64,
+        divergence_threshold: float | None = 1000.0,
     ):
         if not isinstance(kernel, SGMCMCKernel):
             raise TypeError(
@@ -127,6 +180,20 @@ class Gibbs(ParticleKernel):
         self._moves = self._check_moves(moves, discrete_sites)
         self.every = check_int(every, "every", low=1)
         self.max_support_size = check_int(max_support_size, "max_support_size", low=2)
+        if divergence_threshold is not None:
+            if isinstance(divergence_threshold, bool) or not isinstance(
+                divergence_threshold, int | float
+            ):
+                raise TypeError(
+                    "divergence_threshold must be a positive number of nats or None, got "
+                    f"{type(divergence_threshold).__name__}"
+                )
+            if not (math.isfinite(divergence_threshold) and divergence_threshold > 0):
+                raise ValueError(
+                    "divergence_threshold must be a positive, finite number of nats or None, "
+                    f"got {divergence_threshold}"
+                )
+        self.divergence_threshold = divergence_threshold
         self.kernel = kernel
         self.discrete_sites = tuple(discrete_sites)
         self.moves = moves
@@ -142,6 +209,22 @@ class Gibbs(ParticleKernel):
         self.acceptance_rate = None
         self._proposals = 0
         self._accepted = 0
+        self._vectorised = {}
+        self._why_swept = {}
+
+    @property
+    def vectorised_sites(self) -> tuple:
+        """The ``"gibbs"`` sites whose elements are drawn at once (conditionally
+        independent given the rest, as checked at every sweep); the others are swept one
+        element at a time. Known after the first sweep of a run."""
+        return tuple(name for name, ok in self._vectorised.items() if ok)
+
+    @property
+    def swept_sites(self) -> dict:
+        """``{site: why}`` for the ``"gibbs"`` sites swept one element at a time because
+        their elements are not conditionally independent given the rest (or the model
+        subsamples a plate)."""
+        return dict(self._why_swept)
 
     @staticmethod
     def _check_moves(moves, discrete_sites):
@@ -201,6 +284,9 @@ class Gibbs(ParticleKernel):
         """Run the next steps on new model arguments (see :meth:`SGMCMCKernel.set_data`)."""
         self.kernel.set_data(*args, **kwargs)
         self._full_subsamples = self._all_indices()
+        if self._full_subsamples:
+            self._vectorised = {name: False for name in self._vectorised}
+            self._why_swept = {name: "the model subsamples a plate" for name in self._vectorised}
 
     def diagnostics(self):
         diagnostics = dict(self.kernel.diagnostics())
@@ -314,6 +400,16 @@ class Gibbs(ParticleKernel):
         self._last_params = None
         self._proposals = self._accepted = 0
         self.acceptance_rate = None
+        # Drawn at once until a sweep shows that the elements interact; a model that
+        # subsamples a plate is swept (its full-data log joint is a mean over minibatches).
+        self._vectorised = {
+            name: not self._full_subsamples
+            for name in self.discrete_sites
+            if self._moves[name] == "gibbs"
+        }
+        self._why_swept = {
+            name: "the model subsamples a plate" for name, ok in self._vectorised.items() if not ok
+        }
 
     def _start_values(self):
         """The given initial values, else each particle's draw from the model given its
@@ -377,9 +473,76 @@ class Gibbs(ParticleKernel):
                     self._step, self.num_particles, error
                 )
                 raise self.kernel.divergence from error
+        # Where the gradient step starts: the kernel's particles, or the values a caller
+        # put in their place (which the kernel continues from).
+        if continuous is self.kernel._last_params:
+            z = self.kernel.particles.detach()
+        else:
+            z = self.potential.flatten(continuous, self.kernel.num_local_particles).detach()
         continuous = self.kernel.sample(continuous)
+        if self.divergence_threshold is not None and self.kernel.rewound_to is None:
+            self._check_step(z, self.kernel.particles.detach())
         self._step += 1
         return self._params(continuous)
+
+    def _check_step(self, z, new_z):
+        """Raise :class:`SamplerDivergenceError` if the inner kernel's step ``z -> new_z``
+        has a non-finite or an exploding energy error (see ``divergence_threshold``)."""
+        potential = self.potential
+        # The inner kernel's own evaluation at the step's start (an eager step keeps it).
+        last = self.kernel.step_start
+        if last is not None and last.z.shape == z.shape and torch.equal(last.z, z):
+            # The step's start as the kernel evaluated it; its end on the same minibatch.
+            _, subsamples, start_log_density, start_grad = last
+            ends = [new_z]
+        else:
+            # Both ends on one minibatch (none is drawn, so no randomness, without one).
+            subsamples = potential.draw_subsamples(z.device)
+            ends = [z, new_z]
+        conditioned = {
+            name: value.repeat((len(ends),) + (1,) * (value.dim() - 1))
+            for name, value in self._discrete.items()
+        }
+        points = torch.cat(ends).requires_grad_(True)
+        with torch.enable_grad(), pyro.validation_enabled(False):
+            log_density = potential.log_density_all(points, subsamples, conditioned=conditioned)
+            (grad,) = torch.autograd.grad(log_density.sum(), points)
+        log_density, grad = log_density.detach(), grad.detach()
+        if len(ends) == 1:
+            log_density = torch.cat([start_log_density, log_density])
+            grad = torch.cat([start_grad, grad])
+        old, new = log_density.chunk(2), grad.chunk(2)
+        terms = 0.5 * (new[0] + new[1]) * (new_z - z)  # (L, D): the trapezoid, per coordinate
+        error = (old[1] - old[0] - terms.sum(-1)).abs()
+        finite = torch.isfinite(error) & torch.isfinite(new[1]).all(-1)
+        bad = ~finite | (error > self.divergence_threshold)
+        if not bool(bad.any()):
+            return
+        particles = bad.nonzero().flatten().tolist()
+        # The sites that carry the error: those holding at least a tenth of its terms.
+        weight = torch.nan_to_num(terms[particles].abs(), nan=torch.inf).sum(0)
+        per_site = {}
+        for column, value in enumerate(weight.tolist()):
+            site = potential.site_of(column)
+            per_site[site] = per_site.get(site, 0.0) + value
+        largest = max(per_site.values())
+        sites = sorted(
+            site
+            for site, value in per_site.items()
+            if value >= 0.1 * largest or not math.isfinite(value)
+        )
+        worst = error[particles].max()
+        what = (
+            f"an energy error of {float(worst):.3g} nats (above divergence_threshold="
+            f"{self.divergence_threshold:g}): one step jumped across the posterior"
+            if bool(finite[particles].all())
+            else "a non-finite log density or gradient after the step"
+        )
+        step = self.kernel._step - 1
+        self.kernel.divergence = SamplerDivergenceError(
+            step, sites, particles, reason=f"{what}, in site(s) {', '.join(map(repr, sites))},"
+        )
+        raise self.kernel.divergence
 
     def _log_joint(self, z, conditioned):
         """The full-data log joint of particles ``z`` with discrete values ``conditioned``."""
@@ -401,7 +564,8 @@ class Gibbs(ParticleKernel):
                     self._custom_move(name, move, z)
                     current = None
                 elif move == "gibbs":
-                    self._gibbs_site(name, z)
+                    if not (self._vectorised[name] and self._gibbs_block(name, z)):
+                        self._gibbs_site(name, z)
                     current = None
                 else:
                     current = self._metropolis_site(name, move, z, current)
@@ -416,6 +580,148 @@ class Gibbs(ParticleKernel):
             for other, value in self._discrete.items()
             if other != name
         }
+
+    def _site_log_probs(self, z, conditioned):
+        """Every site's log density over its batch dimensions, ``{site: (B, *batch)}``, at
+        flat particles ``z`` ``(B, D)`` with the discrete sites at ``conditioned``
+        ``{site: (B, ...)}``: one pass of the model under :func:`torch.func.vmap`."""
+        potential = self.potential
+
+        def one(particle, values):
+            values = {**potential.constrain(particle), **values}
+            with _SiteLogProbs(values) as messenger:
+                potential.run_model()
+            return messenger.log_probs
+
+        return torch.func.vmap(one, randomness="different")(z, conditioned)
+
+    def _gibbs_block(self, name, z):
+        """Draw every element of site ``name`` at once from its exact full conditional, if
+        the elements are conditionally independent given the rest; returns whether it did
+        (otherwise the site is marked for the element-by-element sweep)."""
+        logits = self._block_logits(name, z)
+        if logits is None:
+            return False
+        site = self.potential.discrete_layout[name]
+        support = site.support.to(device=z.device, dtype=site.dtype)
+        stuck = ~torch.isfinite(logits).any(-1).all(-1)  # an element with no possible value
+        if bool(stuck.any()):
+            raise SamplerDivergenceError(
+                self.kernel._step, [name], stuck.nonzero().flatten().tolist()
+            )
+        choice = torch.distributions.Categorical(logits=logits).sample()  # (L, E)
+        self._discrete[name] = support[choice].reshape((z.shape[0],) + site.shape)
+        return True
+
+    def _block_logits(self, name, z):
+        """
+        The full conditionals of all elements of site ``name`` at particles ``z``, as
+        unnormalised log probabilities ``(L, E, V)`` over the site's support (elements
+        flattened), when the elements are conditionally independent given the rest (see
+        ``moves``); ``None`` (and the site marked for the sweep) otherwise.
+        """
+        site = self.potential.discrete_layout[name]
+        support = site.support.to(device=z.device, dtype=site.dtype)
+        num_values, num_particles = support.numel(), z.shape[0]
+        shape = site.shape
+        if tuple(site.batch_shape) != tuple(shape):
+            return self._not_independent(name, "its elements are a .to_event() event", warn=False)
+        current = self._discrete[name]
+        # Configurations, each for all particles: every element at value v (for each v),
+        # the current values, and uniformly drawn values (the last two check the split).
+        uniform = support[torch.randint(0, num_values, (num_particles,) + shape, device=z.device)]
+        candidates = torch.cat(
+            [
+                support.reshape((num_values, 1) + (1,) * len(shape)).expand(
+                    (num_values, num_particles) + shape
+                ),
+                current.unsqueeze(0),
+                uniform.unsqueeze(0),
+            ]
+        )  # (V + 2, L, *shape)
+        num_configs = num_values + 2
+        conditioned = self._others(name, num_configs)
+        conditioned[name] = candidates.reshape((num_configs * num_particles,) + shape)
+        try:
+            log_probs = self._site_log_probs(z.repeat(num_configs, 1), conditioned)
+        except (RuntimeError, NotImplementedError) as error:
+            # An operation vmap cannot batch: the sweep runs the potential's own way.
+            first_line = str(error).strip().splitlines()[0] if str(error).strip() else ""
+            return self._not_independent(name, f"vmap cannot run the model ({first_line})")
+        num_batch = len(shape)
+        table = 0.0  # (V, L, *shape): each element's factors at each value
+        totals = 0.0  # (V + 2, L): the log joint of each configuration
+        for other, log_prob in log_probs.items():
+            log_prob = log_prob.reshape((num_configs, num_particles) + log_prob.shape[1:])
+            totals = totals + log_prob.reshape(num_configs, num_particles, -1).sum(-1)
+            at_values = log_prob[:num_values]
+            if torch.equal(at_values, at_values[:1].expand_as(at_values)):
+                continue  # does not change with the value: cancels from the conditional
+            batch = at_values.shape[2:]
+            if len(batch) < num_batch or tuple(batch[len(batch) - num_batch :]) != shape:
+                return self._not_independent(
+                    name,
+                    f"site {other!r} changes with it but is not batched over its elements "
+                    f"(batch shape {tuple(batch)}, the elements' {tuple(shape)})",
+                    warn=False,
+                )
+            extra = tuple(range(2, 2 + len(batch) - num_batch))
+            table = table + (at_values.sum(extra) if extra else at_values)
+        if not isinstance(table, torch.Tensor):  # nothing depends on the site: its prior is flat
+            table = z.new_zeros((num_values, num_particles) + shape)
+        table = table.reshape(num_values, num_particles, -1)  # (V, L, E)
+        # The split's check, against the current values c: every configuration x of the
+        # pass (each value everywhere, and the uniform draw) must have
+        # log p(x) = log p(c) + sum_i [T(x_i, i) - T(c_i, i)].
+        index = candidates.reshape(num_configs, num_particles, -1).unsqueeze(-1) == support
+        index = index.to(torch.long).argmax(-1)  # (V + 2, L, E): each element's value index
+        at_current = table.gather(0, index[num_values : num_values + 1]).squeeze(0)  # (L, E)
+        at_uniform = table.gather(0, index[num_values + 1 :]).squeeze(0)
+        current_total = totals[num_values]
+        predicted = current_total + torch.cat(
+            [(table - at_current).sum(-1), (at_uniform - at_current).sum(-1).unsqueeze(0)]
+        )  # (V + 1, L)
+        actual = torch.cat([totals[:num_values], totals[num_values + 1 :]])
+        magnitude = sum(
+            log_prob.detach().abs().reshape(num_configs, num_particles, -1).sum(-1)
+            for log_prob in log_probs.values()
+        )  # (V + 2, L): the scale of each sum's rounding error
+        magnitude = (
+            torch.cat([magnitude[:num_values], magnitude[num_values + 1 :]])
+            + magnitude[num_values]
+            + 1.0
+        )
+        tolerance = 256 * torch.finfo(z.dtype).eps * magnitude
+        agree = ((predicted - actual).abs() <= tolerance) | (
+            ~torch.isfinite(predicted) & (predicted == actual)
+        )
+        checkable = torch.isfinite(current_total) & (
+            torch.isfinite(actual) | torch.isfinite(predicted)
+        )
+        if not bool((agree | ~checkable).all()):
+            gap = float(torch.nan_to_num((predicted - actual).abs(), nan=torch.inf).max())
+            return self._not_independent(
+                name,
+                "its log joint is not the sum of per-element terms (off by "
+                f"{gap:.3g} nats between the current values and another configuration)",
+            )
+        return torch.nan_to_num(table.permute(1, 2, 0), nan=-torch.inf, posinf=-torch.inf)
+
+    def _not_independent(self, name, why, warn=True):
+        # A structure the docstring names (a .to_event() site, a factor outside the plate)
+        # is swept quietly; a split that looked right but failed the check is said aloud.
+        self._why_swept[name] = why
+        self._vectorised[name] = False
+        if not warn:
+            return None
+        warnings.warn(
+            f"Gibbs: the elements of discrete site {name!r} are not conditionally "
+            f"independent given the rest ({why}); they are swept one element at a time "
+            "(V model evaluations per element).",
+            RuntimeWarning,
+            stacklevel=5,
+        )
+        return None
 
     def _gibbs_site(self, name, z):
         site = self.potential.discrete_layout[name]
@@ -513,13 +819,18 @@ class Gibbs(ParticleKernel):
 
     # -- checkpointing -----------------------------------------------------------------
     def state_dict(self):
-        """The inner kernel's state, the discrete values and the step count."""
+        """The inner kernel's state, the discrete values, the step count and which sites
+        are drawn at once."""
         return {
             "step": self._step,
             "kernel": self.kernel.state_dict(),
             "discrete": dict(self._discrete),
             "proposals": self._proposals,
             "accepted": self._accepted,
+            # which sites are drawn at once: a resumed run makes the draws of an
+            # uninterrupted one, without re-detecting (and drawing for the check) again
+            "vectorised": dict(self._vectorised),
+            "why_swept": dict(self._why_swept),
         }
 
     def load_state_dict(self, state_dict):
@@ -529,5 +840,7 @@ class Gibbs(ParticleKernel):
         self._discrete = dict(state_dict["discrete"])
         self.potential.conditioned = self._discrete
         self._proposals, self._accepted = state_dict["proposals"], state_dict["accepted"]
+        self._vectorised.update(state_dict.get("vectorised", {}))
+        self._why_swept.update(state_dict.get("why_swept", {}))
         self.acceptance_rate = self._accepted / self._proposals if self._proposals else None
         self._last_params = None

@@ -329,8 +329,18 @@ class MCMC(pyro.infer.MCMC):
             self._commit(unverified, draws, error.step)
             self._collect(draws)
             raise
-        except RuntimeError as error:
-            if shard is None or isinstance(error, RankFailedError):
+        except BaseException as error:
+            if shard is None:
+                # Any other failure (a model error, an interrupt) keeps the verified draws
+                # too, so get_samples() never returns None after a run. (Not sharded: there
+                # the collection is collective, and the other ranks may be gone.)
+                try:
+                    self._commit(unverified, draws, kernel.verified_steps)
+                    self._collect(draws)
+                except Exception:  # noqa: S110 - the error being raised is the one to see
+                    pass
+                raise
+            if isinstance(error, RankFailedError) or not isinstance(error, RuntimeError):
                 raise
             if not is_collective_failure(error):
                 raise
@@ -414,6 +424,11 @@ class MCMC(pyro.infer.MCMC):
         """See :meth:`pyro.infer.MCMC.get_samples`; unavailable with ``statistics``."""
         if self._statistics is not None:
             raise ValueError("this MCMC kept streaming statistics, not draws: use get_statistics()")
+        if isinstance(self.kernel, ParticleKernel) and self._samples is None:
+            raise ValueError(
+                "get_samples(): no draws yet; run() has not been called, or it failed while "
+                "setting up the kernel (before its first step)"
+            )
         return super().get_samples(num_samples=num_samples, group_by_chain=group_by_chain)
 
     def _restore_statistics(self, saved):

@@ -4,6 +4,7 @@ import math
 import warnings
 from abc import abstractmethod
 from collections.abc import Callable, Mapping
+from typing import NamedTuple
 
 import torch
 from pyro.infer.mcmc.mcmc_kernel import MCMCKernel
@@ -16,6 +17,17 @@ from .potential import VECTORIZE, ParticlePotential, SamplerDivergenceError
 from .repulsion import RBFKernel
 from .schedules import as_schedule
 from .updates import SAMPLERS, lookup
+
+
+class StepStart(NamedTuple):
+    """Where the last eager step started: the particles ``z`` (this rank's), the minibatch
+    indices, and the log density and its gradient there (what a compound kernel's check of
+    the step reads, e.g. :class:`~pyro_ext.infer.Gibbs`'s energy error)."""
+
+    z: torch.Tensor
+    subsamples: dict
+    log_density: torch.Tensor
+    grad: torch.Tensor
 
 
 def _check_repulsion(repulsion, num_particles, temperature):
@@ -254,6 +266,8 @@ class SGMCMCKernel(ParticleKernel):
         self._warmup_steps = 0
         self._last_params = None
         self._last_log_density = None
+        #: :class:`StepStart` of the last step when it ran eagerly, else ``None`` (compiled)
+        self.step_start = None
         self._current_step_size = None
         self._step_size_tensor = None
         self._flags = None
@@ -461,6 +475,7 @@ class SGMCMCKernel(ParticleKernel):
             )
         z = self._state.z
         shard = self.shard
+        self.step_start = None
         # The eager and the compiled step draw the same randomness in the same order; every
         # rank of a sharded run draws the noise of all L particles.
         if shard is None:
@@ -498,6 +513,7 @@ class SGMCMCKernel(ParticleKernel):
             # inputs retries the repulsive factorisation or diagnoses the divergence.
             try:
                 log_density, grad = self.potential.log_density_and_grad(z, subsamples)
+                self.step_start = StepStart(z, subsamples, log_density, grad)
             except torch.linalg.LinAlgError as error:
                 # A factorisation inside the model failed at the particles' values (a
                 # covariance that lost positive definiteness as a scale ran to 0).
