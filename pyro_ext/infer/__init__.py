@@ -19,7 +19,7 @@ from .sgmcmc import (
     SGMCMCKernel,
 )
 from .tuning import StepSizeTrial, StepSizeTuning, tune_step_size
-from .vis import VIS
+from .vis import VIS, VISDivergenceError
 
 __all__ = [
     "AdamSGLD",
@@ -40,5 +40,6 @@ __all__ = [
     "StepSizeTrial",
     "StepSizeTuning",
     "VIS",
+    "VISDivergenceError",
     "tune_step_size",
 ]

@@ -8,34 +8,66 @@ eq. (2.9)
 .. math:: q_{\phi,\eta}(z) = \int Q_{\eta,T}(z | z_0)\, q_{0,\phi}(z_0)\, dz_0 .
 
 Sampling from it is easy; its log density is not, so the refined ELBO (2.10) uses one of
-the thesis' approximations of :math:`\log q_{\phi,\eta}(z_T)`:
+the thesis' approximations of :math:`\log q_{\phi,\eta}(z_T)`. Two of them are lower bounds
+on :math:`\log p(x)` (the training loss is then an upper bound on :math:`-\log p(x)`, and
+can be compared with plain SVI's); the other two are not:
 
-* ``"particle"`` (VIS-P): a Dirac at :math:`z_T`, regularised by the entropy of
-  :math:`q_0`, i.e. :math:`\log q(z_T) := \log q_0(z_0)`;
-* ``"mc"`` (VIS-MC, SGLD only): the chain :math:`z_{0:T}` as auxiliary variables. The
-  thesis takes :math:`\log q(z_T) \approx \log q_0(z_0) + \sum_t \log q(z_t | z_{t-1})`
-  with the SGLD kernel :math:`q(z_t | z_{t-1}) = \mathcal N(z_t | z_{t-1} + \eta
-  \nabla\log p(z_{t-1}), 2\eta I)`. Without a reverse kernel that objective is not a
-  lower bound on :math:`\log p(x)`: it grows like :math:`\tfrac{TD}{2}\log\eta`, and a
-  learned step size runs away (on the VAE of table 2.7, :math:`\eta` went from 1e-3 to
-  0.07 with a training "ELBO" above :math:`\log p(x)`). We implement instead the
-  auxiliary-variable bound of Salimans, Kingma & Welling (2015, "Markov chain Monte
-  Carlo and variational inference: bridging the gap"),
+* ``"mc"`` (VIS-MC, SGLD only; **the default**, with ``sampler="sgld"``): the chain
+  :math:`z_{0:T}` as auxiliary variables. The thesis takes :math:`\log q(z_T) \approx \log
+  q_0(z_0) + \sum_t \log q(z_t | z_{t-1})` with the SGLD kernel :math:`q(z_t | z_{t-1}) =
+  \mathcal N(z_t | z_{t-1} + \eta \nabla\log p(z_{t-1}), 2\eta I)`. Without a reverse
+  kernel that objective is not a lower bound on :math:`\log p(x)`: it grows like
+  :math:`\tfrac{TD}{2}\log\eta`, and a learned step size runs away (on the VAE of table 2.7,
+  :math:`\eta` went from 1e-3 to 0.07 with a training "ELBO" above :math:`\log p(x)`). We
+  implement instead the auxiliary-variable bound of Salimans, Kingma & Welling (2015, "Markov
+  chain Monte Carlo and variational inference: bridging the gap"),
 
-  .. math:: \mathbb E\Big[\log p(x, z_T) + \sum_t \log r(z_{t-1} | z_t) - \log q_0(z_0)
+  .. math:: \mathcal L_{MC} = \mathbb E_{q_0(z_0)\prod_t q(z_t|z_{t-1})}\Big[\log p(x, z_T)
+            + \sum_t \log r(z_{t-1} | z_t) - \log q_0(z_0)
             - \sum_t \log q(z_t | z_{t-1})\Big] \le \log p(x),
 
-  valid for any reverse kernel :math:`r`, here the Langevin kernel run backwards,
-  :math:`r(z_{t-1} | z_t) = \mathcal N(z_{t-1} | z_t + \eta\nabla\log p(z_t), 2\eta I)`
-  (one extra gradient, at :math:`z_T`). That is :math:`\log q(z_T) := \log q_0(z_0) +
-  \sum_t [\log q(z_t | z_{t-1}) - \log r(z_{t-1} | z_t)]`; the :math:`\log\eta`
-  normalising constants cancel, so the step size can be learned;
+  with the Langevin kernel run backwards as the reverse kernel, :math:`r(z_{t-1} | z_t) =
+  \mathcal N(z_{t-1} | z_t + \eta\nabla\log p(z_t), 2\eta I)` (one extra gradient, at
+  :math:`z_T`). *Why it is a bound:* :math:`\tilde p(z_{0:T}) = p(x, z_T) \prod_t r(z_{t-1} |
+  z_t)` integrates to :math:`p(x)` (each :math:`r` is a normalised density of
+  :math:`z_{t-1}`), so :math:`\log p(x) - \mathcal L_{MC} = \mathrm{KL}(q(z_{0:T}) \,\|\,
+  \tilde p / p(x)) \ge 0`, for every step size, every ``T`` and every drift (minibatch and
+  per-site scaled gradients included: the same drift enters :math:`q` and :math:`r`).
+  Moreover :math:`\mathcal L_{MC} = \mathrm{ELBO}(q_{\phi,\eta}) - \mathbb E\,
+  \mathrm{KL}(q(z_{0:T-1} | z_T) \,\|\, r(z_{0:T-1} | z_T)) \le \mathrm{ELBO}(q_{\phi,\eta})`,
+  the exact refined ELBO (2.10). So :math:`\log q(z_T) := \log q_0(z_0) + \sum_t [\log
+  q(z_t | z_{t-1}) - \log r(z_{t-1} | z_t)]`; the :math:`\log\eta` normalising constants
+  cancel, so the step size can be learned;
 * ``"gaussian"`` (VIS-G): :math:`z \sim \mathcal N(z_T, \sigma_\phi)` with a learnable
-  scale :math:`\sigma_\phi` per site;
+  scale :math:`\sigma_\phi` per site. A bound with any sampler: with the base draw and the
+  sampler's noise as auxiliary variables :math:`a`, the objective is
+  :math:`\mathbb E[\log p(x, z) - \log \mathcal N(z | z_T(a), \sigma_\phi)] =
+  \mathrm{ELBO}(q_{marginal}) - I(z; a) \le \log p(x)` (the same argument with the reverse
+  model :math:`r(a | z) = p(a)`);
+* ``"particle"`` (VIS-P): a Dirac at :math:`z_T`, regularised by the entropy of
+  :math:`q_0`, i.e. :math:`\log q(z_T) := \log q_0(z_0)`. The thesis' cheap approximation,
+  **not a bound**: it drops :math:`\mathbb E[\log q_{\phi,\eta}(z_T) - \log q_0(z_0)]`.
+  With SGD on a log-concave target the refined density is :math:`\log q_0(z_0) - \sum_t
+  \log\det(I + \eta\nabla^2\log p(z_{t-1})) \ge \log q_0(z_0)`, so VIS-P overestimates the
+  refined ELBO; as :math:`T \to \infty` every draw reaches the mode :math:`\hat z` and VIS-P
+  tends to :math:`\log p(x, \hat z) + H(q_0)`, above :math:`\log p(x)` for a Gaussian
+  posterior of sd :math:`s` as soon as :math:`q_0`'s sd exceeds :math:`s e^{-1/2}`. With
+  SGLD the injected noise spreads the draws without paying for that spread. On the
+  conjugate models of ``tests/infer/test_vis.py`` VIS-P ends 0.35-2 nats below
+  :math:`-\log p(x)`; issue 30 measured a VIS-P loss of 17.8 on eight schools (5 SGLD
+  steps), whose exact :math:`-\log p(y)` is 31.31, with the posterior of :math:`\tau`
+  collapsed (``benchmarks/vis_defaults.py`` compares the defaults there);
 * ``"fokker_planck"`` (VIS-FP): the deterministic flow of eq. (2.11),
   :math:`z_t = z_{t-1} + \eta(\nabla\log p - \nabla\log q_t)(z_{t-1})`, with the RBF
   kernel estimate of :math:`\nabla\log q_t` over the particles (appendix 2.A), and the
-  VIS-P regulariser :math:`\log q_0(z_0)`.
+  VIS-P regulariser :math:`\log q_0(z_0)`: **not a bound**, for the same reason.
+
+Training stops with :class:`VISDivergenceError` (a
+:class:`~pyro_ext.infer.SamplerDivergenceError`) naming the refinement step, the sites and
+any non-finite parameter as soon as the step size, a particle, a gradient or the guide's log
+density stops being finite, instead of a Pyro validation message about a NaN ``loc``
+further on. :meth:`VIS.sample_posterior` checks its refined draws (non-finite, or far outside
+the base guide's mass) before returning them.
 
 The sampler runs in unconstrained space on :math:`\log p(x, z) + \log|J|`, so every log
 density above is one of unconstrained values; the guide reports it for the constrained
@@ -47,6 +79,9 @@ is learned from the refined ELBO), ``gradient="fast"`` uses eq. (2.13),
 :math:`z_T = z_0 + \mathrm{stop\_grad}(\sum_t \Delta z_t)`.
 """
 
+import math
+import sys
+import warnings
 from contextlib import ExitStack
 
 import pyro
@@ -61,16 +96,123 @@ from pyro.poutine.util import site_is_subsample
 from torch.distributions import constraints
 
 from ..ops.validation import check_choice, check_int, check_positive
-from .sgmcmc.potential import LogJointMessenger, SupportMap, check_model_data
+from .sgmcmc.potential import (
+    LogJointMessenger,
+    SamplerDivergenceError,
+    SupportMap,
+    check_model_data,
+)
 from .sgmcmc.repulsion import RBFKernel, stein_coupling
 from .sgmcmc.updates import get_sampler
+
+__all__ = [
+    "ENTROPIES",
+    "GRADIENTS",
+    "SAMPLERS",
+    "VIS",
+    "VISDivergenceError",
+    "fokker_planck_score",
+    "refine",
+]
 
 #: VIS's sampler names; each is an entry of :data:`~pyro_ext.infer.sgmcmc.updates.SAMPLERS`
 #: (``"svgd"`` is ``"sgd"`` with a kernel).
 SAMPLERS = ("sgd", "sgld", "sghmc", "adam", "svgd")
 _REGISTRY_NAME = {"svgd": "sgd"}
 ENTROPIES = ("particle", "mc", "gaussian", "fokker_planck")
+#: The entropies whose refined ELBO is a lower bound on ``log p(x)`` (module docstring).
+BOUNDS = ("mc", "gaussian")
 GRADIENTS = ("full", "fast")
+#: :meth:`VIS.sample_posterior` refuses refined draws farther than this many scales from the
+#: base guide's median (see there).
+EXPLOSION_SCALES = 1000.0
+
+
+class VISDivergenceError(SamplerDivergenceError):
+    """
+    Raised when VIS's refinement stops being finite during training (or inside
+    :meth:`VIS.sample_posterior`), or when :meth:`VIS.sample_posterior` finds refined draws
+    that exploded.
+
+    :ivar int step: the refinement step whose state failed: ``0`` is the base guide's draw
+        :math:`z_0` (or the step size read before the first step), ``t`` the state
+        :math:`z_t` after ``t`` sampler steps (or the gradient taken at :math:`z_{t-1}` to
+        make it).
+    :ivar int iteration: how many times the guide had been called (outside
+        :meth:`VIS.sample_posterior`) before this call: the SVI iteration when each
+        iteration calls the guide once (``Trace_ELBO(num_particles=1)`` or
+        ``vectorize_particles=True``) and nothing else calls it; ``None`` inside
+        :meth:`VIS.sample_posterior`.
+    :ivar list sites: the latent sites concerned.
+    :ivar list particles: rows of the particles concerned (for independent chains, which
+        VIS packs in one row, ``[0]``), or the indices of the exploded draws.
+    :ivar list parameters: non-finite parameters of the param store at that moment (e.g.
+        ``"vis_step_size"`` or the base guide's ``"AutoNormal.locs.tau"``).
+    :ivar str reason: what failed.
+    :ivar dict draws: :meth:`VIS.sample_posterior`'s draws when it found them exploded
+        (kept, so that they can be inspected), else ``None``.
+    """
+
+    def __init__(
+        self, step, sites=None, particles=(), reason=None, iteration=None, parameters=(), draws=None
+    ):
+        if isinstance(step, str) and sites is None:
+            # Pyro's trace handler re-raises a RuntimeError inside a model or guide as
+            # ``type(error)(message + shapes)``: keep the fields of the error it wraps.
+            original = sys.exc_info()[1]
+            for field in self._FIELDS:
+                setattr(self, field, getattr(original, field, None))
+            RuntimeError.__init__(self, step)
+            return
+        self.step, self.sites, self.particles = step, list(sites), list(particles)
+        self.reason, self.iteration, self.parameters = reason, iteration, list(parameters)
+        self.draws = draws
+        where = f"SVI iteration {iteration}, " if iteration is not None else ""
+        sites_text = f" in site(s) {', '.join(map(repr, self.sites))}" if self.sites else ""
+        params_text = (
+            f"; non-finite parameter(s) {', '.join(map(repr, self.parameters))}"
+            if self.parameters
+            else ""
+        )
+        RuntimeError.__init__(
+            self,
+            f"VIS diverged at {where}refinement step {step}: {reason}{sites_text}{params_text}. "
+            "Lower step_size, or fix it (learn_step_size=False), use fewer num_steps, "
+            "lower the optimiser's learning rate, or use sampler='sgld' with entropy='mc' "
+            "(the default), whose bound penalises unstable steps.",
+        )
+
+    _FIELDS = ("step", "sites", "particles", "reason", "iteration", "parameters", "draws")
+
+    def __reduce__(self):
+        return type(self), (
+            self.step,
+            self.sites,
+            self.particles,
+            self.reason,
+            self.iteration,
+            self.parameters,
+            self.draws,
+        )
+
+
+class _NonFinite(Exception):
+    """Internal: a non-finite value at refinement ``step``; ``columns`` (bool, ``(D,)``)
+    and ``rows`` (bool, ``(L,)``) locate it in the flat particles."""
+
+    def __init__(self, step, what, bad):
+        super().__init__(what)
+        self.step, self.what = step, what
+        bad = bad.reshape(bad.shape[0], -1) if bad.dim() else bad.reshape(1, 1)
+        self.columns, self.rows = bad.any(0), bad.any(-1)
+
+
+def _check_finite(value, step, what):
+    # One device sync per check: T is small, and a non-finite particle must stop the
+    # refinement where it happens, not as a NaN loc in the model further on.
+    bad = ~torch.isfinite(value)
+    if bool(bad.any()):
+        raise _NonFinite(step, what, bad)
 
 
 def fokker_planck_score(kernel, z):
@@ -116,6 +258,7 @@ def refine(
     friction=0.1,
     track_density=False,
     fast=False,
+    check=False,
 ):
     r"""
     Run ``num_steps`` sampler steps from particles ``z0`` ``(L, D)`` (unconstrained).
@@ -133,6 +276,9 @@ def refine(
         reverse Langevin kernel :math:`r = \mathcal N(z_t + \eta g(z_t), 2\eta I)`,
         :math:`g` = ``grad_fn``. This costs one more gradient, at :math:`z_T`.
     :param bool fast: eq. (2.13): return :math:`z_0 + \mathrm{stop\_grad}(z_T - z_0)`.
+    :param bool check: stop at the first non-finite draw, gradient or log density, raising
+        an internal error with the step (:class:`VIS` turns it into
+        :class:`VISDivergenceError` naming the sites).
     :returns: ``(z_T, log_density)``, ``log_density`` ``None`` unless ``track_density``.
     """
     if track_density and (sampler != "sgld" or kernel is not None or fokker_planck):
@@ -148,8 +294,12 @@ def refine(
     state = registered.init_state(z, step_size, 1.0, at_rest=True, **hyper)
     noisy = sampler not in ("sgd", "svgd")
     pending = None  # VIS-MC: (g(z_{t-1}), noise_t) of the last step, awaiting g(z_t)
-    for _ in range(num_steps):
+    if check:
+        _check_finite(z0, 0, "the base guide drew a non-finite value")
+    for t in range(1, num_steps + 1):
         grad = grad_fn(state.z, not fast)
+        if check:
+            _check_finite(grad, t, f"the log joint's gradient at z_{t - 1} is not finite")
         if pending is not None:
             log_density = log_density + _log_forward_over_reverse(step_size, grad, *pending)
             pending = None
@@ -157,17 +307,28 @@ def refine(
             grad = grad + fokker_planck_score(kernel, state.z)
             coupling = None
         else:
-            coupling = None if kernel is None else stein_coupling(kernel, state.z)
+            # The noisy samplers carry the median bandwidth's gradient (their stationary law
+            # needs it); SVGD holds the bandwidth constant, as pyro.infer.SVGD does.
+            coupling = None if kernel is None else stein_coupling(kernel, state.z, noisy)
         noise = torch.randn_like(state.z) if noisy else None
         state = registered.update(state, grad, step_size, noise, coupling, 1.0, True, **hyper)
+        if check:
+            _check_finite(state.z, t, f"the refined particles z_{t} are not finite")
         if track_density:
             pending = grad, noise
     z = state.z
     if pending is not None:
         # The reverse kernel of the last step needs the gradient at z_T.
-        log_density = log_density + _log_forward_over_reverse(
-            step_size, grad_fn(z, not fast), *pending
-        )
+        grad = grad_fn(z, not fast)
+        if check:
+            _check_finite(
+                grad, num_steps, f"the log joint's gradient at z_{num_steps} is not finite"
+            )
+        log_density = log_density + _log_forward_over_reverse(step_size, grad, *pending)
+        if check:
+            _check_finite(
+                log_density, num_steps, "the VIS-MC log density of the chain is not finite"
+            )
     if fast:
         z = z0 + (z - z0.detach())
     return z, log_density
@@ -194,6 +355,18 @@ class _HideAndRecord(Messenger):
 
 def _is_one(scale):
     return isinstance(scale, (int, float)) and scale == 1.0
+
+
+def _broadcast_check(constraint, value, site):
+    """``constraint.check(value)`` with the event dims reduced, broadcast to ``value``'s
+    batch shape (a scalar ``True`` where the check is not available)."""
+    try:
+        ok = constraint.check(value)
+    except (NotImplementedError, RuntimeError, ValueError):
+        return torch.ones((), dtype=torch.bool, device=value.device)
+    if ok.dim() > value.dim() - site.event_dim:  # a constraint that did not reduce events
+        ok = ok.reshape(ok.shape[: value.dim() - site.event_dim] + (-1,)).all(-1)
+    return ok
 
 
 class _Site:
@@ -268,21 +441,26 @@ class VIS:
     :param callable model: the Pyro model.
     :param callable base_guide: the initial guide :math:`q_{0,\phi}`, reparameterised
         (e.g. an AutoGuide, or an amortised encoder guide).
-    :param str sampler: ``"sgd"`` (noise-free gradient ascent, the thesis' default),
-        ``"sgld"``, ``"sghmc"``, ``"adam"`` (Adam+N) or ``"svgd"``.
+    :param str sampler: ``"sgld"`` (SGLD, whose transition density gives the VIS-MC bound),
+        ``"sgd"`` (noise-free gradient ascent, the thesis' examples), ``"sghmc"``,
+        ``"adam"`` (Adam+N) or ``"svgd"``. ``None`` (the default) is ``"sgld"``, or
+        ``"sgd"`` with ``entropy="fokker_planck"``.
     :param int num_steps: ``T >= 0`` refinement steps; ``T = 0`` is the base guide,
         except with ``entropy="gaussian"``, which is then :math:`\mathcal N(z_0,
         \sigma_\phi)`.
     :param float step_size: the initial step size :math:`\eta > 0`.
     :param bool learn_step_size: make :math:`\eta` the positive ``pyro.param``
         ``f"{name}_step_size"``.
-    :param str entropy: ``"particle"`` (VIS-P), ``"mc"`` (VIS-MC as the
-        auxiliary-variable bound with the reverse Langevin kernel, see the module
-        docstring; SGLD without repulsion only: the deterministic samplers have no
-        transition density),
-        ``"gaussian"`` (VIS-G, scales ``f"{name}_{site}_scale"``) or
-        ``"fokker_planck"`` (VIS-FP, with ``sampler="sgd"``, which it turns into the flow
-        of eq. 2.11).
+    :param str entropy: how :math:`\log q_{\phi,\eta}(z_T)` is approximated (module
+        docstring). Lower bounds on :math:`\log p(x)`: ``"mc"`` (VIS-MC as the
+        auxiliary-variable bound with the reverse Langevin kernel; SGLD without repulsion
+        only: the other samplers have no tractable transition density) and ``"gaussian"``
+        (VIS-G, scales ``f"{name}_{site}_scale"``). Not bounds (the loss can fall below
+        :math:`-\log p(x)` and the posterior collapse): ``"particle"`` (VIS-P, the thesis'
+        cheap approximation) and ``"fokker_planck"`` (VIS-FP, with ``sampler="sgd"``, which
+        it turns into the flow of eq. 2.11). ``None`` (the default) is ``"mc"`` for SGLD
+        without repulsion; with another sampler it falls back to ``"particle"`` with a
+        warning (pass ``entropy`` explicitly to choose).
     :param str gradient: ``"full"`` differentiates through the ``T`` steps: the
         potential's gradient is taken with ``create_graph=True``, so the loss is
         second-order and its graph (memory) grows linearly with ``T``; the step size is
@@ -300,11 +478,11 @@ class VIS:
         self,
         model,
         base_guide,
-        sampler="sgd",
+        sampler=None,
         num_steps=1,
         step_size=1e-3,
         learn_step_size=True,
-        entropy="particle",
+        entropy=None,
         gradient="full",
         repulsion=None,
         friction=0.1,
@@ -317,8 +495,11 @@ class VIS:
         ):
             if not callable(value):
                 raise TypeError(f"{arg} must be a callable ({what}), got {value!r}")
-        check_choice(sampler, "sampler", SAMPLERS)
-        check_choice(entropy, "entropy", ENTROPIES)
+        check_choice(sampler, "sampler", SAMPLERS, allow_none=True)
+        if sampler is None:
+            # VIS-FP is a flow of the noise-free sampler; everything else defaults to SGLD.
+            sampler = "sgd" if entropy == "fokker_planck" else "sgld"
+        check_choice(entropy, "entropy", ENTROPIES, allow_none=True)
         check_choice(gradient, "gradient", GRADIENTS)
         num_steps = check_int(num_steps, "num_steps", low=0)
         step_size = check_positive(step_size, "step_size")
@@ -340,6 +521,22 @@ class VIS:
                     "repulsion must be None, 'rbf' or a SteinKernel, "
                     f"got {type(repulsion).__name__}"
                 )
+        if entropy is None:
+            if sampler == "sgld" and repulsion is None:
+                entropy = "mc"
+            else:
+                entropy = "particle"
+                warnings.warn(
+                    f"VIS with sampler={sampler!r}"
+                    f"{' and repulsion' if repulsion is not None else ''} has no VIS-MC bound, "
+                    "so entropy defaults to 'particle' (VIS-P), which is not a bound on "
+                    "-log p(x): its loss can fall below any bound and the posterior can "
+                    "collapse. Pass entropy='gaussian' for a bound with this sampler, "
+                    "sampler='sgld' for the VIS-MC bound (the default), or "
+                    "entropy='particle' to keep VIS-P without this warning.",
+                    UserWarning,
+                    stacklevel=2,
+                )
         if entropy == "mc" and (sampler != "sgld" or repulsion is not None):
             raise ValueError(
                 "entropy='mc' needs sampler='sgld' without repulsion: the VIS-MC term is "
@@ -359,6 +556,13 @@ class VIS:
             repulsion = repulsion or RBFKernel()
         self.kernel = repulsion
         self._prototype = None
+        self._num_calls = 0  # calls of the guide, for VISDivergenceError.iteration
+
+    @property
+    def is_bound(self):
+        r"""Whether the training loss is an upper bound on :math:`-\log p(x)` (module
+        docstring): ``entropy`` is ``"mc"`` or ``"gaussian"``."""
+        return self.entropy in BOUNDS
 
     # -- model structure ---------------------------------------------------------------
 
@@ -467,14 +671,49 @@ class VIS:
     # -- the guide ---------------------------------------------------------------------
 
     def __call__(self, *args, **kwargs):
-        return self._guide(self.num_steps, args, kwargs)
+        iteration = self._num_calls
+        self._num_calls += 1
+        return self._guide(self.num_steps, args, kwargs, iteration=iteration)
 
-    def _guide(self, num_steps, args, kwargs):
+    def _non_finite_parameters(self):
+        return [
+            name
+            for name, value in pyro.get_param_store().items()
+            if not bool(torch.isfinite(value).all())
+        ]
+
+    def _divergence(self, step, reason, sites=(), particles=(), iteration=None):
+        return VISDivergenceError(
+            step,
+            sites,
+            particles,
+            reason=reason,
+            iteration=iteration,
+            parameters=self._non_finite_parameters(),
+        )
+
+    def _guide(self, num_steps, args, kwargs, iteration=None, record=None):
+        """The refined guide; ``iteration`` is set for training calls (which are checked
+        for divergence as they go), ``record`` (a dict) receives the sites, the base and
+        the refined particles for :meth:`sample_posterior`'s final check."""
+        check = record is None
         if self._prototype is None:
             self._setup(args, kwargs)
         recorder = _HideAndRecord()
-        with recorder:
-            self.base_guide(*args, **kwargs)
+        try:
+            with recorder:
+                self.base_guide(*args, **kwargs)
+        except (ValueError, RuntimeError) as error:
+            # A NaN gradient that reached the optimiser shows up first as the base guide's
+            # validation error ("Expected parameter loc ... nan"): name the parameter.
+            if isinstance(error, VISDivergenceError) or not self._non_finite_parameters():
+                raise
+            raise self._divergence(
+                0,
+                f"the base guide failed ({type(error).__name__}: "
+                f"{str(error).strip().splitlines()[0][:200]})",
+                iteration=iteration,
+            ) from error
         base = recorder.sites
         subsamples = {n: s["value"] for n, s in base.items() if site_is_subsample(s)}
         refined = [n for n, s in base.items() if n in self._prototype and not site_is_subsample(s)]
@@ -522,32 +761,56 @@ class VIS:
         z_T = log_density = None
         if num_steps > 0 or self.entropy == "gaussian":
             z0 = torch.cat([site.rows(site.u0) for site in sites], -1)
-            step_size = self._step_size(z0)
+            step_size = self._step_size(z0, iteration)
             grad_fn = self._grad_fn(sites, subsamples, args, kwargs, bool(self._enumerated))
-            z_T, log_density = refine(
-                z0,
-                grad_fn,
-                step_size,
-                num_steps,
-                self.sampler,
-                kernel=self.kernel,
-                fokker_planck=self.entropy == "fokker_planck",
-                friction=self.friction,
-                track_density=self.entropy == "mc",
-                fast=self.gradient == "fast",
-            )
-        return self._emit(base, sites, subsamples, num_steps, z_T, log_density)
+            try:
+                z_T, log_density = refine(
+                    z0,
+                    grad_fn,
+                    step_size,
+                    num_steps,
+                    self.sampler,
+                    kernel=self.kernel,
+                    fokker_planck=self.entropy == "fokker_planck",
+                    friction=self.friction,
+                    track_density=self.entropy == "mc",
+                    fast=self.gradient == "fast",
+                    check=check,
+                )
+            except _NonFinite as error:
+                bad, start = [], 0
+                for site in sites:
+                    if bool(error.columns[start : start + site.numel].any()):
+                        bad.append(site.name)
+                    start += site.numel
+                rows = error.rows.nonzero().flatten().tolist()
+                raise self._divergence(error.step, error.what, bad, rows, iteration) from None
+            if record is not None:
+                record.update(
+                    sites=sites, z0=z0.detach(), z_T=z_T.detach(), step_size=step_size.detach()
+                )
+        return self._emit(base, sites, subsamples, num_steps, z_T, log_density, iteration, check)
 
-    def _step_size(self, like):
+    def _step_size(self, like, iteration=None):
         if not self.learn_step_size:
             return torch.tensor(self.step_size, dtype=like.dtype, device=like.device)
-        return pyro.param(
+        step_size = pyro.param(
             f"{self.name}_step_size",
             lambda: torch.tensor(self.step_size, dtype=like.dtype, device=like.device),
             constraint=constraints.positive,
         )
+        value = float(step_size.detach())
+        if not (math.isfinite(value) and value > 0):
+            # A NaN gradient reached the optimiser, or the step size over/underflowed.
+            raise self._divergence(
+                0,
+                f"the learned step size {self.name + '_step_size'!r} is {value}, not a finite "
+                "number > 0",
+                iteration=iteration,
+            )
+        return step_size
 
-    def _emit(self, base, sites, subsamples, num_steps, z_T, log_density):
+    def _emit(self, base, sites, subsamples, num_steps, z_T, log_density, iteration, check):
         """Sample the refined sites, in the base guide's order, inside its model plates."""
         plates = {}
         by_name = {site.name: site for site in sites}
@@ -601,6 +864,8 @@ class VIS:
                     result[name] = pyro.sample(name, q)
                 else:
                     x_T = s.transform(u_T)
+                    if check:
+                        self._check_value(s, x_T, num_steps, iteration)
                     # log q(x_T) = log q_u(u_T) - log|J(u_T)| with log q_u(u_T) taken as
                     # log q_u0(u_0) = log q0(x_0) + log|J(u_0)| (+ the VIS-MC chain terms
                     # sum_t log q(u_t | u_{t-1}) - log r(u_{t-1} | u_t)).
@@ -609,19 +874,65 @@ class VIS:
                     if log_density is not None:
                         terms = s.unrows(log_density[:, start : start + s.numel])
                         lp = lp + sum_rightmost(terms, s.u_event_dim)
+                    if check and not bool(torch.isfinite(lp).all()):
+                        raise self._divergence(
+                            num_steps,
+                            "the guide's log density of the refined draw is not finite",
+                            [name],
+                            iteration=iteration,
+                        )
                     result[name] = pyro.sample(
                         name, dist.Delta(x_T, log_density=lp, event_dim=s.event_dim)
                     )
                 start += s.numel
         return result
 
+    def _check_value(self, site, x_T, step, iteration):
+        """A refined value must be finite and inside the site's support: exp(u) of a very
+        negative u underflows to 0, which the model would refuse as a scale."""
+        if site.support_map.is_identity:
+            ok = torch.isfinite(x_T)
+        else:
+            ok = torch.isfinite(x_T) & _broadcast_check(site.transform.codomain, x_T, site)
+        if not bool(ok.all()):
+            raise self._divergence(
+                step,
+                "the refined value is not finite or left the support (the unconstrained "
+                "value over- or underflowed)",
+                [site.name],
+                iteration=iteration,
+            )
+
     # -- inference phase ---------------------------------------------------------------
 
-    def sample_posterior(self, *args, num_samples=1000, num_steps=None, **kwargs):
-        """
+    def sample_posterior(self, *args, num_samples=1000, num_steps=None, check=True, **kwargs):
+        r"""
         ``num_samples`` refined draws of each latent site, ``(num_samples, *shape)``,
         drawn together as the particles of one run (VIS-X-Y: ``num_steps`` overrides the
         training ``T``). Gradients of the draws are not kept.
+
+        With ``check=True`` the draws are checked before they are returned, in the
+        unconstrained space where the sampler runs. A draw is refused when it is not
+        finite (or its constrained value is not), or when it lies farther than
+        :data:`EXPLOSION_SCALES` (1000) scales from the base guide's median in some
+        coordinate :math:`j`,
+
+        .. math:: |u_{T,j} - \mathrm{med}(u_{0,j})| > 1000\,ig(\hat s_j
+                  + \sqrt{2\eta T}\,[	ext{noisy sampler}]ig),
+
+        with :math:`\hat s_j` the base draws' robust scale (interquartile range / 1.349)
+        and :math:`\sqrt{2\eta T}` the spread the sampler's noise alone adds in ``T``
+        steps. A base draw never lies that far out (a Gaussian one is beyond 10 scales with
+        probability 1e-23), and a stable sampler started from the base guide's mass moves
+        by a few posterior scales, which a fitted base guide underestimates by far less
+        than 1000-fold: such draws come from a sampler that went unstable (a step size too
+        large where the base guide puts some draws, e.g. a funnel's neck), not from the
+        posterior. Coordinates where the base guide has no spread and the sampler no noise
+        (a point-mass base with ``"sgd"``) are checked for finiteness only.
+
+        :raises VISDivergenceError: naming the sites and the number of draws refused; its
+            ``draws`` attribute holds the draws, and the message says what to change.
+            ``check=False`` returns them unchecked.
         """
         if num_steps is None:
             num_steps = self.num_steps
@@ -631,11 +942,12 @@ class VIS:
             self._setup(args, kwargs)
         else:
             check_model_data(self.model, args, kwargs, self._setup_trace)
+        record = {}
         with (
             poutine.trace() as tracer,
             pyro.plate("_vis_samples", num_samples, dim=-self.max_plate_nesting - 1),
         ):
-            self._guide(num_steps, args, kwargs)
+            self._guide(num_steps, args, kwargs, record=record)
         draws = {}
         for name, site in tracer.trace.nodes.items():
             if name not in self._prototype:
@@ -644,4 +956,61 @@ class VIS:
             # Drop the padding dims between the samples plate and the site's own shape.
             ndim = self._prototype[name]["value"].dim()
             draws[name] = value.reshape((num_samples,) + value.shape[value.dim() - ndim :])
+        if check and record:
+            self._check_draws(record, draws, num_samples, num_steps)
         return draws
+
+    def _check_draws(self, record, draws, num_samples, num_steps):
+        """Refuse non-finite or exploded refined draws (see :meth:`sample_posterior`)."""
+        noise = 0.0
+        if self.sampler not in ("sgd", "svgd") and num_steps > 0:
+            noise = math.sqrt(2.0 * float(record["step_size"]) * num_steps)
+        bad_draws = torch.zeros(num_samples, dtype=torch.bool, device=record["z0"].device)
+        non_finite, far, worst, start = [], [], {}, 0
+        for site in record["sites"]:
+            u0 = site.u0.detach().reshape(num_samples, -1)
+            u_T = site.unrows(record["z_T"][:, start : start + site.numel]).reshape(num_samples, -1)
+            start += site.numel
+            bad = ~torch.isfinite(u_T).all(-1) | ~torch.isfinite(draws[site.name]).reshape(
+                num_samples, -1
+            ).all(-1)
+            if bool(bad.any()):
+                non_finite.append(site.name)
+            if num_samples >= 2:
+                quartiles = torch.quantile(
+                    u0, torch.tensor([0.25, 0.5, 0.75], dtype=u0.dtype, device=u0.device), dim=0
+                )
+                scale = (quartiles[2] - quartiles[0]) / 1.349 + noise
+                distance = (u_T - quartiles[1]).abs() / scale
+                # Coordinates without spread or noise: finiteness only.
+                distance = torch.where(scale > 0, distance, torch.zeros_like(distance))
+                distance = torch.nan_to_num(distance, nan=0.0, posinf=0.0)
+                out = (distance > EXPLOSION_SCALES).any(-1) & ~bad
+                if bool(out.any()):
+                    far.append(site.name)
+                    worst[site.name] = float(distance.max())
+                bad = bad | out
+            bad_draws |= bad
+        if bool(bad_draws.any()):
+            count = int(bad_draws.sum())
+            parts = []
+            if non_finite:
+                parts.append(f"non-finite values in site(s) {', '.join(map(repr, non_finite))}")
+            if far:
+                parts.append(
+                    f"values more than {EXPLOSION_SCALES:g} base-guide scales from its median "
+                    "(unconstrained) in site(s) "
+                    + ", ".join(f"{n!r} (up to {worst[n]:.3g} scales)" for n in far)
+                )
+            error = VISDivergenceError(
+                num_steps,
+                non_finite + [n for n in far if n not in non_finite],
+                bad_draws.nonzero().flatten().tolist(),
+                reason=f"{count} of {num_samples} refined draws exploded: "
+                + "; ".join(parts)
+                + " (the draws are in this error's .draws; sample_posterior(check=False) "
+                "returns them unchecked)",
+                parameters=self._non_finite_parameters(),
+                draws=draws,
+            )
+            raise error
