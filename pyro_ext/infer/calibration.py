@@ -33,6 +33,7 @@ __all__ = [
     "CalibrationResult",
     "EnsembleMoments",
     "normal_means_model",
+    "normal_means_posterior_cdf",
     "normal_means_sbc",
     "repulsive_ensemble_moments",
 ]
@@ -41,15 +42,49 @@ __all__ = [
 NORMAL_TAIL_MASS = math.erfc(2.0 / math.sqrt(2.0))
 
 
-def normal_means_model(y, noise_scale=1.0):
+#: the prior means of :func:`normal_means_model`'s two components with ``mixture=True``
+MIXTURE_LOCS = (-2.0, 2.0)
+
+
+def normal_means_model(y, noise_scale=1.0, mixture=False):
     """
     ``R`` independent normal means with a standard normal prior, observed ``n`` times each:
     ``y`` has shape ``(n, R)``; the latent site ``"theta"`` has shape ``(R,)``.
+
+    With ``mixture=True`` each mean first picks a component, ``"component" ~
+    Bernoulli(1/2)``, and ``theta ~ N(MIXTURE_LOCS[component], 1)``: a discrete site for
+    :class:`~pyro_ext.infer.Gibbs`, and a two-component posterior.
     """
     with pyro.plate("replications", y.shape[-1]):
-        theta = pyro.sample("theta", dist.Normal(y.new_zeros(()), 1.0))
+        loc = y.new_zeros(())
+        if mixture:
+            component = pyro.sample("component", dist.Bernoulli(y.new_tensor(0.5)))
+            low, high = MIXTURE_LOCS
+            loc = low + (high - low) * component
+        theta = pyro.sample("theta", dist.Normal(loc, 1.0))
         with pyro.plate("observations", y.shape[-2]):
             pyro.sample("y", dist.Normal(theta, noise_scale), obs=y)
+
+
+def normal_means_posterior_cdf(theta, y, noise_scale=1.0, mixture=False):
+    """
+    The exact posterior CDF of each mean of :func:`normal_means_model` at ``theta``
+    ``(M, R)``, given ``y`` ``(n, R)``: ``(M, R)`` probabilities.
+    """
+    n = y.shape[0]
+    var = 1.0 / (1.0 + n / noise_scale**2)
+    normal = dist.Normal(y.new_zeros(()), 1.0)
+    if not mixture:
+        mean = var * y.sum(0) / noise_scale**2
+        return normal.cdf((theta - mean) / math.sqrt(var))
+    # Given the component, conjugate; the components are weighted by the marginal likelihood
+    # of the sample mean, N(loc, 1 + sigma^2 / n).
+    locs = y.new_tensor(MIXTURE_LOCS).unsqueeze(-1)  # (2, 1)
+    means = var * (locs + y.sum(0) / noise_scale**2)  # (2, R)
+    evidence = dist.Normal(locs, math.sqrt(1.0 + noise_scale**2 / n)).log_prob(y.mean(0))
+    weights = evidence.softmax(0)  # (2, R)
+    cdfs = normal.cdf((theta.unsqueeze(-2) - means) / math.sqrt(var))  # (M, 2, R)
+    return (weights * cdfs).sum(-2)
 
 
 class CalibrationResult(NamedTuple):
@@ -96,6 +131,7 @@ def normal_means_sbc(
     dtype=torch.float64,
     device=None,
     mcmc=None,
+    mixture=False,
 ) -> CalibrationResult:
     """
     Run simulation-based calibration of the kernel ``make_kernel(model)`` on
@@ -114,6 +150,11 @@ def normal_means_sbc(
     :param int seed: seeds both the simulation and the run.
     :param mcmc: ``(kernel, num_samples, warmup_steps) -> MCMC``; by default
         :class:`pyro_ext.infer.MCMC` without a progress bar.
+    :param bool mixture: give each mean a two-component prior with a discrete
+        ``"component"`` site (see :func:`normal_means_model`), for kernels that move discrete
+        sites (:class:`~pyro_ext.infer.Gibbs`). The draws are then standardised through the
+        exact posterior's CDF, ``z = Phi^{-1}(F(theta))``, which is N(0, 1) for exact draws
+        as in the conjugate case.
     """
     num_samples = check_int(num_samples, "num_samples", low=1)
     warmup_steps = check_int(warmup_steps, "warmup_steps", low=0)
@@ -131,15 +172,17 @@ def normal_means_sbc(
 
     generator = torch.Generator().manual_seed(seed)
     truth = torch.randn(num_replications, generator=generator, dtype=dtype)
+    if mixture:
+        low, high = MIXTURE_LOCS
+        component = torch.rand(num_replications, generator=generator, dtype=dtype) < 0.5
+        truth = truth + low + (high - low) * component.to(dtype)
     y = truth + noise_scale * torch.randn(
         num_observations, num_replications, generator=generator, dtype=dtype
     )
     truth, y = truth.to(device), y.to(device)
-    posterior_var = 1.0 / (1.0 + num_observations / noise_scale**2)
-    posterior_mean = posterior_var * y.sum(0) / noise_scale**2
 
     def model(y):
-        return normal_means_model(y, noise_scale)
+        return normal_means_model(y, noise_scale, mixture)
 
     pyro.set_rng_seed(seed)
     run = mcmc(make_kernel(model), num_samples, warmup_steps)
@@ -148,7 +191,10 @@ def normal_means_sbc(
     kept = draws[:, thin - 1 :: thin].reshape(-1, num_replications)  # (M, R)
     num_draws = kept.shape[0]
     p_value, counts = rank_uniformity_test(sbc_ranks(truth, kept), num_draws)
-    z = (kept - posterior_mean) / math.sqrt(posterior_var)
+    # The probability integral transform by the exact posterior, then the normal quantile.
+    tiny = torch.finfo(kept.dtype).eps
+    cdf = normal_means_posterior_cdf(kept, y, noise_scale, mixture).clamp(tiny, 1 - tiny)
+    z = dist.Normal(cdf.new_zeros(()), 1.0).icdf(cdf)
 
     def mean_and_se(per_replication):  # independent across replications
         value = per_replication.mean()

@@ -9,10 +9,13 @@ tables (``benchmarks/results/calibration.md``).
 import math
 
 import pytest
+import torch
 
-from pyro_ext.infer import SGHMC, SGLD, AdamSGLD
+from pyro_ext.infer import SGHMC, SGLD, AdamSGLD, Gibbs
 from pyro_ext.infer.calibration import (
+    MIXTURE_LOCS,
     NORMAL_TAIL_MASS,
+    normal_means_posterior_cdf,
     normal_means_sbc,
     repulsive_ensemble_moments,
 )
@@ -75,6 +78,10 @@ FULL = [
 ] + [(name, make, 500, 1000) for name, make, _, _ in FAST]
 
 
+def gibbs_sgld(model):
+    return Gibbs(SGLD(model, 0.004, num_particles=10), discrete_sites=["component"])
+
+
 @pytest.mark.parametrize("name, make_kernel, warmup, num_samples", FAST, ids=[c[0] for c in FAST])
 def test_repulsive_kernels_pass_simulation_based_calibration(
     name, make_kernel, warmup, num_samples
@@ -93,6 +100,35 @@ def test_every_kernel_passes_simulation_based_calibration(name, make_kernel, war
     result = normal_means_sbc(make_kernel, num_samples, warmup, thin=100, num_replications=200)
     assert result.p_value > 1e-3, result
     assert result.moments_agree(bias=0.02), result
+
+
+@pytest.mark.slow
+def test_gibbs_passes_simulation_based_calibration_on_a_mixture_prior():
+    result = normal_means_sbc(gibbs_sgld, 1000, 500, thin=100, num_replications=200, mixture=True)
+    assert result.p_value > 1e-3, result
+    assert result.moments_agree(bias=0.02), result
+
+
+def test_mixturenormal_means_posterior_cdf_matches_quadrature():
+    # Prior x likelihood on a fine grid, normalised and summed: the exact posterior CDF.
+    y = torch.tensor([[0.3, -2.5, 1.0], [1.1, -1.9, -0.4], [0.2, -2.2, 0.1]], dtype=torch.float64)
+    grid = torch.linspace(-9, 9, 36001, dtype=torch.float64).unsqueeze(-1)  # (G, 1)
+    prior = sum(
+        0.5 * torch.distributions.Normal(loc, 1.0).log_prob(grid).exp() for loc in MIXTURE_LOCS
+    )
+    likelihood = torch.distributions.Normal(grid.unsqueeze(-2), 0.7).log_prob(y).sum(-2).exp()
+    density = prior * likelihood  # (G, R)
+    cdf = density.cumsum(0) / density.sum(0)
+    for index in [12000, 17000, 18500, 21000]:
+        theta = grid[index].expand(1, 3)
+        got = normal_means_posterior_cdf(theta, y, 0.7, mixture=True)[0]
+        assert torch.allclose(got, cdf[index], atol=1e-3)
+    # Without the mixture, the conjugate normal posterior.
+    prior = torch.distributions.Normal(0.0, 1.0).log_prob(grid).exp()
+    density = prior * likelihood
+    cdf = density.cumsum(0) / density.sum(0)
+    got = normal_means_posterior_cdf(grid[17000].expand(1, 3), y, 0.7, mixture=False)[0]
+    assert torch.allclose(got, cdf[17000], atol=1e-3)
 
 
 @pytest.mark.slow
