@@ -104,3 +104,51 @@ def test_a_factory_that_is_not_one_is_a_type_error():
         tune_step_size(SGLD(model, step_size=1e-3), data())
     with pytest.raises(TypeError, match="must return a stochastic-gradient kernel"):
         tune_step_size(lambda h: h, data(), candidates=[1e-3])
+
+
+def test_kernels_without_a_step_size_tune_it_before_warmup():
+    # SGLD(model): the default step size is tune_step_size's pick over its default grid, and
+    # the pilots leave the random stream as they found it, so the run is the run with that
+    # step size passed explicitly.
+    y = data()
+    pyro.set_rng_seed(3)
+    kernel = SGLD(model, num_particles=10)
+    mcmc = MCMC(kernel, num_samples=300, warmup_steps=200, disable_progbar=True)
+    mcmc.run(y)
+    tuning = kernel.step_size_tuning
+    assert tuning is not None and len(tuning.trials) == 11
+    assert kernel.step_size(0) == tuning.step_size
+    assert tuning.step_size == min(tuning.trials, key=lambda t: t.ksd).step_size
+    draws = mcmc.get_samples()["mu"]
+
+    pyro.set_rng_seed(3)
+    explicit = MCMC(
+        SGLD(model, step_size=tuning.step_size, num_particles=10),
+        num_samples=300,
+        warmup_steps=200,
+        disable_progbar=True,
+    )
+    explicit.run(y)
+    assert torch.equal(explicit.get_samples()["mu"], draws)
+    mean, sd = exact_posterior(y)
+    assert abs(float(draws.mean()) - mean) < 0.3 * sd
+    assert 0.7 * sd < float(draws.std()) < 1.5 * sd
+
+
+def test_gibbs_needs_the_inner_kernel_step_size():
+    from pyro_ext.infer import Gibbs
+
+    def spike(y):
+        g = pyro.sample("g", dist.Bernoulli(y.new_tensor(0.5)))
+        mu = pyro.sample("mu", dist.Normal(y.new_zeros(()), 1.0))
+        with pyro.plate("data", len(y)):
+            pyro.sample("obs", dist.Normal(mu * g, 1.0), obs=y)
+
+    mcmc = MCMC(
+        Gibbs(SGLD(spike, num_particles=2), discrete_sites=["g"]),
+        num_samples=2,
+        warmup_steps=1,
+        disable_progbar=True,
+    )
+    with pytest.raises(ValueError, match="Gibbs moves need the inner kernel's step_size"):
+        mcmc.run(data())
