@@ -99,7 +99,7 @@ class CalibrationResult(NamedTuple):
     #: E[z^2] of the standardised draws (1 for an exact sampler) and its standard error
     mean_square: float
     mean_square_se: float
-    #: P(|z| > 2) of the standardised draws (0.0455 for an exact sampler) and its standard error
+    #: ``P(|z| > 2)`` of the standardised draws (0.0455 for an exact sampler) and its standard error
     tail_mass: float
     tail_mass_se: float
     #: E[z] of the standardised draws (0 for an exact sampler) and its standard error
