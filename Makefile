@@ -52,7 +52,7 @@ demo: $(VENV)/.installed-demo
 	$(PY) -m pyro_ext.demo
 
 # pytest exits 5 when it collects no test: that is not a failure of the suite.
-# The default run: every module's unit tests, about five minutes on 2 cores. The slowest
+# The default run: every module's unit tests, about 7.5 minutes on 2 cores. The slowest
 # tests are listed at the end, so that they stay in view.
 test: $(VENV)/.installed-test
 	$(PY) -m pytest -n 2 -q --durations=20; rc=$$?; if [ $$rc -eq 5 ]; then exit 0; fi; exit $$rc
