@@ -642,10 +642,14 @@ class Gibbs(ParticleKernel):
         num_configs = num_values + 2
         conditioned = self._others(name, num_configs)
         conditioned[name] = candidates.reshape((num_configs * num_particles,) + shape)
+        if self.potential.vectorize == "plate":
+            # The potential already found that vmap cannot batch this model (and said so).
+            return self._not_independent(name, "vmap cannot run the model", warn=False)
         try:
             log_probs = self._site_log_probs(z.repeat(num_configs, 1), conditioned)
-        except (RuntimeError, NotImplementedError) as error:
-            # An operation vmap cannot batch: the sweep runs the potential's own way.
+        except RuntimeError as error:
+            # torch.func.vmap's refusal of an operation it cannot batch, as the potential
+            # meets it: the sweep then runs the potential's own way, said aloud.
             first_line = str(error).strip().splitlines()[0] if str(error).strip() else ""
             return self._not_independent(name, f"vmap cannot run the model ({first_line})")
         num_batch = len(shape)

@@ -4,6 +4,7 @@ import copy
 import hashlib
 import os
 import pickle
+import warnings
 from collections.abc import Callable
 
 import pyro
@@ -337,8 +338,13 @@ class MCMC(pyro.infer.MCMC):
                 try:
                     self._commit(unverified, draws, kernel.verified_steps)
                     self._collect(draws)
-                except Exception:  # noqa: S110 - the error being raised is the one to see
-                    pass
+                except Exception as keep_error:
+                    # The run's own error is the one raised; say why its draws are missing.
+                    warnings.warn(
+                        f"the draws before the failure could not be kept ({keep_error!r})",
+                        RuntimeWarning,
+                        stacklevel=2,
+                    )
                 raise
             if isinstance(error, RankFailedError) or not isinstance(error, RuntimeError):
                 raise

@@ -362,7 +362,9 @@ def _broadcast_check(constraint, value, site):
     batch shape (a scalar ``True`` where the check is not available)."""
     try:
         ok = constraint.check(value)
-    except (NotImplementedError, RuntimeError, ValueError):
+    except (NotImplementedError, ValueError):
+        # A constraint with no check (Pyro's `dependent` raises ValueError, others
+        # NotImplementedError): nothing to test the refined value against.
         return torch.ones((), dtype=torch.bool, device=value.device)
     if ok.dim() > value.dim() - site.event_dim:  # a constraint that did not reduce events
         ok = ok.reshape(ok.shape[: value.dim() - site.event_dim] + (-1,)).all(-1)
