@@ -1,13 +1,11 @@
 """Stochastic-gradient MCMC kernels for :class:`pyro.infer.MCMC`."""
 
-import copy
 import math
 import warnings
 from abc import abstractmethod
 from collections.abc import Callable, Mapping
 from typing import NamedTuple
 
-import pyro
 import torch
 from pyro.infer.mcmc.mcmc_kernel import MCMCKernel
 from pyro.infer.svgd import SteinKernel
@@ -150,15 +148,7 @@ class SGMCMCKernel(ParticleKernel):
         ``pyro.plate(..., subsample_size=...)``, in which case a fresh minibatch is drawn
         at every step and the likelihood is scaled by ``N / |batch|``.
     :param step_size: a positive float or a schedule ``t -> float`` (see
-        :mod:`pyro_ext.infer.sgmcmc.schedules`). By default (``None``) it is chosen at
-        :meth:`setup`, before warm-up, by :func:`~pyro_ext.infer.tune_step_size`: one pilot
-        run of 300 steps per half-decade from ``1e-6`` to ``1e-1`` (3,300 steps in all, the
-        kernel's own particles, repulsion and minibatch, run eagerly in one process), and
-        the candidate whose draws have the smallest kernel Stein discrepancy to the
-        posterior. With repulsion the grid is scaled by ``L`` (SGLD) or ``L^2`` (SGHMC,
-        AdamSGLD), as a particle's effective step shrinks by as much. The pilots leave the random stream as they found it, so the run then
-        equals one with that step size passed explicitly; :attr:`step_size_tuning` holds
-        every candidate's KSD.
+        :mod:`pyro_ext.infer.sgmcmc.schedules`).
     :param int num_particles: the number ``L`` of particles (chains).
     :param repulsion: ``None`` for independent particles, ``"rbf"`` for
         :class:`~pyro_ext.infer.RBFKernel` with the median heuristic (whose dependence on
@@ -236,7 +226,7 @@ class SGMCMCKernel(ParticleKernel):
     def __init__(
         self,
         model: Callable,
-        step_size: float | Callable[[int], float] | None = None,
+        step_size: float | Callable[[int], float],
         num_particles: int = 1,
         repulsion: str | SteinKernel | None = None,
         temperature: float = 1.0,
@@ -252,10 +242,7 @@ class SGMCMCKernel(ParticleKernel):
         num_particles = check_int(num_particles, "num_particles", low=1)
         temperature = check_real(temperature, "temperature", low=0)
         self.model = model
-        self.step_size = None if step_size is None else as_schedule(step_size)
-        #: the :class:`~pyro_ext.infer.StepSizeTuning` that chose the step size when none
-        #: was given (``print`` it for every candidate's KSD), else ``None``
-        self.step_size_tuning = None
+        self.step_size = as_schedule(step_size)
         self.num_particles = num_particles
         self.repulsion = _check_repulsion(repulsion, num_particles, temperature)
         self.temperature = temperature
@@ -292,42 +279,7 @@ class SGMCMCKernel(ParticleKernel):
         self.divergence = None
 
     # -- framework wiring ------------------------------------------------------------
-    def _pilot(self, step_size):
-        """This kernel, not set up, with ``step_size``: eager, in one process."""
-        pilot = copy.copy(self)
-        pilot.step_size = as_schedule(step_size)
-        pilot.jit_compile, pilot.shard_mode = False, None
-        return pilot
-
-    def _choose_step_size(self, args, kwargs):
-        if self.discrete_sites:
-            raise ValueError(
-                "Gibbs moves need the inner kernel's step_size: choose one with "
-                "tune_step_size(lambda h: SGLD(model, step_size=h, ...), *args) on the model "
-                "with its discrete sites fixed, or pass it"
-            )
-        # tuning imports this module
-        from ..tuning import DEFAULT_CANDIDATES, tune_step_size
-
-        # With repulsion a particle moves about step_size / L per step (L^2 for the momentum
-        # samplers, whose velocity passes through the particle average twice), so the grid
-        # moves up with it (results/calibration.md).
-        scale = 1
-        if self.repulsion is not None:
-            scale = self.num_particles ** (1 if self.sampler_name == "sgld" else 2)
-        rng_state = pyro.util.get_rng_state()
-        try:
-            tuning = tune_step_size(
-                self._pilot, *args, candidates=[scale * h for h in DEFAULT_CANDIDATES], **kwargs
-            )
-        finally:
-            pyro.util.set_rng_state(rng_state)
-        self.step_size_tuning = tuning
-        self.step_size = as_schedule(tuning.step_size)
-
     def setup(self, warmup_steps: int, *args, **kwargs) -> None:
-        if self.step_size is None:
-            self._choose_step_size(args, kwargs)
         self._warmup_steps = warmup_steps
         self._step = 0
         self.potential = ParticlePotential(
@@ -710,7 +662,7 @@ class SGHMC(SGMCMCKernel):
     def __init__(
         self,
         model: Callable,
-        step_size: float | Callable[[int], float] | None = None,
+        step_size: float | Callable[[int], float],
         friction: float = 0.1,
         **kwargs,
     ):
@@ -744,7 +696,7 @@ class AdamSGLD(SGMCMCKernel):
     def __init__(
         self,
         model: Callable,
-        step_size: float | Callable[[int], float] | None = None,
+        step_size: float | Callable[[int], float],
         betas: tuple[float, float] = (0.9, 0.999),
         eps: float = 1e-8,
         adapt_after_warmup: bool = False,
