@@ -51,7 +51,7 @@ from _common import (
 )
 
 from pyro_ext.timeseries.hmm import HiddenMarkovDistribution, hmm_log_likelihood, hmm_viterbi
-from pyro_ext.timeseries.kalman import kalman_filter, kalman_log_likelihood
+from pyro_ext.timeseries.kalman import StateSpaceMatrices, kalman_filter, kalman_log_likelihood
 
 RESULTS = REPO / "benchmarks" / "results" / "timeseries_speed.md"
 PERIOD = 12
@@ -281,17 +281,19 @@ def kalman_tables(lengths, repeats, device):
 
         def ours():
             G, F, W, V = trend_seasonal_matrices(variances, dtype, device)
-            return kalman_log_likelihood(y[:, None], G, F, W, V, init_mean, init_cov)
+            matrices = StateSpaceMatrices(G, F, W, V, init_mean, init_cov)
+            return kalman_log_likelihood(y[:, None], matrices)
 
         def ours_filter():
             G, F, W, V = trend_seasonal_matrices(variances, dtype, device)
-            return kalman_filter(y[:, None], G, F, W, V, init_mean, init_cov)
+            return kalman_filter(y[:, None], StateSpaceMatrices(G, F, W, V, init_mean, init_cov))
 
         leaf = variances.clone().requires_grad_()
 
         def ours_grad():
             G, F, W, V = trend_seasonal_matrices(leaf, dtype, device)
-            kalman_log_likelihood(y[:, None], G, F, W, V, init_mean, init_cov).backward()
+            matrices = StateSpaceMatrices(G, F, W, V, init_mean, init_cov)
+            kalman_log_likelihood(y[:, None], matrices).backward()
 
         setting = f"LLT + seasonal(12), T={T:.0e}"
         if not have_statsmodels:

@@ -15,7 +15,6 @@ from .dlm import (
     LocalLinearTrend,
     Regression,
     Seasonal,
-    StateSpaceMatrices,
     dlm_observe,
 )
 from .hmm import (
@@ -33,6 +32,7 @@ from .kalman import (
     KalmanForecast,
     KalmanSmootherResult,
     KalmanWhitening,
+    StateSpaceMatrices,
     forecast_interval,
     kalman_filter,
     kalman_forecast,

@@ -33,6 +33,7 @@ from .kalman import (
     KalmanForecast,
     KalmanSmootherResult,
     KalmanWhitening,
+    StateSpaceMatrices,
     kalman_filter,
     kalman_forecast,
     kalman_log_likelihood,
@@ -58,17 +59,6 @@ __all__ = [
     "StateSpaceMatrices",
     "dlm_observe",
 ]
-
-
-class StateSpaceMatrices(NamedTuple):
-    """Arguments of :func:`~pyro_ext.timeseries.kalman.kalman_filter` after ``y``."""
-
-    transition_matrix: torch.Tensor
-    observation_matrix: torch.Tensor
-    transition_cov: torch.Tensor
-    observation_cov: torch.Tensor
-    init_mean: torch.Tensor
-    init_cov: torch.Tensor
 
 
 class _Block(NamedTuple):
@@ -522,11 +512,13 @@ class DLM:
     def matrices(
         self, num_steps: int, observation_precision: torch.Tensor | None = None
     ) -> StateSpaceMatrices:
-        """The stacked :class:`StateSpaceMatrices` for ``num_steps`` steps."""
+        """The stacked :class:`~pyro_ext.timeseries.kalman.StateSpaceMatrices` for
+        ``num_steps`` steps, the argument of the ``kalman_*`` functions besides the data."""
         return self._assemble(num_steps, observation_precision)[0]
 
     def _args(self, y, observation_precision=None):
-        """Arguments of the ``kalman_*`` functions; ``y`` ``(..., T)`` becomes ``(..., T, 1)``."""
+        """Arguments ``(y, matrices)`` of the ``kalman_*`` functions: ``y`` ``(..., T)`` as
+        ``(..., T, 1)`` and the :class:`StateSpaceMatrices`."""
         if not torch.is_tensor(y) or y.dim() < 1:
             raise ValueError("y must be a tensor of shape (..., T)")
         T = y.shape[-1]
@@ -538,7 +530,7 @@ class DLM:
         if tv:
             G, F, W, V = [x.expand(*batch, *x.shape[-3:]) for x in (G, F, W, V)]
         yy = y.unsqueeze(-1).to(G.dtype).expand(*batch, T, 1)
-        return yy, G, F, W, V, m0, P0
+        return yy, StateSpaceMatrices(G, F, W, V, m0, P0)
 
     def log_likelihood(
         self, y: torch.Tensor, observation_precision: torch.Tensor | None = None
@@ -571,7 +563,7 @@ class DLM:
         if not torch.is_tensor(series) or series.dim() < 2:
             raise ValueError("series must be a tensor of shape (..., T, num_series)")
         T = series.shape[-2]
-        (G, F, W, V, _, P0), tv, batch = self._assemble(T)
+        (G, F, W, V, m0, P0), tv, batch = self._assemble(T)
         batch = torch.broadcast_shapes(batch, series.shape[:-2])
         if observation_precision is not None:
             # V / lambda_t on a time axis; G, F and W stay static (the blocked filter).
@@ -581,7 +573,8 @@ class DLM:
         if tv:
             G, F, W, V = [x.expand(*batch, *x.shape[-3:]) for x in (G, F, W, V)]
         series = series.to(G.dtype).expand(*batch, *series.shape[-2:]).unsqueeze(-2)
-        result = kalman_whiten(series, G, F, W, V, P0, block_size=block_size)
+        matrices = StateSpaceMatrices(G, F, W, V, m0, P0)  # kalman_whiten ignores m0
+        result = kalman_whiten(series, matrices, block_size=block_size)
         return result._replace(whitened=result.whitened.squeeze(-2))
 
     def signal_covariance(self, num_steps: int) -> torch.Tensor:
@@ -641,9 +634,9 @@ class DLM:
 
         The contributions sum to the smoothed signal ``F_t E[x_t | y]``.
         """
-        args = self._args(y)
-        F = args[2]
-        ms = kalman_smoother(*args).smoothed_means
+        yy, matrices = self._args(y)
+        F = matrices.observation_matrix
+        ms = kalman_smoother(yy, matrices).smoothed_means
         out, start = {}, 0
         for name, c in zip(self.names, self.components):
             sl = slice(start, start + c.state_dim)
@@ -665,11 +658,12 @@ class DLM:
         if unknown:
             raise ValueError(f"covariates has unknown component names {sorted(unknown)}")
         result = self.filter(y)
-        (G, F, W, V, _, _), tv, _ = self._assemble(num_steps, future=covariates)
+        matrices, tv, _ = self._assemble(num_steps, future=covariates)
         batch = result.filtered_means.shape[:-2]
         k = 3 if tv else 2
-        G, F, W = [x.expand(*batch, *x.shape[-k:]) for x in (G, F, W)]
-        return kalman_forecast(result, num_steps, G, F, W, V)
+        G, F, W = [x.expand(*batch, *x.shape[-k:]) for x in matrices[:3]]
+        matrices = matrices._replace(transition_matrix=G, observation_matrix=F, transition_cov=W)
+        return kalman_forecast(result, num_steps, matrices)
 
 
 class _RealOrNaN(constraints.Constraint):

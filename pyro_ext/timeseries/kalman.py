@@ -23,10 +23,13 @@ Conventions
   marks a missing coordinate.  Missing coordinates are marginalised exactly: their row of
   ``F_t`` is zeroed and their block of ``V_t`` replaced by the identity, so they contribute
   exactly ``-log(2 pi)/2`` to the Gaussian log-density, which is added back.
-* ``y``'s leading dims define the batch shape.  A matrix argument carries a time axis iff
-  it has exactly ``len(batch_shape) + 3`` dims; fewer dims mean a static matrix that
-  broadcasts over the batch (expand ``y`` to batch over parameters).  ``init_mean`` and
-  ``init_cov`` are always static.
+* The model's matrices travel together as one :class:`StateSpaceMatrices`
+  ``(transition_matrix, observation_matrix, transition_cov, observation_cov, init_mean,
+  init_cov)``, passed whole to every function with the data.
+* ``y``'s leading dims define the batch shape.  A matrix carries a time axis iff it has
+  exactly ``len(batch_shape) + 3`` dims; fewer dims mean a static matrix that broadcasts
+  over the batch (expand ``y`` to batch over parameters).  ``init_mean`` and ``init_cov``
+  are always static.
 * Time-varying ``transition_matrix`` / ``transition_cov`` have **T entries**, aligned with
   ``y``: entry ``t`` (0-based) drives the transition into ``x_{t+1}``.  Entry 0 is unused
   (``x_1`` comes from the prior); keeping it makes covariate-driven ``G_t`` (e.g. the
@@ -47,6 +50,7 @@ __all__ = [
     "KalmanForecast",
     "KalmanSmootherResult",
     "KalmanWhitening",
+    "StateSpaceMatrices",
     "forecast_interval",
     "kalman_filter",
     "kalman_forecast",
@@ -55,6 +59,48 @@ __all__ = [
     "kalman_smoother",
     "kalman_whiten",
 ]
+
+
+class StateSpaceMatrices(NamedTuple):
+    r"""The matrices of the dynamic linear model (1.2)-(1.3): the one argument, besides the
+    data, of :func:`kalman_filter`, :func:`kalman_log_likelihood`, :func:`kalman_smoother`,
+    :func:`kalman_sample`, :func:`kalman_forecast` and :func:`kalman_whiten` (as dynamax's
+    ``ParamsLGSSM`` is of ``lgssm_filter``).  :meth:`~pyro_ext.timeseries.DLM.matrices`
+    builds one from a model's components.
+
+    Shapes follow the module's conventions (``S`` states; a time axis, where allowed, sits
+    just before the two matrix dims and has one entry per step of ``y``):
+
+    :param transition_matrix: ``G``, ``(..., [T,] S, S)``; entry 0 of a time axis is unused.
+    :param observation_matrix: ``F``, ``(..., [T,] obs_dim, S)``.
+    :param transition_cov: ``W``, ``(..., [T,] S, S)`` positive semi-definite.
+    :param observation_cov: ``V``, ``(..., [T,] obs_dim, obs_dim)``.
+    :param init_mean: ``(..., S)`` mean of ``x_1`` (static).
+    :param init_cov: ``(..., S, S)`` covariance of ``x_1`` (static).
+
+    Fields are checked where they are used: a field that is not a real tensor raises a
+    :class:`TypeError`, and one of the wrong shape a :class:`ValueError`, each naming the
+    field.
+    """
+
+    transition_matrix: torch.Tensor
+    observation_matrix: torch.Tensor
+    transition_cov: torch.Tensor
+    observation_cov: torch.Tensor
+    init_mean: torch.Tensor
+    init_cov: torch.Tensor
+
+
+def _check_matrices(matrices, name="matrices"):
+    """``matrices`` itself, or a :class:`TypeError` naming ``name`` if it is not a
+    :class:`StateSpaceMatrices` (a plain tuple would silently depend on the field order)."""
+    if not isinstance(matrices, StateSpaceMatrices):
+        raise TypeError(
+            f"{name} must be a StateSpaceMatrices(transition_matrix, observation_matrix, "
+            f"transition_cov, observation_cov, init_mean, init_cov), "
+            f"got {type(matrices).__name__}"
+        )
+    return matrices
 
 
 class KalmanFilterResult(NamedTuple):
@@ -117,11 +163,14 @@ def _sym(x):
     return 0.5 * (x + x.mT)
 
 
-def _split(x, name, core, num_batch, num_steps, time_ok=True):
-    """Return ``(x, has_time)`` after checking ``x`` is ``(*batch, [time,] *core)``."""
+def _split(x, name, core, num_batch, num_steps, time_ok=True, dims=""):
+    """Return ``(x, has_time)`` after checking ``x`` is ``(*batch, [time,] *core)``; ``dims``
+    says where the sizes in ``core`` come from, for the error message."""
     k = len(core)
     if x.dim() < k or tuple(x.shape[x.dim() - k :]) != tuple(core):
-        raise ValueError(f"{name} must have trailing shape {tuple(core)}, got {tuple(x.shape)}")
+        raise ValueError(
+            f"{name} must have trailing shape {tuple(core)}{dims}, got {tuple(x.shape)}"
+        )
     if time_ok and x.dim() == num_batch + k + 1:
         if x.shape[-k - 1] != num_steps:
             raise ValueError(
@@ -185,7 +234,8 @@ class _Validated(NamedTuple):
     time_varying: bool  # True iff any of G, F, W, V has a time axis
 
 
-def _validate(y, G, F, W, V, m0, P0):
+def _validate(y, matrices, state_dim_from="init_mean"):
+    G, F, W, V, m0, P0 = _check_matrices(matrices)
     names = [
         "y",
         "transition_matrix",
@@ -218,12 +268,13 @@ def _validate(y, G, F, W, V, m0, P0):
     check_values = values_checked()
     if check_values and bool(torch.isinf(y).any()):
         raise ValueError("y contains infinite values (use NaN for missing observations)")
-    G, tG = _split(G, "transition_matrix", (S, S), nb, T)
-    F, tF = _split(F, "observation_matrix", (p, S), nb, T)
-    W, tW = _split(W, "transition_cov", (S, S), nb, T)
-    V, tV = _split(V, "observation_cov", (p, p), nb, T)
+    dims = f" (state_dim {S} from {state_dim_from}, obs_dim {p} from y)"
+    G, tG = _split(G, "transition_matrix", (S, S), nb, T, dims=dims)
+    F, tF = _split(F, "observation_matrix", (p, S), nb, T, dims=dims)
+    W, tW = _split(W, "transition_cov", (S, S), nb, T, dims=dims)
+    V, tV = _split(V, "observation_cov", (p, p), nb, T, dims=dims)
     m0, _ = _split(m0, "init_mean", (S,), nb, T, time_ok=False)
-    P0, _ = _split(P0, "init_cov", (S, S), nb, T, time_ok=False)
+    P0, _ = _split(P0, "init_cov", (S, S), nb, T, time_ok=False, dims=dims)
     if check_values:
         for x, name in [(W, "transition_cov"), (V, "observation_cov"), (P0, "init_cov")]:
             _check_covariance(x, name)
@@ -282,8 +333,9 @@ def _build(args):
     return _SSM(G, F, Q, V, mu, y, mask, (~mask).sum((0, -1)).to(dtype))
 
 
-def prepare_state_space(y, G, F, W, V, m0, P0):
-    return _build(_validate(y, G, F, W, V, m0, P0))
+def prepare_state_space(y, matrices):
+    """The internal time-first :class:`_SSM` of ``y`` and a :class:`StateSpaceMatrices`."""
+    return _build(_validate(y, matrices))
 
 
 def _cholesky(x, name):
@@ -508,11 +560,7 @@ def _default_whiten_block_size(T, p, dtype):
 
 def kalman_whiten(
     series: torch.Tensor,
-    transition_matrix: torch.Tensor,
-    observation_matrix: torch.Tensor,
-    transition_cov: torch.Tensor,
-    observation_cov: torch.Tensor,
-    init_cov: torch.Tensor,
+    matrices: StateSpaceMatrices,
     block_size: int | None = None,
 ) -> KalmanWhitening:
     r"""Whiten several series by the covariance of a linear Gaussian state-space model.
@@ -537,17 +585,13 @@ def kalman_whiten(
     :func:`torch.func.vmap` can batch them (value checks follow the global validation
     switch, like the other functions here).
 
-    The initial mean is taken to be 0: to whiten data with a nonzero prior mean, subtract
-    its mean first.  A coordinate that is ``NaN`` in any series is missing in all of them:
-    it is marginalised (dropped from ``Sigma``), its whitened value is 0 and it adds
-    nothing to ``log_det``.
+    The initial mean is taken to be 0 (``matrices.init_mean`` is not used): to whiten data
+    with a nonzero prior mean, subtract its mean first.  A coordinate that is ``NaN`` in
+    any series is missing in all of them: it is marginalised (dropped from ``Sigma``), its
+    whitened value is 0 and it adds nothing to ``log_det``.
 
     :param series: ``(..., T, obs_dim, n)``: ``n`` series of the model's observations.
-    :param transition_matrix: ``G``, ``(..., [T,] S, S)``; entry 0 of a time axis is unused.
-    :param observation_matrix: ``F``, ``(..., [T,] obs_dim, S)``.
-    :param transition_cov: ``W``, ``(..., [T,] S, S)`` positive semi-definite.
-    :param observation_cov: ``V``, ``(..., [T,] obs_dim, obs_dim)``.
-    :param init_cov: ``(..., S, S)`` covariance of ``x_1``.
+    :param matrices: :class:`StateSpaceMatrices` of the model; its ``init_mean`` is not used.
     :param block_size: steps per block ``B`` (static ``G``, ``F``, ``W``); ``None`` picks
         one (in float64 one block up to 80 / obs_dim steps, else 40 / obs_dim steps; in
         float32 16 / obs_dim).
@@ -556,6 +600,7 @@ def kalman_whiten(
         ``num_observed`` ``(...)`` (its dimension).
     """
     check_real_tensor(series, "series")
+    _check_matrices(matrices)
     if series.dim() < 3:
         raise ValueError(
             f"series must have shape (..., T, obs_dim, num_series), got {tuple(series.shape)}"
@@ -565,16 +610,9 @@ def kalman_whiten(
     missing = torch.isnan(series).any(-1)
     nan = torch.full((), math.nan, dtype=series.dtype, device=series.device)
     y = torch.where(missing, nan, torch.zeros_like(nan))
+    init_cov = check_real_tensor(matrices.init_cov, "init_cov")
     init_mean = init_cov.new_zeros(init_cov.shape[-1:])
-    args = _validate(
-        y,
-        transition_matrix,
-        observation_matrix,
-        transition_cov,
-        observation_cov,
-        init_mean,
-        init_cov,
-    )
+    args = _validate(y, matrices._replace(init_mean=init_mean), state_dim_from="init_cov")
     T, p = args.y.shape[-2:]
     nb = args.y.dim() - 2
     series = series.to(args.y.dtype)
@@ -804,35 +842,19 @@ def _to_external(x, core_dims):
     return x.movedim(0, -core_dims - 1)
 
 
-def kalman_filter(
-    y: torch.Tensor,
-    transition_matrix: torch.Tensor,
-    observation_matrix: torch.Tensor,
-    transition_cov: torch.Tensor,
-    observation_cov: torch.Tensor,
-    init_mean: torch.Tensor,
-    init_cov: torch.Tensor,
-) -> KalmanFilterResult:
+def kalman_filter(y: torch.Tensor, matrices: StateSpaceMatrices) -> KalmanFilterResult:
     r"""Filtered moments and exact log-likelihood :math:`\log p(y_{1:T})`.
 
     :param y: ``(..., T, obs_dim)`` observations, ``NaN`` where missing.
-    :param transition_matrix: ``G``, ``(..., [T,] S, S)``; entry 0 of a time axis is unused.
-    :param observation_matrix: ``F``, ``(..., [T,] obs_dim, S)``.
-    :param transition_cov: ``W``, ``(..., [T,] S, S)`` positive semi-definite.
-    :param observation_cov: ``V``, ``(..., [T,] obs_dim, obs_dim)``.
-    :param init_mean: ``(..., S)`` mean of ``x_1``.
-    :param init_cov: ``(..., S, S)`` covariance of ``x_1``.
+    :param matrices: :class:`StateSpaceMatrices` ``(G, F, W, V, init_mean, init_cov)`` of
+        the model (1.2)-(1.3), shapes as documented there.
     :returns: :class:`KalmanFilterResult`; means ``(..., T, S)``, covs ``(..., T, S, S)``.
+    :raises TypeError: if ``matrices`` is not a :class:`StateSpaceMatrices` or a field is
+        not a real tensor.
+    :raises ValueError: naming the field, if a field's shape does not fit ``y`` or the
+        state dimension (or, with validation on, a covariance is not PSD).
     """
-    ssm = prepare_state_space(
-        y,
-        transition_matrix,
-        observation_matrix,
-        transition_cov,
-        observation_cov,
-        init_mean,
-        init_cov,
-    )
+    ssm = prepare_state_space(y, matrices)
     ll, m, P, mp, Pp = _run_filter(ssm)
     return KalmanFilterResult(
         ll, _to_external(m, 1), _to_external(P, 2), _to_external(mp, 1), _to_external(Pp, 2)
@@ -841,12 +863,7 @@ def kalman_filter(
 
 def kalman_log_likelihood(
     y: torch.Tensor,
-    transition_matrix: torch.Tensor,
-    observation_matrix: torch.Tensor,
-    transition_cov: torch.Tensor,
-    observation_cov: torch.Tensor,
-    init_mean: torch.Tensor,
-    init_cov: torch.Tensor,
+    matrices: StateSpaceMatrices,
     block_size: int | None = None,
 ) -> torch.Tensor:
     r"""Exact log-likelihood :math:`\log p(y_{1:T})` only; arguments as :func:`kalman_filter`.
@@ -861,21 +878,15 @@ def kalman_log_likelihood(
     Time-varying matrices, and block noise covariances that are singular (e.g. a singular
     ``observation_cov``), use the per-step scan of :func:`kalman_filter`.
 
+    :param y: ``(..., T, obs_dim)`` observations, ``NaN`` where missing.
+    :param matrices: :class:`StateSpaceMatrices` of the model, as for :func:`kalman_filter`.
     :param block_size: steps per block ``B``; ``None`` picks one (64 / obs_dim steps in
         float64, 16 / obs_dim in float32).  The block covariance's condition number grows
         with ``B`` (like ``B^3`` for integrated trends, geometrically for explosive
         ``transition_matrix``); use a smaller ``B`` if that matters.
     :returns: ``(...)`` log-likelihood, the batch shape of the arguments.
     """
-    args = _validate(
-        y,
-        transition_matrix,
-        observation_matrix,
-        transition_cov,
-        observation_cov,
-        init_mean,
-        init_cov,
-    )
+    args = _validate(y, matrices)
     T, p = args.y.shape[-2:]
     B = _steps_per_block(
         block_size, T, lambda: _default_block_size(T, args.m0.shape[-1], p, args.y.dtype)
@@ -888,28 +899,13 @@ def kalman_log_likelihood(
     return ll
 
 
-def kalman_smoother(
-    y: torch.Tensor,
-    transition_matrix: torch.Tensor,
-    observation_matrix: torch.Tensor,
-    transition_cov: torch.Tensor,
-    observation_cov: torch.Tensor,
-    init_mean: torch.Tensor,
-    init_cov: torch.Tensor,
-) -> KalmanSmootherResult:
+def kalman_smoother(y: torch.Tensor, matrices: StateSpaceMatrices) -> KalmanSmootherResult:
     """Rauch-Tung-Striebel smoothed moments of ``x_t | y_{1:T}``.
 
-    Arguments as :func:`kalman_filter`; needs invertible predicted covariances.
+    Arguments (``y`` and a :class:`StateSpaceMatrices`) as :func:`kalman_filter`; needs
+    invertible predicted covariances.
     """
-    ssm = prepare_state_space(
-        y,
-        transition_matrix,
-        observation_matrix,
-        transition_cov,
-        observation_cov,
-        init_mean,
-        init_cov,
-    )
+    ssm = prepare_state_space(y, matrices)
     ll, m, P, mp, Pp = _run_filter(ssm)
     ms, Ps = _run_smoother(ssm, m, P, mp, Pp)
     return KalmanSmootherResult(_to_external(ms, 1), _to_external(Ps, 2), ll)
@@ -942,12 +938,7 @@ def simulate_prior(ssm, num_samples):
 
 def kalman_sample(
     y: torch.Tensor,
-    transition_matrix: torch.Tensor,
-    observation_matrix: torch.Tensor,
-    transition_cov: torch.Tensor,
-    observation_cov: torch.Tensor,
-    init_mean: torch.Tensor,
-    init_cov: torch.Tensor,
+    matrices: StateSpaceMatrices,
     num_samples: int = 1,
 ) -> torch.Tensor:
     r"""Exact joint draws of ``x_{1:T} | y_{1:T}`` (Durbin & Koopman 2002 simulation smoother).
@@ -956,18 +947,13 @@ def kalman_sample(
     smoothed mean is affine in the data this equals ``x^+ + E_0[x | y - y^+]`` (zero prior
     mean), which has exactly the conditional law and needs only one batched smoother pass.
 
+    :param y: ``(..., T, obs_dim)`` observations, ``NaN`` where missing.
+    :param matrices: :class:`StateSpaceMatrices` of the model, as for :func:`kalman_filter`.
+    :param num_samples: number of joint draws.
     :returns: ``(num_samples, ..., T, S)``.
     """
     num_samples = check_int(num_samples, "num_samples", low=0)
-    ssm = prepare_state_space(
-        y,
-        transition_matrix,
-        observation_matrix,
-        transition_cov,
-        observation_cov,
-        init_mean,
-        init_cov,
-    )
+    ssm = prepare_state_space(y, matrices)
     x_plus, y_plus = simulate_prior(ssm, num_samples)
     y_diff = torch.where(ssm.mask.unsqueeze(1), ssm.y.unsqueeze(1) - y_plus, 0.0)
     add_sample_dim = dict(
@@ -985,8 +971,8 @@ def kalman_sample(
     return (x_plus + ms).movedim(0, -2)
 
 
-def _future(x, name, core, num_batch, num_steps):
-    x, has_time = _split(x, name, core, num_batch, num_steps)
+def _future(x, name, core, num_batch, num_steps, dims=""):
+    x, has_time = _split(x, name, core, num_batch, num_steps, dims=dims)
     return (
         x
         if has_time
@@ -997,33 +983,37 @@ def _future(x, name, core, num_batch, num_steps):
 def kalman_forecast(
     filter_result: KalmanFilterResult,
     num_steps: int,
-    transition_matrix: torch.Tensor,
-    observation_matrix: torch.Tensor,
-    transition_cov: torch.Tensor,
-    observation_cov: torch.Tensor,
+    matrices: StateSpaceMatrices,
 ) -> KalmanForecast:
     r"""Predictive moments ``num_steps`` ahead, propagating the last filtered moments.
 
     :math:`m_{T+k} = G m_{T+k-1}`, :math:`P_{T+k} = G P G^\top + W`, and
     :math:`y_{T+k} \sim N(F m_{T+k}, F P_{T+k} F^\top + V)`.  The matrices are the *future*
     ones: static, or with a time axis of ``num_steps`` entries (entry ``k`` drives step
-    ``T+k+1``).
+    ``T+k+1``).  The last filtered moments take the place of the prior, so ``init_mean``
+    and ``init_cov`` are not used: the :class:`StateSpaceMatrices` that filtered ``y`` can
+    be passed as it is when its matrices are static.
 
     :param filter_result: a :class:`KalmanFilterResult`.
+    :param num_steps: the forecast horizon ``h``.
+    :param matrices: :class:`StateSpaceMatrices` of the future steps.
     :returns: :class:`KalmanForecast` with ``(..., num_steps, .)`` moments.
     """
     if not isinstance(filter_result, KalmanFilterResult):
         raise ValueError("filter_result must be a KalmanFilterResult from kalman_filter")
     num_steps = check_int(num_steps, "num_steps", low=1)
+    _check_matrices(matrices)
     m = filter_result.filtered_means[..., -1, :]
     P = filter_result.filtered_covs[..., -1, :, :]
     S, nb = m.shape[-1], m.dim() - 1
+    observation_matrix = matrices.observation_matrix
     p = observation_matrix.shape[-2] if observation_matrix.dim() >= 2 else 0
-    args = [transition_matrix, observation_matrix, transition_cov, observation_cov]
     names = ["transition_matrix", "observation_matrix", "transition_cov", "observation_cov"]
+    args = [getattr(matrices, name) for name in names]  # init_mean, init_cov: not used
     cores = [(S, S), (p, S), (S, S), (p, p)]
+    dims = f" (state_dim {S} from filter_result, obs_dim {p} from observation_matrix)"
     G, F, W, V = [
-        _future(torch.as_tensor(x).to(m), n, c, nb, num_steps)
+        _future(torch.as_tensor(x).to(m), n, c, nb, num_steps, dims)
         for x, n, c in zip(args, names, cores)
     ]
     for x, name in [(W, "transition_cov"), (V, "observation_cov")]:

@@ -11,7 +11,7 @@ from pyro.infer import Predictive
 from pyro.infer.autoguide.initialization import init_to_mean, init_to_sample
 
 from pyro_ext.online import BONG, IMQ, LoFi, OnlineDivergenceError, WoLF, updates
-from pyro_ext.timeseries import kalman_filter
+from pyro_ext.timeseries import StateSpaceMatrices, kalman_filter
 
 
 @pytest.fixture
@@ -81,15 +81,15 @@ def test_random_walk_dynamics_equal_kalman_filter(float64):
         means.append(f.mean)
         covs.append(f.covariance())
     eye = torch.eye(dim)
-    result = kalman_filter(
-        y.unsqueeze(-1),
-        eye,
-        x.unsqueeze(-2),  # (T, 1, S): the observation matrix changes with t
-        q * eye,
-        torch.tensor([[noise**2]]),
-        torch.zeros(dim),
-        prior_scale**2 * eye + q * eye,  # the filter drifts before its first update too
+    matrices = StateSpaceMatrices(
+        transition_matrix=eye,
+        observation_matrix=x.unsqueeze(-2),  # (T, 1, S): the observation matrix changes with t
+        transition_cov=q * eye,
+        observation_cov=torch.tensor([[noise**2]]),
+        init_mean=torch.zeros(dim),
+        init_cov=prior_scale**2 * eye + q * eye,  # the filter drifts before its first update too
     )
+    result = kalman_filter(y.unsqueeze(-1), matrices)
     torch.testing.assert_close(torch.stack(means), result.filtered_means, atol=1e-8, rtol=0)
     torch.testing.assert_close(torch.stack(covs), result.filtered_covs, atol=1e-8, rtol=0)
 

@@ -81,11 +81,11 @@ def test_superposition_matches_floor_and_decompose_sums():
     y[5] = math.nan
     m = model.matrices(T)
     assert m.transition_matrix.shape == (T, 8, 8)  # 2 + 3 + 2 + 1 states, time-varying F
-    ll = kalman_filter(y[:, None], *m).log_likelihood
+    ll = kalman_filter(y[:, None], m).log_likelihood
     assert torch.allclose(model.log_likelihood(y), ll)
     parts = model.decompose(y)
     assert list(parts) == ["trend", "seasonal", "regression", "ar"]
-    sm = kalman_smoother(y[:, None], *m)
+    sm = kalman_smoother(y[:, None], m)
     signal = (m.observation_matrix @ sm.smoothed_means[..., None])[..., 0, 0]
     assert torch.allclose(sum(parts.values()), signal)
     # Stacking is block diagonal: the trend block of G is the component's own G.
@@ -171,7 +171,7 @@ def test_student_t_augmentation_sites():
     assert lam.shape == (T,)
     # Conditional on lambda the likelihood is the Kalman one with V / lambda_t.
     m = dlm.matrices(T, observation_precision=lam)
-    expected = kalman_filter(y[:, None], *m).log_likelihood
+    expected = kalman_filter(y[:, None], m).log_likelihood
     assert torch.allclose(tr.nodes["y"]["fn"].log_prob(y), expected)
     assert torch.allclose(m.observation_cov[:, 0, 0], 1.0 / lam)
 

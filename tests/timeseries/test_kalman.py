@@ -8,12 +8,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pyro_ext.timeseries.kalman import (
+    StateSpaceMatrices,
     forecast_interval,
     kalman_filter,
     kalman_forecast,
     kalman_log_likelihood,
     kalman_sample,
     kalman_smoother,
+    kalman_whiten,
 )
 
 D = torch.float64
@@ -40,6 +42,11 @@ def random_model(seed, T, S, p, time_varying, singular_w, batch=()):
     P0 = C @ C.mT + 0.1 * torch.eye(S, dtype=D)
     y = rn(*batch, T, p)
     return y, G, F, W, V, m0, P0
+
+
+def split(args):
+    """``(y, StateSpaceMatrices)`` of a tuple ``(y, G, F, W, V, m0, P0)``."""
+    return args[0], StateSpaceMatrices(*args[1:])
 
 
 def dense_joint(y, G, F, W, V, m0, P0):
@@ -95,8 +102,9 @@ def test_filter_smoother_match_dense_conditioning(
     y, G, F, W, V, m0, P0 = random_model(seed, T, S, p, time_varying, singular_w, batch)
     for k in missing:  # entries of y (rows and single coordinates) set missing
         y.view(*batch, -1)[..., k % (T * p)] = math.nan
-    filt = kalman_filter(y, G, F, W, V, m0, P0)
-    smooth = kalman_smoother(y, G, F, W, V, m0, P0)
+    matrices = StateSpaceMatrices(G, F, W, V, m0, P0)
+    filt = kalman_filter(y, matrices)
+    smooth = kalman_smoother(y, matrices)
     for b in range(batch[0] if batch else 1):
         ix = (b,) if batch else ()
         args = [x[ix] for x in (y, G, F, W, V, m0, P0)]
@@ -120,9 +128,10 @@ def test_simulation_smoother_moments():
     y, G, F, W, V, m0, P0 = random_model(3, 4, 2, 1, True, True)
     y[2] = math.nan
     n = 20000
-    xs = kalman_sample(y, G, F, W, V, m0, P0, num_samples=n)
+    matrices = StateSpaceMatrices(G, F, W, V, m0, P0)
+    xs = kalman_sample(y, matrices, num_samples=n)
     assert xs.shape == (n, 4, 2)
-    sm = kalman_smoother(y, G, F, W, V, m0, P0)
+    sm = kalman_smoother(y, matrices)
     sd = sm.smoothed_covs.diagonal(dim1=-2, dim2=-1).sqrt()
     # Standard error of a mean is sd / sqrt(n); 5 standard errors bounds all 8 entries.
     assert ((xs.mean(0) - sm.smoothed_means).abs() <= 5 * sd / n**0.5).all()
@@ -137,11 +146,12 @@ def test_simulation_smoother_moments():
 def test_forecast_equals_filtering_with_missing_future():
     T, h = 4, 3
     y, G, F, W, V, m0, P0 = random_model(5, T, 3, 2, False, True)
-    res = kalman_filter(y, G, F, W, V, m0, P0)
-    fc = kalman_forecast(res, h, G, F, W, V)
+    matrices = StateSpaceMatrices(G, F, W, V, m0, P0)
+    res = kalman_filter(y, matrices)
+    fc = kalman_forecast(res, h, matrices)
     # Closed form: with y_{T+1..T+h} missing, predicted moments are the forecast.
     y_ext = torch.cat([y, torch.full((h, 2), math.nan, dtype=D)])
-    ext = kalman_filter(y_ext, G, F, W, V, m0, P0)
+    ext = kalman_filter(y_ext, matrices)
     assert torch.allclose(fc.state_means, ext.predicted_means[T:], atol=1e-10)
     assert torch.allclose(fc.state_covs, ext.predicted_covs[T:], atol=1e-10)
     assert torch.allclose(fc.observation_means, (F @ ext.predicted_means[T:, :, None])[..., 0])
@@ -180,10 +190,10 @@ def test_statsmodels_unobserved_components_loglike(T):
     expected = mod.loglike(params)
     G, F, W, V = llt_seasonal(torch.tensor(params))
     args = (torch.tensor(y)[:, None], G, F, W, V, torch.tensor(m0), torch.tensor(P0))
-    ll = kalman_filter(*args)
+    ll = kalman_filter(*split(args))
     assert ll.log_likelihood.item() == pytest.approx(expected, abs=1e-8)
     for block_size in [None, 7, 32, 128]:  # missing values inside blocks, partial last block
-        ll = kalman_log_likelihood(*args, block_size=block_size)
+        ll = kalman_log_likelihood(*split(args), block_size=block_size)
         assert ll.item() == pytest.approx(expected, abs=1e-8)
 
 
@@ -194,21 +204,22 @@ def test_gradient_matches_finite_differences():
     def ll(log_var):
         W = torch.diag(log_var[:2].exp())
         V = log_var[2:].exp().reshape(1, 1)
-        return kalman_filter(y, G, F, W, V, m0, P0).log_likelihood
+        return kalman_filter(y, StateSpaceMatrices(G, F, W, V, m0, P0)).log_likelihood
 
     x = torch.tensor([-1.0, 0.5, -0.3], dtype=D, requires_grad=True)
     assert torch.autograd.gradcheck(ll, (x,))
     # Smoother moments and samples are differentiable too.
     W = torch.eye(2, dtype=D).requires_grad_()
-    kalman_smoother(y, G, F, W, torch.eye(1, dtype=D), m0, P0).smoothed_means.sum().backward()
+    matrices = StateSpaceMatrices(G, F, W, torch.eye(1, dtype=D), m0, P0)
+    kalman_smoother(y, matrices).smoothed_means.sum().backward()
     assert W.grad is not None and torch.isfinite(W.grad).all()
 
 
 def test_float32_and_device(device):
     y, G, F, W, V, m0, P0 = [x.float().to(device) for x in random_model(2, 30, 3, 1, False, True)]
-    res = kalman_smoother(y, G, F, W, V, m0, P0)
+    res = kalman_smoother(y, StateSpaceMatrices(G, F, W, V, m0, P0))
     assert res.smoothed_means.dtype == torch.float32 and res.smoothed_means.device == y.device
-    ref = kalman_smoother(*[x.double().cpu() for x in (y, G, F, W, V, m0, P0)])
+    ref = kalman_smoother(*split([x.double().cpu() for x in (y, G, F, W, V, m0, P0)]))
     assert torch.allclose(res.log_likelihood.double().cpu(), ref.log_likelihood, rtol=1e-4)
 
 
@@ -217,9 +228,10 @@ def test_batched_parameters_broadcast_over_series():
     scales = torch.tensor([0.5, 1.0, 2.0], dtype=D)
     Vb = scales[:, None, None] * V
     yb = y.expand(3, 5, 1)
-    ll = kalman_filter(yb, G, F, W, Vb, m0, P0).log_likelihood
+    ll = kalman_filter(yb, StateSpaceMatrices(G, F, W, Vb, m0, P0)).log_likelihood
     for k in range(3):
-        assert torch.allclose(ll[k], kalman_filter(y, G, F, W, Vb[k], m0, P0).log_likelihood)
+        expected = kalman_filter(y, StateSpaceMatrices(G, F, W, Vb[k], m0, P0)).log_likelihood
+        assert torch.allclose(ll[k], expected)
 
 
 @pytest.mark.parametrize(
@@ -245,18 +257,82 @@ def test_errors_name_the_argument(fn, index, value, match):
     args = list(random_model(0, 5, 2, 1, False, False))
     args[index] = value
     with pytest.raises(ValueError, match=match):
-        fn(*args)
+        fn(*split(args))
+
+
+# Every public function takes the model as one StateSpaceMatrices: the call for each, with
+# ``y`` and the matrices of ``random_model(0, 5, 2, 1, False, False)`` (5 steps, S = 2, p = 1).
+MATRIX_CALLS = {
+    "kalman_filter": lambda y, m: kalman_filter(y, m),
+    "kalman_log_likelihood": lambda y, m: kalman_log_likelihood(y, m, block_size=2),
+    "kalman_smoother": lambda y, m: kalman_smoother(y, m),
+    "kalman_sample": lambda y, m: kalman_sample(y, m, num_samples=2),
+    "kalman_whiten": lambda y, m: kalman_whiten(y.unsqueeze(-1), m),
+    "kalman_forecast": lambda y, m: kalman_forecast(
+        kalman_filter(y, StateSpaceMatrices(*random_model(0, 5, 2, 1, False, False)[1:])), 3, m
+    ),
+}
+
+
+@pytest.mark.parametrize("call", list(MATRIX_CALLS))
+def test_matrices_of_the_wrong_type_raise_type_error(call):
+    y, *loose = random_model(0, 5, 2, 1, False, False)
+    MATRIX_CALLS[call](y, StateSpaceMatrices(*loose))  # the right type works
+    for bad in [tuple(loose), list(loose), dict(zip(StateSpaceMatrices._fields, loose)), None]:
+        with pytest.raises(TypeError, match="matrices must be a StateSpaceMatrices"):
+            MATRIX_CALLS[call](y, bad)
+    # The loose tensors of the former signatures no longer fit.
+    with pytest.raises(TypeError):
+        MATRIX_CALLS[call](y, loose[0])
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("transition_matrix", torch.eye(3, dtype=D)),
+        ("transition_matrix", torch.ones(2, 3, dtype=D)),
+        ("observation_matrix", torch.ones(2, 2, dtype=D)),
+        ("observation_matrix", torch.ones(1, 3, dtype=D)),
+        ("transition_cov", torch.eye(3, dtype=D)),
+        ("observation_cov", torch.eye(2, dtype=D)),
+        ("init_mean", torch.zeros(2, 1, 2, dtype=D)),  # batch dims beyond y's
+        ("init_cov", torch.eye(3, dtype=D)),
+    ],
+)
+@pytest.mark.parametrize("call", list(MATRIX_CALLS))
+def test_mismatched_field_shapes_raise_value_error_naming_the_field(call, field, value):
+    y, *loose = random_model(0, 5, 2, 1, False, False)
+    matrices = StateSpaceMatrices(*loose)._replace(**{field: value})
+    if call == "kalman_whiten" and field == "init_mean":
+        return  # kalman_whiten takes the initial mean to be 0 and does not read it
+    if call == "kalman_forecast" and field.startswith("init"):
+        return  # the last filtered moments take the place of the prior
+    with pytest.raises(ValueError, match=field):
+        MATRIX_CALLS[call](y, matrices)
+
+
+@pytest.mark.parametrize("call", [c for c in MATRIX_CALLS if c != "kalman_forecast"])
+@pytest.mark.parametrize("field", StateSpaceMatrices._fields)
+def test_fields_that_are_not_tensors_raise_type_error_naming_the_field(call, field):
+    y, *loose = random_model(0, 5, 2, 1, False, False)
+    matrices = StateSpaceMatrices(*loose)._replace(**{field: [[1.0]]})
+    if call == "kalman_whiten" and field == "init_mean":
+        MATRIX_CALLS[call](y, matrices)  # not read
+        return
+    with pytest.raises(TypeError, match=f"{field} must be a torch.Tensor"):
+        MATRIX_CALLS[call](y, matrices)
 
 
 def test_degenerate_innovation_covariance_is_reported():
     y, G, F, W, V, m0, P0 = random_model(0, 5, 2, 1, False, False)
     with pytest.raises(ValueError, match="observation_cov"):
-        kalman_filter(y, G, torch.zeros_like(F), W, torch.zeros_like(V), m0, P0)
-    res = kalman_filter(y, G, F, W, V, m0, P0)
+        kalman_filter(y, StateSpaceMatrices(G, torch.zeros_like(F), W, torch.zeros_like(V), m0, P0))
+    matrices = StateSpaceMatrices(G, F, W, V, m0, P0)
+    res = kalman_filter(y, matrices)
     with pytest.raises(ValueError, match="num_steps"):
-        kalman_forecast(res, 0, G, F, W, V)
+        kalman_forecast(res, 0, matrices)
     with pytest.raises(ValueError, match="filter_result"):
-        kalman_forecast((1, 2), 1, G, F, W, V)
+        kalman_forecast((1, 2), 1, matrices)
 
 
 # ---------------------------------------------------------------------------------------
@@ -287,8 +363,9 @@ def test_log_likelihood_matches_scan(
     G = stable(G)
     for k in missing:  # entries of y (single coordinates, possibly whole steps) set missing
         y.view(*batch, -1)[..., k % (T * p)] = math.nan
-    expected = kalman_filter(y, G, F, W, V, m0, P0).log_likelihood
-    actual = kalman_log_likelihood(y, G, F, W, V, m0, P0, block_size=block_size)
+    matrices = StateSpaceMatrices(G, F, W, V, m0, P0)
+    expected = kalman_filter(y, matrices).log_likelihood
+    actual = kalman_log_likelihood(y, matrices, block_size=block_size)
     assert actual.shape == expected.shape
     assert torch.allclose(actual, expected, rtol=1e-10, atol=1e-8)
 
@@ -307,8 +384,8 @@ def test_log_likelihood_broadcasts_batches(block_size):
         (y.expand(3, 23, 2), G, F, W, V, m0 + scales[..., 0], P0),
     ]
     for args in cases:
-        expected = kalman_filter(*args).log_likelihood
-        actual = kalman_log_likelihood(*args, block_size=block_size)
+        expected = kalman_filter(*split(args)).log_likelihood
+        actual = kalman_log_likelihood(*split(args), block_size=block_size)
         assert actual.shape == expected.shape
         assert torch.allclose(actual, expected, rtol=1e-10, atol=1e-8)
 
@@ -323,11 +400,11 @@ def test_log_likelihood_gradients_match_scan(missing, block_size):
         y[5] = math.nan
     grads = []
     for fn in (
-        lambda *a: kalman_filter(*a).log_likelihood,
-        lambda *a: kalman_log_likelihood(*a, block_size=block_size),
+        lambda y, m: kalman_filter(y, m).log_likelihood,
+        lambda y, m: kalman_log_likelihood(y, m, block_size=block_size),
     ):
         args = [x.clone().requires_grad_() for x in (G, F, W, V, m0, P0)]
-        fn(y, *args).backward()
+        fn(y, StateSpaceMatrices(*args)).backward()
         grads.append([a.grad for a in args])
     for k, (g_scan, g_block) in enumerate(zip(*grads)):
         if k in (2, 3, 5):  # W, V, P0: only the symmetric part is defined (the two paths
@@ -342,12 +419,14 @@ def test_log_likelihood_gradcheck_and_trend_seasonal_variances():
 
     def ll(log_var, fn):
         G, F, W, V = llt_seasonal(log_var.exp())
-        return fn(y, G, F, W, V, m0, P0)
+        return fn(y, StateSpaceMatrices(G, F, W, V, m0, P0))
 
     x = torch.tensor([0.0, -1.0, -2.0, -1.5], dtype=D, requires_grad=True)
     assert torch.autograd.gradcheck(lambda v: ll(v, kalman_log_likelihood), (x,))
-    (g_block,) = torch.autograd.grad(ll(x, lambda *a: kalman_log_likelihood(*a, block_size=8)), x)
-    (g_scan,) = torch.autograd.grad(ll(x, lambda *a: kalman_filter(*a).log_likelihood), x)
+    (g_block,) = torch.autograd.grad(
+        ll(x, lambda y, m: kalman_log_likelihood(y, m, block_size=8)), x
+    )
+    (g_scan,) = torch.autograd.grad(ll(x, lambda y, m: kalman_filter(y, m).log_likelihood), x)
     assert torch.allclose(g_block, g_scan, rtol=1e-9, atol=1e-9)
 
 
@@ -356,8 +435,9 @@ def test_log_likelihood_falls_back_when_block_noise_is_singular():
     # so the block noise covariance is singular; the scan still works (F W F^T > 0).
     y, G, F, W, V, m0, P0 = random_model(8, 12, 2, 1, False, False)
     V = torch.zeros_like(V)
-    expected = kalman_filter(y, G, F, W, V, m0, P0).log_likelihood
-    assert torch.allclose(kalman_log_likelihood(y, G, F, W, V, m0, P0, block_size=4), expected)
+    matrices = StateSpaceMatrices(G, F, W, V, m0, P0)
+    expected = kalman_filter(y, matrices).log_likelihood
+    assert torch.allclose(kalman_log_likelihood(y, matrices, block_size=4), expected)
 
 
 def test_log_likelihood_float32_and_device(device):
@@ -367,8 +447,8 @@ def test_log_likelihood_float32_and_device(device):
     y[[10, 200]] = math.nan
     G, F, W, V = llt_seasonal(torch.tensor([0.5, 0.1, 0.01, 0.05], dtype=D))
     args = (y, G, F, W, V, torch.zeros(13, dtype=D), 10 * torch.eye(13, dtype=D))
-    ref = kalman_log_likelihood(*args)
-    ll = kalman_log_likelihood(*[x.float().to(device) for x in args])
+    ref = kalman_log_likelihood(*split(args))
+    ll = kalman_log_likelihood(*split([x.float().to(device) for x in args]))
     assert ll.dtype == torch.float32 and ll.device == device
     assert torch.allclose(ll.double().cpu(), ref, rtol=1e-5)
 
@@ -377,4 +457,4 @@ def test_log_likelihood_float32_and_device(device):
 def test_log_likelihood_rejects_bad_block_size(block_size):
     args = random_model(0, 5, 2, 1, False, False)
     with pytest.raises(ValueError, match="block_size"):
-        kalman_log_likelihood(*args, block_size=block_size)
+        kalman_log_likelihood(*split(args), block_size=block_size)

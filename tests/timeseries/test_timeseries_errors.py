@@ -18,6 +18,7 @@ from pyro_ext.timeseries import (
     LocalLinearTrend,
     Regression,
     Seasonal,
+    StateSpaceMatrices,
     hmm_filter,
     hmm_log_likelihood,
     hmm_predict,
@@ -94,7 +95,7 @@ def test_model_constructors_name_the_argument(build, error, match):
 def _filtered():
     y = torch.randn(10, 1)
     eye = torch.eye(1)
-    return kalman_filter(y, eye, eye, eye, eye, torch.zeros(1), eye), eye
+    return kalman_filter(y, StateSpaceMatrices(eye, eye, eye, eye, torch.zeros(1), eye)), eye
 
 
 @pytest.mark.parametrize(
@@ -119,12 +120,14 @@ def test_kalman_forecast_checks_like_kalman_filter(change, error, match):
     )
     for name, value in change.items():
         args[name] = torch.full((1, 1), value) if name.endswith("matrix") else value
+    num_steps = args.pop("num_steps")
+    matrices = StateSpaceMatrices(**args, init_mean=torch.zeros(1), init_cov=eye)
     with pytest.raises(error, match=match):
-        kalman_forecast(result, **args)
+        kalman_forecast(result, num_steps, matrices)
     if "num_steps" not in change:
         # As in kalman_filter, the value check follows the validation switch.
         with pyro.validation_enabled(False):
-            kalman_forecast(result, **args)
+            kalman_forecast(result, num_steps, matrices)
 
 
 @pytest.mark.parametrize("num_steps", [2.7, "2"])
@@ -136,7 +139,8 @@ def test_dlm_forecast_and_sample_counts(num_steps):
         dlm.sample_states(torch.randn(8), num_samples=num_steps)
     eye = torch.eye(1)
     with pytest.raises(ValueError, match="num_samples must be an integer >= 0"):
-        kalman_sample(torch.randn(8, 1), eye, eye, eye, eye, torch.zeros(1), eye, num_samples=-1)
+        matrices = StateSpaceMatrices(eye, eye, eye, eye, torch.zeros(1), eye)
+        kalman_sample(torch.randn(8, 1), matrices, num_samples=-1)
 
 
 # ---------------------------------------------------------------- HMM

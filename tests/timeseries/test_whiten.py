@@ -12,6 +12,7 @@ from pyro_ext.timeseries import (
     LocalLevel,
     Regression,
     Seasonal,
+    StateSpaceMatrices,
     kalman_log_likelihood,
     kalman_whiten,
 )
@@ -71,6 +72,12 @@ def random_model(seed, S, p, T=None, time_varying=()):
     return G, F, W, V, P0
 
 
+def matrices_of(G, F, W, V, P0):
+    """The :class:`StateSpaceMatrices` of ``random_model``'s matrices (``kalman_whiten``
+    takes the initial mean to be 0 and does not read it)."""
+    return StateSpaceMatrices(G, F, W, V, P0.new_zeros(P0.shape[-1]), P0)
+
+
 def student_t_precisions(T, seed=0, df=4.0):
     g = torch.Generator().manual_seed(seed)
     return torch._standard_gamma(torch.full((T,), df / 2, dtype=D), generator=g) / (df / 2)
@@ -91,7 +98,7 @@ def test_whitening_is_the_dense_cholesky_factor(p, missing, time_varying, block_
         series[0, 0, 0] = math.nan  # the first step: the prior alone predicts step 2
         series[9, :, 2] = math.nan  # a whole step
         series[T - 1, p - 1, 1] = math.nan  # the last, padded block
-    result = kalman_whiten(series, G, F, W, V, P0, block_size=block_size)
+    result = kalman_whiten(series, matrices_of(G, F, W, V, P0), block_size=block_size)
     z, log_det, num_observed = dense_whiten(series, dense_cov(G, F, W, V, P0, T))
     assert result.whitened.shape == (T, p, n)
     assert (result.whitened - z).abs().max() < 1e-10
@@ -234,12 +241,12 @@ def test_whiten_time_varying_regression_component(student_t):
 
 
 def test_whiten_argument_errors():
-    G, F, W, V, P0 = random_model(0, 2, 1)
+    matrices = matrices_of(*random_model(0, 2, 1))
     with pytest.raises(ValueError, match="num_series"):
-        kalman_whiten(torch.randn(5, 1, dtype=D), G, F, W, V, P0)
+        kalman_whiten(torch.randn(5, 1, dtype=D), matrices)
     with pytest.raises(ValueError, match="block_size"):
-        kalman_whiten(torch.randn(5, 1, 2, dtype=D), G, F, W, V, P0, block_size=0)
+        kalman_whiten(torch.randn(5, 1, 2, dtype=D), matrices, block_size=0)
     with pytest.raises(ValueError, match="infinite"):
-        kalman_whiten(torch.full((5, 1, 2), math.inf, dtype=D), G, F, W, V, P0)
+        kalman_whiten(torch.full((5, 1, 2), math.inf, dtype=D), matrices)
     with pytest.raises(ValueError, match="series"):
         bsts_like_dlm().whiten(torch.randn(5, dtype=D).sum())
