@@ -13,6 +13,12 @@ do. :func:`tune_step_size` runs one pilot chain per candidate (all its particles
 vectorised run) and returns the step size of the smallest KSD
 (:func:`~pyro_ext.ops.kernel_stein_discrepancy`, the IMQ kernel of Gorham & Mackey 2017),
 with the table of every candidate.
+
+Short pilots favour steps that move fast over steps that are unbiased: on the calibration's
+normal means (``pyro_ext.infer.calibration``), the pick of 300-step pilots sampled with
+E[z^2] = 1.30 where 1 is exact. The kernels' default (``step_size=None``,
+:mod:`~pyro_ext.infer.sgmcmc.adaptation`) bounds the bias instead; use this tuner to explore
+step sizes, and check what it picks.
 """
 
 import math

@@ -102,6 +102,30 @@ def test_every_kernel_passes_simulation_based_calibration(name, make_kernel, war
     assert result.moments_agree(bias=0.02), result
 
 
+# The kernels as a user calls them, without a step size: the warm-up sets the step whose
+# stationary variance error is at most bias_tolerance (0.05), which is the allowance.
+DEFAULTS = [
+    ("sgld", lambda m: SGLD(m, num_particles=10)),
+    ("sghmc", lambda m: SGHMC(m, num_particles=10)),
+    ("adam", lambda m: AdamSGLD(m, num_particles=10)),
+    ("sgld+r", lambda m: SGLD(m, num_particles=10, repulsion="rbf")),
+]
+
+
+def test_the_default_step_size_passes_simulation_based_calibration():
+    result = normal_means_sbc(DEFAULTS[0][1], 600, 300, thin=100, num_replications=100, seed=1)
+    assert result.p_value > 1e-3, result
+    assert result.moments_agree(bias=0.05), result
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name, make_kernel", DEFAULTS, ids=[c[0] for c in DEFAULTS])
+def test_every_kernel_passes_simulation_based_calibration_at_its_default_step(name, make_kernel):
+    result = normal_means_sbc(make_kernel, 1000, 500, thin=100, num_replications=200)
+    assert result.p_value > 1e-3, result
+    assert result.moments_agree(bias=0.05), result
+
+
 @pytest.mark.slow
 def test_gibbs_passes_simulation_based_calibration_on_a_mixture_prior():
     result = normal_means_sbc(gibbs_sgld, 1000, 500, thin=100, num_replications=200, mixture=True)

@@ -69,12 +69,21 @@ CONFIGS = [
 STEP_SIZES = {"sgld": 2e-3, "sghmc": 1e-3, "adam": 1e-2}
 
 
-def run_chain(sampler, shard, repulsion, jit_compile, batch, statistics=False, **mcmc_kwargs):
+def run_chain(
+    sampler,
+    shard,
+    repulsion,
+    jit_compile,
+    batch,
+    statistics=False,
+    default_step=False,
+    **mcmc_kwargs,
+):
     pyro.set_rng_seed(1)
     x, y = data()
     kernel = KERNELS[sampler](
         regression,
-        step_size=STEP_SIZES[sampler],
+        step_size=None if default_step else STEP_SIZES[sampler],
         num_particles=NUM_PARTICLES,
         repulsion=repulsion,
         jit_compile=jit_compile,
@@ -92,12 +101,11 @@ def as_numpy(samples):
     return {name: value.detach().numpy() for name, value in samples.items()}
 
 
-def reference(sampler, shard, repulsion, jit_compile):
+def reference(sampler, shard, repulsion, jit_compile, default_step=False):
     # The data shards' minibatches together are the single process's minibatch.
     batch = 16 if shard == "particles" else 8 * WORLD_SIZE
-    return as_numpy(
-        run_chain(sampler, None, repulsion, False, batch).get_samples(group_by_chain=True)
-    )
+    mcmc = run_chain(sampler, None, repulsion, False, batch, default_step=default_step)
+    return as_numpy(mcmc.get_samples(group_by_chain=True))
 
 
 # -- scenarios, run on every rank -------------------------------------------------------------
@@ -113,6 +121,24 @@ def scenario_equal(rank):
     keys = sorted(stats.get_statistics(group_by_chain=True))
     r_hat = {k: diagnostics[k]["r_hat"].numpy() for k in ("w", "s")}
     return results, r_hat, means, keys
+
+
+# The default step size (step_size=None): its power iterations and the repulsion's
+# eigenvalue see every particle, and the data shards' estimates average to the minibatch's.
+DEFAULT_STEP_CONFIGS = [
+    ("sgld", "particles", "rbf", False),
+    ("adam", "particles", None, False),
+    ("sghmc", "data", None, False),
+]
+
+
+def scenario_default_step(rank):
+    results = []
+    for sampler, shard, repulsion, jit_compile in DEFAULT_STEP_CONFIGS:
+        batch = 16 if shard == "particles" else 8
+        mcmc = run_chain(sampler, shard, repulsion, jit_compile, batch, default_step=True)
+        results.append(as_numpy(mcmc.get_samples(group_by_chain=True)))
+    return results
 
 
 def diverging(x, y, batch):
@@ -290,6 +316,13 @@ def test_two_ranks_run_the_single_process_chain(tmp_path):
             np.testing.assert_allclose(means[name], stats["mean"].numpy(), rtol=1e-4, atol=1e-5)
 
 
+def test_two_ranks_set_the_single_process_default_step(tmp_path):
+    results = spawn(tmp_path, "scenario_default_step")
+    for rank in range(WORLD_SIZE):
+        for config, sharded in zip(DEFAULT_STEP_CONFIGS, results[rank]):
+            assert_close(sharded, reference(*config, default_step=True))
+
+
 def test_a_divergence_on_one_rank_stops_both_with_the_same_error(tmp_path):
     results = spawn(tmp_path, "scenario_divergence")
     assert results[0] == results[1]
@@ -339,6 +372,9 @@ def test_a_killed_rank_makes_the_other_fail_instead_of_hanging(tmp_path):
     assert "rank 0 of 2" in message and "restart" in message
 
 
+# In the integration run (`make test-integration`, CI): end to end, the tutorial script run
+# three times in fresh interpreters (once alone, twice under torchrun), about 40 s of CPU.
+@pytest.mark.integration
 def test_the_example_script_launched_by_torchrun_gives_the_single_process_answer():
     script = Path(__file__).resolve().parents[2] / "tutorials" / "scaling_out.py"
 

@@ -1,5 +1,6 @@
 """Stochastic-gradient MCMC with repulsive forces (thesis sections 2.2-2.3)."""
 
+from .adaptation import StepSizeAdaptation, bias_bounded_step_size, stationary_variance_error
 from .compiled import ModelNotTraceableError
 from .distributed import RankFailedError, Shard
 from .kernels import KERNELS, SGHMC, SGLD, AdamSGLD, SGMCMCKernel, get_kernel
@@ -34,9 +35,12 @@ __all__ = [
     "SGMCMCKernel",
     "SamplerDivergenceError",
     "Shard",
+    "StepSizeAdaptation",
     "SupportMap",
     "adam_sgld_update",
+    "bias_bounded_step_size",
     "sghmc_update",
     "sgld_update",
     "stein_coupling",
+    "stationary_variance_error",
 ]

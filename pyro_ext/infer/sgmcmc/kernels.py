@@ -11,6 +11,7 @@ from pyro.infer.mcmc.mcmc_kernel import MCMCKernel
 from pyro.infer.svgd import SteinKernel
 
 from ...ops.validation import check_choice, check_int, check_positive, check_real
+from .adaptation import StepSizeAdaptation
 from .compiled import CompiledStep, check_jit_compile
 from .distributed import SHARD_MODES, resolve_shard, transition
 from .potential import VECTORIZE, ParticlePotential, SamplerDivergenceError
@@ -147,8 +148,18 @@ class SGMCMCKernel(ParticleKernel):
     :param callable model: a Pyro model; data may be subsampled with
         ``pyro.plate(..., subsample_size=...)``, in which case a fresh minibatch is drawn
         at every step and the likelihood is scaled by ``N / |batch|``.
-    :param step_size: a positive float or a schedule ``t -> float`` (see
-        :mod:`pyro_ext.infer.sgmcmc.schedules`).
+    :param step_size: a positive float, a schedule ``t -> float`` (see
+        :mod:`pyro_ext.infer.sgmcmc.schedules`), or ``None`` (default): the step size is
+        set during warm-up to the largest one whose stationary variance error on the
+        posterior's local Gaussian approximation is ``bias_tolerance`` in the stiffest
+        direction, minibatch noise and repulsion included (curvature and gradient noise
+        estimated by power iteration every ``10`` warm-up steps, about four gradient
+        evaluations each; see :mod:`~pyro_ext.infer.sgmcmc.adaptation`), and frozen when
+        warm-up ends. :meth:`diagnostics` and the progress bar show it.
+    :param float bias_tolerance: with ``step_size=None``, the relative error of the
+        stationary variance the step may cause (``0.05``: the sampled variance is at most
+        5 % too large in any direction of a Gaussian posterior). Smaller is less biased and
+        mixes more slowly, in proportion.
     :param int num_particles: the number ``L`` of particles (chains).
     :param repulsion: ``None`` for independent particles, ``"rbf"`` for
         :class:`~pyro_ext.infer.RBFKernel` with the median heuristic (whose dependence on
@@ -226,7 +237,7 @@ class SGMCMCKernel(ParticleKernel):
     def __init__(
         self,
         model: Callable,
-        step_size: float | Callable[[int], float],
+        step_size: float | Callable[[int], float] | None = None,
         num_particles: int = 1,
         repulsion: str | SteinKernel | None = None,
         temperature: float = 1.0,
@@ -236,13 +247,17 @@ class SGMCMCKernel(ParticleKernel):
         vectorize: str = "auto",
         divergence_check_every: int | None = None,
         shard: str | None = "auto",
+        bias_tolerance: float = 0.05,
     ):
         if not callable(model):
             raise TypeError("model must be a callable Pyro model")
+        self.bias_tolerance = check_real(bias_tolerance, "bias_tolerance", 0, 1, low_open=True)
         num_particles = check_int(num_particles, "num_particles", low=1)
         temperature = check_real(temperature, "temperature", low=0)
         self.model = model
-        self.step_size = as_schedule(step_size)
+        self.step_size = None if step_size is None else as_schedule(step_size)
+        #: the warm-up rule behind ``step_size=None`` (set up by :meth:`setup`), else ``None``
+        self.step_size_adaptation = None
         self.num_particles = num_particles
         self.repulsion = _check_repulsion(repulsion, num_particles, temperature)
         self.temperature = temperature
@@ -298,6 +313,9 @@ class SGMCMCKernel(ParticleKernel):
         # Every rank of a sharded run draws all L particles (and momenta) from the shared
         # random stream, so that its rows are those of the single-process run.
         self.shard = resolve_shard(self.shard_mode, self.num_particles, z.device, self.potential)
+        # With step_size=None the first sample() estimates the step, once a compound kernel
+        # (Gibbs) has conditioned the potential on its discrete sites.
+        self.step_size_adaptation = None if self.step_size is not None else self._adaptation()
         state = self._init_state(z.clone())
         if self.shard is not None:
             if self.discrete_sites:
@@ -391,7 +409,50 @@ class SGMCMCKernel(ParticleKernel):
         return self._last_params
 
     def _init_state(self, z):
-        return self.sampler.init_state(z, float(self.step_size(0)), self.temperature, **self.hyper)
+        adaptation = self.step_size_adaptation
+        if adaptation is not None and adaptation.step_size is None:
+            # No step size yet: momenta start at rest (warm-up forgets the start anyway).
+            return self.sampler.init_state(z, 0.0, self.temperature, at_rest=True, **self.hyper)
+        return self.sampler.init_state(z, self._step_size_at(0), self.temperature, **self.hyper)
+
+    # -- the default step size -------------------------------------------------------
+    def _step_size_at(self, step: int) -> float:
+        adaptation = self.step_size_adaptation
+        if adaptation is None:
+            return float(self.step_size(step))
+        if step < self._warmup_steps // 2:
+            return adaptation.early_step_size
+        return adaptation.step_size
+
+    #: how often the velocity passes through the repulsion's ``K / L`` (see
+    #: :class:`~.adaptation.StepSizeAdaptation`)
+    coupling_power = 1
+
+    @property
+    def adaptation_friction(self) -> float:
+        """The friction of the sampler's linear recursion (1: SGLD, no momentum)."""
+        return 1.0
+
+    def adaptation_mass(self, state, z):
+        """The diagonal mass whose coordinates the step is set in (``None``: identity)."""
+        return None
+
+    def _adaptation(self):
+        return StepSizeAdaptation(
+            self.bias_tolerance, self.adaptation_friction, self.coupling_power
+        )
+
+    def _adapt_step_size(self):
+        adaptation = self.step_size_adaptation
+        if adaptation is None:
+            return
+        z = self._state.z
+        if adaptation.step_size is None:
+            mass = self.adaptation_mass(self._state, z)
+            adaptation.start(self.potential, z, mass, self.repulsion, self.shard)
+        elif 0 < self._step < self._warmup_steps and self._step % adaptation.every == 0:
+            mass = self.adaptation_mass(self._state, z)
+            adaptation.observe(self.potential, z, mass, self.repulsion, self.shard)
 
     def _update(self, state, grad, step_size, noise, coupling, adapt):
         """
@@ -468,7 +529,8 @@ class SGMCMCKernel(ParticleKernel):
                 self._take_snapshot()
         if deferred_checks and self._snapshot is None:
             self._take_snapshot()  # before this step draws its randomness
-        step_size = float(self.step_size(self._step))
+        self._adapt_step_size()
+        step_size = self._step_size_at(self._step)
         if not (math.isfinite(step_size) and step_size > 0):
             raise ValueError(
                 f"step size schedule gave {step_size} at step {self._step}; expected > 0"
@@ -597,11 +659,16 @@ class SGMCMCKernel(ParticleKernel):
         """The sampler's full state, for checkpointing long runs (call :meth:`verify` first)."""
         if self._pending_ok:
             raise RuntimeError("state_dict() of unverified steps: call verify() first")
-        return {"step": self._step, "state": self._state._asdict()}
+        state = {"step": self._step, "state": self._state._asdict()}
+        if self.step_size_adaptation is not None:
+            state["step_size_adaptation"] = self.step_size_adaptation.state_dict()
+        return state
 
     def load_state_dict(self, state_dict):
         """Restore a state saved by :meth:`state_dict`; call after :meth:`setup`."""
         self._step = state_dict["step"]
+        if self.step_size_adaptation is not None and "step_size_adaptation" in state_dict:
+            self.step_size_adaptation.load_state_dict(state_dict["step_size_adaptation"])
         state = dict(state_dict["state"])
         if "count" in state and not isinstance(state["count"], torch.Tensor):
             # Checkpoints written before the count became a tensor.
@@ -621,17 +688,17 @@ class SGLD(SGMCMCKernel):
 
     With repulsion the drift averages over the particles (the factor ``K / L``), so each
     moves with an effective step of about ``step_size / L`` (measured with the median
-    bandwidth for L = 10 to 200, ``benchmarks/results/calibration.md``): scale
-    ``step_size`` up with ``L``. The median bandwidth's dependence on the particles enters
-    the update exactly (:class:`~pyro_ext.infer.RBFKernel`), so the chain keeps its
-    stationary law.
+    bandwidth for L = 10 to 200, ``benchmarks/results/calibration.md``); the default step
+    size divides by the top eigenvalue of ``K / L``, a given one should be scaled up with
+    ``L``. The median bandwidth's dependence on the particles enters the update exactly
+    (:class:`~pyro_ext.infer.RBFKernel`), so the chain keeps its stationary law.
 
     Example (the same code runs on CUDA tensors)::
 
-        kernel = SGLD(model, step_size=1e-3, num_particles=20, repulsion="rbf")
-        mcmc = pyro_ext.infer.MCMC(kernel, num_samples=500, warmup_steps=500)
+        kernel = SGLD(model, num_particles=20)  # the step size is set during warm-up
+        mcmc = pyro_ext.infer.MCMC(kernel, num_samples=4000, warmup_steps=1000)
         mcmc.run(x, y)
-        mcmc.get_samples()["w"].shape      # (500 * 20, D)
+        mcmc.get_samples()["w"].shape      # (4000 * 20, D)
 
     See :class:`SGMCMCKernel` for the parameters.
     """
@@ -648,8 +715,8 @@ class SGHMC(SGMCMCKernel):
     With repulsion the velocity is built from the particle-averaged drift (``K / L``) and
     moves the particles through ``K / L`` again, so when the particles are far apart
     relative to the kernel bandwidth the effective per-particle step is about
-    ``step_size / L^2``: scale ``step_size`` up with ``L^2`` (``benchmarks/uci.py``
-    validates both on the UCI regressions).
+    ``step_size / L^2``: the default step size accounts for it, a given one should be
+    scaled up with ``L^2`` (``benchmarks/uci.py`` validates both on the UCI regressions).
 
     :param float friction: ``1 - momentum``, in ``(0, 1]``; ``1`` recovers SGLD with step
         size ``step_size``.
@@ -662,16 +729,22 @@ class SGHMC(SGMCMCKernel):
     def __init__(
         self,
         model: Callable,
-        step_size: float | Callable[[int], float],
+        step_size: float | Callable[[int], float] | None = None,
         friction: float = 0.1,
         **kwargs,
     ):
         self.friction = check_real(friction, "friction", 0, 1, low_open=True)
         super().__init__(model, step_size, **kwargs)
 
+    coupling_power = 2
+
     @property
     def hyper(self):
         return {"friction": self.friction}
+
+    @property
+    def adaptation_friction(self) -> float:
+        return self.friction
 
 
 class AdamSGLD(SGMCMCKernel):
@@ -680,7 +753,8 @@ class AdamSGLD(SGMCMCKernel):
     (section 2.3.2). See :func:`~pyro_ext.infer.sgmcmc.updates.adam_sgld_update`.
 
     As for :class:`SGHMC`, repulsion shrinks the effective per-particle step to about
-    ``step_size / L^2``.
+    ``step_size / L^2``. The default step size is set in the coordinates of the mass
+    matrix that warm-up adapts (the preconditioned curvature and gradient noise).
 
     :param tuple betas: Adam's ``(beta1, beta2)``; ``1 - beta1`` is the friction.
     :param float eps: added to ``sqrt(v)`` in the mass matrix.
@@ -696,7 +770,7 @@ class AdamSGLD(SGMCMCKernel):
     def __init__(
         self,
         model: Callable,
-        step_size: float | Callable[[int], float],
+        step_size: float | Callable[[int], float] | None = None,
         betas: tuple[float, float] = (0.9, 0.999),
         eps: float = 1e-8,
         adapt_after_warmup: bool = False,
@@ -711,9 +785,31 @@ class AdamSGLD(SGMCMCKernel):
         self.adapt_after_warmup = adapt_after_warmup
         super().__init__(model, step_size, **kwargs)
 
+    coupling_power = 2
+
     @property
     def hyper(self):
         return {"betas": self.betas, "eps": self.eps}
+
+    @property
+    def adaptation_friction(self) -> float:
+        return 1.0 - self.betas[0]
+
+    def adaptation_mass(self, state, z):
+        # The mass M = sqrt(v) + eps of adam_sgld_update; before the first update, the one
+        # the first gradient will set (v = grad^2 after bias correction).
+        if int(state.count) == 0:
+            shard = self.shard
+            if shard is None:
+                grad = self.potential.log_density_and_grad(z)[1]
+            else:
+                subsamples = shard.subsamples(self.potential, z.device)
+                grad = self.potential.log_density_and_grad(z, subsamples)[1]
+                if shard.mode == "data":
+                    grad = shard.mean(grad)
+            return grad.abs() + self.eps
+        correction = 1.0 - self.betas[1] ** state.count
+        return (state.second_moment / correction).sqrt() + self.eps
 
     def _adapting(self):
         # The mass adapts during warmup (and at least once, so that it is defined).

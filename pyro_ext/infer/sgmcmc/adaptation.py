@@ -1,0 +1,280 @@
+r"""
+The default step size of the stochastic-gradient kernels: the largest step whose
+stationary bias, on the posterior's local Gaussian approximation, stays within a stated
+tolerance.
+
+A stochastic-gradient sampler has no accept/reject step, so its step size sets its bias:
+on a Gaussian target with curvature :math:`\lambda` (an eigenvalue of the potential's
+Hessian :math:`H`) and minibatch-gradient noise of variance :math:`s^2` along the same
+direction, SGLD with step :math:`\epsilon` has stationary variance
+
+.. math:: \mathrm{Var}_\epsilon = \frac1\lambda\,\frac{1 + \epsilon s^2/2}{1 - \epsilon\lambda/2}
+
+instead of :math:`1/\lambda`; SGHMC (and AdamSGLD in its preconditioned coordinates) is
+the same linear recursion with momentum, whose stationary covariance solves a 2x2
+discrete Lyapunov equation (:func:`stationary_variance_error`). The relative error grows
+with :math:`\epsilon\lambda` and :math:`\epsilon s^2`, so bounding it in the stiffest
+direction bounds it in every direction. :func:`bias_bounded_step_size` inverts it: the
+largest step whose error, at the largest curvature and the largest gradient-noise
+variance, is ``tolerance``.
+
+:class:`StepSizeAdaptation` estimates those two numbers during warm-up, per particle, by
+power iteration: Hessian-vector products of the minibatch potential (each an unbiased
+estimate of :math:`Hv`) for the curvature, and differences of two independent minibatch
+gradients at the same particles (covariance :math:`2C`) for the noise. With repulsion the
+drift and the noise pass through the kernel matrix :math:`K / L`, whose largest
+eigenvalue :math:`\mu` scales the step (once for SGLD+R, twice for the momentum
+samplers, whose velocity is coupled on the way in and on the way out). The step is
+re-estimated every ``every`` warm-up steps, follows the particles to the posterior, and is
+frozen when warm-up ends, so the chain that is kept is a time-homogeneous sampler.
+
+What it costs: each estimate is one gradient with its Hessian-vector product and one more
+gradient (about four gradient evaluations), every ``every`` warm-up steps; nothing after
+warm-up. What it does not do: make an ill-conditioned posterior mix fast. The flattest
+direction relaxes in about :math:`\kappa / (2\,\mathrm{tolerance})` steps, with
+:math:`\kappa` the condition number of :math:`H + C`; a preconditioned kernel
+(:class:`~pyro_ext.infer.AdamSGLD`) or more steps are the remedy.
+"""
+
+import math
+
+import pyro
+import torch
+
+__all__ = ["StepSizeAdaptation", "bias_bounded_step_size", "stationary_variance_error"]
+
+
+def stationary_variance_error(
+    step_size: float, curvature: float, noise_variance: float = 0.0, friction: float = 1.0
+) -> float:
+    r"""
+    Relative error ``lambda * Var - 1`` of the stationary variance of the linear recursion
+
+    .. code-block:: text
+
+        v <- (1 - friction) v - step_size (curvature z + zeta) + sqrt(2 friction step_size) xi
+        z <- z + v,        zeta ~ N(0, noise_variance),  xi ~ N(0, 1)
+
+    which is SGLD for ``friction = 1`` and SGHMC (in the package's SGD-with-momentum form,
+    :func:`~pyro_ext.infer.sgmcmc.updates.sghmc_update`) otherwise, on a Gaussian target of
+    precision ``curvature`` with minibatch-gradient noise of variance ``noise_variance``.
+    ``inf`` where the recursion is unstable.
+    """
+    h, lam, a = float(step_size), float(curvature), float(friction)
+    if h <= 0:
+        return 0.0
+    transition = torch.tensor([[1.0 - h * lam, 1.0 - a], [-h * lam, 1.0 - a]], dtype=torch.float64)
+    if torch.linalg.eigvals(transition).abs().max() >= 1.0:
+        return math.inf
+    # Sigma = A Sigma A^T + q b b^T with b = (1, 1): the state (z, v) gets the same noise.
+    q = 2.0 * a * h + h * h * float(noise_variance)
+    system = torch.eye(4, dtype=torch.float64) - torch.kron(transition, transition)
+    sigma = torch.linalg.solve(system, torch.full((4,), q, dtype=torch.float64))
+    return lam * float(sigma[0]) - 1.0
+
+
+def bias_bounded_step_size(
+    curvature: float,
+    noise_variance: float = 0.0,
+    friction: float = 1.0,
+    tolerance: float = 0.05,
+) -> float:
+    """
+    The largest step size whose :func:`stationary_variance_error` at ``curvature`` and
+    ``noise_variance`` is at most ``tolerance`` (bisection in log step size; the error
+    grows with the step over the stable range).
+    """
+    lam, noise = abs(float(curvature)), max(float(noise_variance), 0.0)
+    if not (math.isfinite(lam) and math.isfinite(noise)):
+        raise ValueError(
+            f"the curvature ({curvature}) and noise ({noise_variance}) estimates of the "
+            "step-size adaptation must be finite: the model's log density has a non-finite "
+            "gradient or Hessian at the particles' values"
+        )
+    scale = lam + noise
+    if scale <= 0:
+        raise ValueError(
+            "the potential has no curvature and no gradient noise at the particles, so no "
+            "step size bounds the bias there: pass step_size explicitly"
+        )
+    low, high = 1e-8 / scale, 4.0 / scale
+    for _ in range(60):
+        middle = math.sqrt(low * high)
+        if stationary_variance_error(middle, lam, noise, friction) <= tolerance:
+            low = middle
+        else:
+            high = middle
+        if high / low < 1.001:
+            break
+    return low
+
+
+def _unit(vectors: torch.Tensor, fallback: torch.Tensor) -> torch.Tensor:
+    norms = vectors.norm(dim=-1, keepdim=True)
+    return torch.where(norms > 0, vectors / norms.clamp_min(1e-300), fallback)
+
+
+class StepSizeAdaptation:
+    """
+    The warm-up rule behind ``step_size=None`` (see the module docstring).
+
+    :param float tolerance: the largest relative error of the stationary variance, in the
+        stiffest direction of the local Gaussian approximation, that the step may cause.
+    :param float friction: the sampler's friction (``1`` for SGLD, ``friction`` for SGHMC,
+        ``1 - beta1`` for AdamSGLD).
+    :param int coupling_power: how often the velocity passes through the repulsion's
+        ``K / L`` (1 for SGLD+R, 2 for the momentum samplers).
+    :param int every: warm-up steps between two estimates.
+    :param int initial_iterations: power iterations at the starting particles.
+    :param float smoothing: weight of the past in the running estimates.
+    :param float early_tolerance: the tolerance of :attr:`early_step_size`, the step of the
+        first half of warm-up. Warm-up draws are discarded, so their bias does not matter:
+        a variance error of 1 (twice the variance in the stiffest direction, still well
+        inside the stable range) brings the particles from their start about
+        ``early_tolerance / tolerance`` times faster; the second half, at ``tolerance``,
+        lets them settle into the stationary law that is kept.
+    """
+
+    def __init__(
+        self,
+        tolerance=0.05,
+        friction=1.0,
+        coupling_power=1,
+        every=10,
+        initial_iterations=20,
+        smoothing=0.8,
+        early_tolerance=1.0,
+    ):
+        self.tolerance = tolerance
+        self.friction = friction
+        self.coupling_power = coupling_power
+        self.every = every
+        self.initial_iterations = initial_iterations
+        self.smoothing = smoothing
+        self.early_tolerance = early_tolerance
+        self.curvature_direction = None
+        self.noise_direction = None
+        self.noise_moment = None
+        self.curvature = None
+        self.noise_variance = None
+        self.coupling_eigenvalue = 1.0
+        #: the step of stationary variance error ``tolerance``: the second half of warm-up
+        #: and every draw after it
+        self.step_size = None
+        #: the faster step of the first half of warm-up
+        self.early_step_size = None
+        self.estimates = 0
+        self._since_restart = 0
+
+    def _running(self, old, new):
+        # A plain average of the estimates since the last restart while there are fewer
+        # than 1 / (1 - smoothing) of them, a moving average after.
+        if old is None:
+            return new
+        past = min(self.smoothing, self._since_restart / (self._since_restart + 1.0))
+        return past * old + (1.0 - past) * new
+
+    def restart(self):
+        """Forget the running estimates (not the power-iteration directions): the first
+        iterations from a random direction underestimate the curvature."""
+        self.curvature = self.noise_variance = None
+        self._since_restart = 0
+
+    def start(self, potential, z, mass=None, repulsion=None, shard=None):
+        """The :attr:`initial_iterations` at the starting particles: the directions converge
+        over the first half, the estimates are the average of the second half."""
+        for iteration in range(self.initial_iterations):
+            if iteration == self.initial_iterations // 2:
+                self.restart()
+            self.observe(potential, z, mass, repulsion, shard)
+        return self.step_size
+
+    def observe(self, potential, z, mass=None, repulsion=None, shard=None):
+        """
+        One power iteration at particles ``z`` ``(L, D)`` (this rank's, when sharded) with
+        two fresh minibatches, and the step size it gives. ``mass`` is AdamSGLD's diagonal
+        mass ``(L, D)`` (the estimates are then in its preconditioned coordinates).
+        """
+        z = z.detach()
+        if self.curvature_direction is None:
+            # Directions for every particle from the shared random stream, this rank's rows
+            # kept: a sharded run draws what the single-process run draws.
+            num_particles = z.shape[0] if shard is None else shard.num_particles
+            directions = torch.randn(2, num_particles, z.shape[-1], dtype=z.dtype, device=z.device)
+            if shard is not None:
+                directions = torch.stack([shard.local(d) for d in directions])
+            self.curvature_direction = _unit(directions[0], torch.ones_like(z))
+            self.noise_direction = _unit(directions[1], torch.ones_like(z))
+            self.noise_moment = torch.zeros_like(z)
+        scale = None if mass is None else mass.rsqrt()
+        direction = self.curvature_direction
+        probe = direction if scale is None else direction * scale
+        if shard is None:
+            first, second = (potential.draw_subsamples(z.device) for _ in range(2))
+        else:
+            first, second = (shard.subsamples(potential, z.device) for _ in range(2))
+        with torch.enable_grad(), pyro.validation_enabled(False):
+            leaf = z.requires_grad_(True)
+            log_density = potential.log_density_all(leaf, first)
+            (grad,) = torch.autograd.grad(log_density.sum(), leaf, create_graph=True)
+            (hessian_probe,) = torch.autograd.grad((grad * probe).sum(), leaf)
+        _, other_grad = potential.log_density_and_grad(z, second)
+        # H of the potential -log p: the Hessian-vector product of log p, negated.
+        product, difference = -hessian_probe, grad.detach() - other_grad
+        if shard is not None and shard.mode == "data":
+            product, difference = shard.mean(product), shard.mean(difference)
+        if scale is not None:
+            product, difference = product * scale, difference * scale
+        curvature = (direction * product).sum(-1).abs()
+        self.curvature_direction = _unit(product, direction)
+        # Var(difference) = 2 C: the Rayleigh quotient of C at a direction chosen before
+        # this draw, and a power iteration on the running second moment of the draws.
+        noise = (difference * self.noise_direction).sum(-1).square() / 2.0
+        projected = difference * (difference * self.noise_direction).sum(-1, keepdim=True)
+        self.noise_moment = self._running(self.noise_moment, projected)
+        self.noise_direction = _unit(self.noise_moment, self.noise_direction)
+        if shard is not None and shard.mode == "particles":
+            curvature, noise = shard.gather(curvature), shard.gather(noise)
+        self.curvature = self._running(self.curvature, curvature)
+        self.noise_variance = self._running(self.noise_variance, noise)
+        self._since_restart += 1
+        if repulsion is not None:
+            from .repulsion import stein_coupling
+
+            every_particle = z if shard is None or shard.mode != "particles" else shard.gather(z)
+            with torch.no_grad():
+                matrix = stein_coupling(repulsion, every_particle, False).matrix
+                eigenvalue = torch.linalg.eigvalsh(matrix.double()).max() / matrix.shape[0]
+            self.coupling_eigenvalue = float(eigenvalue)
+        self.estimates += 1
+        self.step_size = self.bounded_step_size(self.tolerance)
+        self.early_step_size = self.bounded_step_size(max(self.early_tolerance, self.tolerance))
+        return self.step_size
+
+    def bounded_step_size(self, tolerance: float) -> float:
+        """The step of stationary variance error ``tolerance`` at the current estimates."""
+        step_size = bias_bounded_step_size(
+            float(self.curvature.max()), float(self.noise_variance.max()), self.friction, tolerance
+        )
+        return step_size / self.coupling_eigenvalue**self.coupling_power
+
+    def state_dict(self):
+        return {
+            name: getattr(self, name)
+            for name in (
+                "curvature_direction",
+                "noise_direction",
+                "noise_moment",
+                "curvature",
+                "noise_variance",
+                "coupling_eigenvalue",
+                "step_size",
+                "early_step_size",
+                "estimates",
+                "_since_restart",
+            )
+        }
+
+    def load_state_dict(self, state):
+        for name, value in state.items():
+            setattr(self, name, value)

@@ -1,0 +1,196 @@
+"""
+The default step size (``step_size=None``): the stationary variance error it bounds, the
+power-iteration estimates it is computed from, and what a user who passes no step size
+gets on a posterior that is known exactly.
+"""
+
+import math
+
+import pyro
+import pyro.distributions as dist
+import pytest
+import torch
+
+from pyro_ext.infer import MCMC, SGHMC, SGLD, AdamSGLD
+from pyro_ext.infer.sgmcmc.adaptation import (
+    StepSizeAdaptation,
+    bias_bounded_step_size,
+    stationary_variance_error,
+)
+from pyro_ext.infer.sgmcmc.potential import ParticlePotential
+
+
+@pytest.mark.parametrize(
+    "step_size, curvature, noise", [(0.1, 1.0, 0.0), (0.1, 1.0, 2.0), (0.01, 10.0, 5.0)]
+)
+def test_sgld_error_is_the_closed_form(step_size, curvature, noise):
+    # z <- (1 - h lam) z - h zeta + sqrt(2 h) xi has variance (2h + h^2 s^2) / (1 - (1 - h lam)^2).
+    exact = (1 + step_size * noise / 2) / (1 - step_size * curvature / 2) - 1
+    assert stationary_variance_error(step_size, curvature, noise, 1.0) == pytest.approx(
+        exact, rel=1e-12
+    )
+
+
+@pytest.mark.parametrize("friction", [0.1, 0.5])
+def test_momentum_error_matches_a_simulation_of_the_recursion(friction):
+    # The SGHMC recursion of sghmc_update, run for 20 000 independent chains from its
+    # stationary law's neighbourhood, against the Lyapunov solution.
+    step_size, curvature, noise = 0.02, 1.0, 4.0
+    generator = torch.Generator().manual_seed(0)
+    chains = 5000
+    z = torch.randn(chains, generator=generator, dtype=torch.float64)
+    v = math.sqrt(step_size) * torch.randn(chains, generator=generator, dtype=torch.float64)
+    second_moments = []
+    for step in range(1500):
+        zeta = math.sqrt(noise) * torch.randn(chains, generator=generator, dtype=torch.float64)
+        xi = torch.randn(chains, generator=generator, dtype=torch.float64)
+        v = (1 - friction) * v - step_size * (curvature * z + zeta)
+        v = v + math.sqrt(2 * friction * step_size) * xi
+        z = z + v
+        if step >= 500 and step % 25 == 0:
+            second_moments.append(z.square().mean())
+    simulated = torch.stack(second_moments)
+    standard_error = 2 * simulated.std() / math.sqrt(len(simulated)) + 2 * math.sqrt(2 / chains)
+    predicted = 1 + stationary_variance_error(step_size, curvature, noise, friction)
+    assert abs(simulated.mean() - predicted) < 3 * standard_error
+    assert predicted > 1.05  # the check has something to detect
+
+
+def test_unstable_steps_have_infinite_error():
+    assert stationary_variance_error(2.5, 1.0) == math.inf
+
+
+@pytest.mark.parametrize("friction", [1.0, 0.1])
+@pytest.mark.parametrize("tolerance", [0.01, 0.05, 1.0])
+def test_bias_bounded_step_size_inverts_the_error(friction, tolerance):
+    step_size = bias_bounded_step_size(50.0, 300.0, friction, tolerance)
+    assert stationary_variance_error(step_size, 50.0, 300.0, friction) <= tolerance
+    assert stationary_variance_error(step_size * 1.01, 50.0, 300.0, friction) > tolerance
+
+
+def test_bias_bounded_step_size_refuses_what_bounds_nothing():
+    with pytest.raises(ValueError, match="finite"):
+        bias_bounded_step_size(float("nan"), 1.0)
+    with pytest.raises(ValueError, match="pass step_size"):
+        bias_bounded_step_size(0.0, 0.0)
+
+
+def _gaussian_potential(precision, device):
+    def model():
+        pyro.sample(
+            "z", dist.MultivariateNormal(precision.new_zeros(3), precision_matrix=precision)
+        )
+
+    potential = ParticlePotential(model, (), {})
+    return potential
+
+
+def test_power_iteration_finds_the_largest_curvature(device):
+    # No minibatch: the Hessian is exact, the gradient noise zero.
+    precision = torch.tensor(
+        [[9.0, 2.0, 0.0], [2.0, 4.0, 1.0], [0.0, 1.0, 1.0]], dtype=torch.float64, device=device
+    )
+    potential = _gaussian_potential(precision, device)
+    adaptation = StepSizeAdaptation()
+    z = torch.randn(4, 3, dtype=torch.float64, device=device)
+    adaptation.start(potential, z)
+    largest = torch.linalg.eigvalsh(precision).max()
+    assert torch.allclose(adaptation.curvature, largest.expand(4), rtol=1e-3)
+    assert float(adaptation.noise_variance.abs().max()) < 1e-18
+    assert adaptation.step_size == pytest.approx(bias_bounded_step_size(float(largest)), rel=1e-3)
+
+
+def test_noise_estimate_is_the_minibatch_gradient_variance(device):
+    # y_i ~ N(mu, 1), minibatch B of N without replacement: Var of the gradient estimate is
+    # N^2 / B (N - B) / (N - 1) var(y), whatever mu is.
+    num_data, batch = 1000, 50
+    generator = torch.Generator().manual_seed(0)
+    y = (2.0 * torch.randn(num_data, generator=generator, dtype=torch.float64)).to(device)
+
+    def model(y):
+        mu = pyro.sample("mu", dist.Normal(y.new_zeros(()), 10.0))
+        with pyro.plate("data", num_data, subsample_size=batch) as idx:
+            pyro.sample("y", dist.Normal(mu, 1.0), obs=y[idx])
+
+    potential = ParticlePotential(model, (y,), {})
+    pyro.set_rng_seed(0)
+    # The particles share each minibatch, so one particle carries all the information; a
+    # plain average (smoothing close to 1) of 600 draws of d^2 / 2 has a 6 % standard error.
+    adaptation = StepSizeAdaptation(smoothing=0.999)
+    z = torch.zeros(1, 1, dtype=torch.float64, device=device)
+    for _ in range(600):
+        adaptation.observe(potential, z)
+    exact = num_data**2 / batch * (num_data - batch) / (num_data - 1) * y.var(unbiased=False)
+    assert float(adaptation.noise_variance.mean()) == pytest.approx(float(exact), rel=0.2)
+    assert float(adaptation.curvature.mean()) == pytest.approx(num_data + 0.01, rel=1e-6)
+
+
+def _conjugate_stream(device, num_data=2000):
+    generator = torch.Generator().manual_seed(0)
+    x = (1.5 + torch.randn(num_data, generator=generator, dtype=torch.float64)).to(device)
+
+    def model(x):
+        mu = pyro.sample("mu", dist.Normal(x.new_zeros(()), 10.0))
+        with pyro.plate("data", x.shape[0], subsample_size=100) as idx:
+            pyro.sample("obs", dist.Normal(mu, 1.0), obs=x[idx])
+
+    precision = 1 / 100 + num_data
+    return model, x, float(x.sum() / precision), 1 / math.sqrt(precision)
+
+
+@pytest.mark.parametrize(
+    "make_kernel",
+    [
+        lambda model: SGLD(model, num_particles=20),
+        lambda model: SGHMC(model, num_particles=20),
+        lambda model: AdamSGLD(model, num_particles=20),
+    ],
+    ids=["sgld", "sghmc", "adam"],
+)
+def test_the_default_step_samples_a_minibatched_posterior_within_its_tolerance(make_kernel, device):
+    # Minibatch noise is 19 times the curvature here: SGLD at the step a user would guess
+    # from the curvature alone (the demo's 2e-5) inflates the variance by 40 %.
+    model, x, mean, sd = _conjugate_stream(device)
+    pyro.set_rng_seed(0)
+    kernel = make_kernel(model)
+    mcmc = MCMC(kernel, num_samples=1500, warmup_steps=1500, disable_progbar=True)
+    mcmc.run(x)
+    chains = mcmc.get_samples(group_by_chain=True)["mu"]  # (20, 1500)
+    # Batch means over 20 chains x 5 blocks: the standard error of the variance estimate.
+    blocks = ((chains - mean) / sd).square().reshape(20, 5, -1).mean(-1).flatten()
+    variance_ratio, standard_error = blocks.mean(), blocks.std() / math.sqrt(blocks.numel())
+    assert abs(float((chains.mean() - mean) / sd)) < 0.3
+    assert 1 - 3 * standard_error < variance_ratio < 1 + kernel.bias_tolerance + 3 * standard_error
+    assert kernel.diagnostics()["step_size"] == kernel.step_size_adaptation.step_size
+
+
+def test_the_default_step_is_frozen_after_warmup_and_checkpointed():
+    model, x, _, _ = _conjugate_stream("cpu", num_data=200)
+    steps = []
+    kernel = SGLD(model, num_particles=4)
+    mcmc = MCMC(
+        kernel,
+        num_samples=30,
+        warmup_steps=40,
+        disable_progbar=True,
+        hook_fn=lambda kernel_, *_: steps.append(kernel_.diagnostics()["step_size"]),
+    )
+    mcmc.run(x)
+    assert len(set(steps[40:])) == 1 and steps[-1] == kernel.step_size_adaptation.step_size
+    assert steps[0] > steps[-1]  # the first half of warm-up moves faster
+    state = kernel.state_dict()
+    fresh = SGLD(model, num_particles=4)
+    fresh.setup(0, x)
+    fresh.load_state_dict(state)
+    assert fresh.step_size_adaptation.step_size == kernel.step_size_adaptation.step_size
+
+
+@pytest.mark.parametrize("value", [0.0, -0.1, 1.5, float("nan")])
+def test_bias_tolerance_is_checked(value):
+    with pytest.raises(ValueError, match="bias_tolerance"):
+        SGLD(lambda: None, bias_tolerance=value)
+
+
+def test_bias_tolerance_type_is_checked():
+    with pytest.raises(TypeError, match="bias_tolerance"):
+        SGLD(lambda: None, bias_tolerance="small")
