@@ -124,7 +124,7 @@ class ARATrainer:
 
     The SG-MCMC machinery is :mod:`pyro_ext.infer.sgmcmc`'s: the kernel's update
     (:func:`~pyro_ext.infer.sgmcmc.sgld_update`, :func:`~pyro_ext.infer.sgmcmc.sghmc_update`),
-    its :class:`~pyro_ext.infer.sgmcmc.ParticlePotential` (whose model arguments are the
+    its :class:`~pyro_ext.infer.potential.ParticlePotential` (whose model arguments are the
     current mixed minibatch) and its divergence check, which raises
     :class:`~pyro_ext.infer.SamplerDivergenceError` with the step.
 

@@ -2,6 +2,7 @@
 moves on discrete sites, a particle-aware MCMC,
 variationally inferred sampling (VIS), and natural-gradient VI (IVON, VOGN, VON)."""
 
+from .errors import DivergenceError, SamplerDivergenceError
 from .gibbs import Gibbs
 from .mcmc import MCMC
 from .ngvi import NaturalGradientVI, NGVIDivergenceError
@@ -15,7 +16,6 @@ from .sgmcmc import (
     PolynomialDecay,
     RankFailedError,
     RBFKernel,
-    SamplerDivergenceError,
     SGMCMCKernel,
 )
 from .tuning import StepSizeTrial, StepSizeTuning, tune_step_size
@@ -25,6 +25,7 @@ __all__ = [
     "AdamSGLD",
     "ConstantStepSize",
     "CyclicalStepSize",
+    "DivergenceError",
     "Gibbs",
     "MCMC",
     "NGVIDivergenceError",

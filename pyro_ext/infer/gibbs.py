@@ -7,7 +7,7 @@ neither). It is how the thesis' BSTS sampler moves the spike-and-slab indicators
 exact marginal likelihood with the coefficients integrated out.
 
 Every move is vectorised: all ``L`` particles, and all values of the element being moved,
-are evaluated in one pass of the model's potential (:class:`~.sgmcmc.ParticlePotential`,
+are evaluated in one pass of the model's potential (:class:`~.potential.ParticlePotential`,
 the same layer the gradient step runs on). The elements of a site that are conditionally
 independent given everything else (mixture assignments in a data plate) are all drawn in
 that one pass.
@@ -23,8 +23,9 @@ from pyro.distributions.util import scale_and_mask
 from pyro.poutine.util import site_is_subsample
 
 from ..ops.validation import check_choice, check_int
+from .errors import SamplerDivergenceError
+from .potential import LogJointMessenger
 from .sgmcmc.kernels import ParticleKernel, SGMCMCKernel
-from .sgmcmc.potential import LogJointMessenger, SamplerDivergenceError
 
 __all__ = ["MOVES", "Gibbs"]
 
@@ -52,7 +53,7 @@ class _GibbsParams(Mapping):
 
 
 class _SiteLogProbs(LogJointMessenger):
-    """:class:`~.sgmcmc.potential.LogJointMessenger`'s conditioning, keeping each site's
+    """:class:`~pyro_ext.infer.potential.LogJointMessenger`'s conditioning, keeping each site's
     scaled, masked log density as a tensor over its batch (plate) dimensions instead of
     summing them: the factors a Gibbs move splits into per-element conditionals."""
 

@@ -14,9 +14,9 @@ from pyro.ops import streaming, welford
 from pyro.ops.streaming import StatsOfDict
 
 from ..ops.validation import check_int
+from .errors import SamplerDivergenceError
 from .sgmcmc.distributed import RankFailedError, is_collective_failure
 from .sgmcmc.kernels import ParticleKernel
-from .sgmcmc.potential import SamplerDivergenceError
 
 #: The classes a checkpoint may hold besides tensors and containers: Pyro's streaming
 #: statistics. A checkpoint is loaded with ``torch.load(weights_only=True)``, so a crafted

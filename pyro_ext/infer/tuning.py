@@ -32,8 +32,9 @@ from pyro.infer.mcmc.mcmc_kernel import MCMCKernel
 
 from ..ops.stats import kernel_stein_discrepancy
 from ..ops.validation import check_int, check_positive
+from .errors import SamplerDivergenceError
 from .mcmc import MCMC
-from .sgmcmc import SamplerDivergenceError, SGMCMCKernel
+from .sgmcmc import SGMCMCKernel
 
 __all__ = ["StepSizeTrial", "StepSizeTuning", "tune_step_size"]
 

@@ -96,12 +96,8 @@ from pyro.poutine.util import site_is_subsample
 from torch.distributions import constraints
 
 from ..ops.validation import check_choice, check_int, check_positive
-from .sgmcmc.potential import (
-    LogJointMessenger,
-    SamplerDivergenceError,
-    SupportMap,
-    check_model_data,
-)
+from .errors import SamplerDivergenceError
+from .potential import LogJointMessenger, SupportMap, check_model_data
 from .sgmcmc.repulsion import RBFKernel, stein_coupling
 from .sgmcmc.updates import get_sampler
 
@@ -373,9 +369,9 @@ def _broadcast_check(constraint, value, site):
 
 class _Site:
     """
-    A refined latent site: its :class:`~.sgmcmc.potential.SupportMap` and its layout in
+    A refined latent site: its :class:`~pyro_ext.infer.potential.SupportMap` and its layout in
     the flat particles. The layout follows the base guide's draw, not the model's global
-    sites as :class:`~.sgmcmc.potential.ParticlePotential` does: a local latent of a
+    sites as :class:`~pyro_ext.infer.potential.ParticlePotential` does: a local latent of a
     subsampled plate takes the batch's shape, and a guide plate holds the particles.
     """
 

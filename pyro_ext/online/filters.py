@@ -18,7 +18,8 @@ from pyro.infer.inspect import get_dependencies
 from pyro.poutine.messenger import Messenger
 from pyro.poutine.util import site_is_subsample
 
-from ..infer.sgmcmc.potential import ParticlePotential
+from ..infer.errors import DivergenceError
+from ..infer.potential import ParticlePotential
 from ..ops.curvature import hessian_diagonal
 from ..ops.validation import check_choice, check_int, check_real
 from . import updates
@@ -34,7 +35,7 @@ DEFAULTS = {"bong": (1.0, 1), "blr": (0.5, 10), "bog": (0.003, 1), "bbb": (0.003
 _TINY = 1e-12
 
 
-class OnlineDivergenceError(FloatingPointError):
+class OnlineDivergenceError(DivergenceError):
     """
     Raised when an update leaves the belief non-finite or its precision not positive
     definite. The belief stays the one before the update.
@@ -225,7 +226,7 @@ class BONG:
     a time by Bayesian online natural gradient (Jones, Chang & Murphy 2024) or its
     relatives. The belief lives in the sites' unconstrained space, flattened to ``D``
     coordinates as the SG-MCMC kernels lay them out
-    (:class:`~pyro_ext.infer.sgmcmc.ParticlePotential`).
+    (:class:`~pyro_ext.infer.potential.ParticlePotential`).
 
     Each :meth:`update` moves the belief towards the expected log-likelihood of the new
     data (see :mod:`~pyro_ext.online.updates` for the four rules' formulas):
@@ -302,7 +303,7 @@ class BONG:
         belief after the last update.
     :param callable init_strategy: a Pyro init strategy for the initial mean, which then
         replaces the prior mean (see **Priors**; default: the start the model declares, see
-        :meth:`~pyro_ext.infer.sgmcmc.ParticlePotential.declared_init_strategy`, else the
+        :meth:`~pyro_ext.infer.potential.ParticlePotential.declared_init_strategy`, else the
         prior mean).
     :param dict unconstrained_prior: ``site -> (loc, scale)`` Gaussian priors on the
         unconstrained coordinates of sites whose prior is not a fixed Normal.

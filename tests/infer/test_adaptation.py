@@ -12,12 +12,12 @@ import pytest
 import torch
 
 from pyro_ext.infer import MCMC, SGHMC, SGLD, AdamSGLD
+from pyro_ext.infer.sgmcmc import ParticlePotential
 from pyro_ext.infer.sgmcmc.adaptation import (
     StepSizeAdaptation,
     bias_bounded_step_size,
     stationary_variance_error,
 )
-from pyro_ext.infer.sgmcmc.potential import ParticlePotential
 
 
 @pytest.mark.parametrize(
@@ -147,21 +147,37 @@ def _conjugate_stream(device, num_data=2000):
     ],
     ids=["sgld", "sghmc", "adam"],
 )
-def test_the_default_step_samples_a_minibatched_posterior_within_its_tolerance(make_kernel, device):
+def test_the_default_step_has_its_stated_bias_on_a_minibatched_posterior(make_kernel, device):
     # Minibatch noise is 19 times the curvature here: SGLD at the step a user would guess
-    # from the curvature alone (the demo's 2e-5) inflates the variance by 40 %.
+    # from the curvature alone (the demo's 2e-5) inflates the variance by a third. The
+    # step the warm-up freezes must have, at the exact curvature and gradient-noise
+    # variance of this model, the stationary variance error it promises (the error itself
+    # is checked against simulation above).
     model, x, mean, sd = _conjugate_stream(device)
+    num_data, batch = x.shape[0], 100
+    curvature = 1 / 100 + num_data
+    noise = num_data**2 / batch * (num_data - batch) / (num_data - 1) * float(x.var(unbiased=False))
     pyro.set_rng_seed(0)
     kernel = make_kernel(model)
-    mcmc = MCMC(kernel, num_samples=1500, warmup_steps=1500, disable_progbar=True)
+    mcmc = MCMC(kernel, num_samples=500, warmup_steps=1500, disable_progbar=True)
     mcmc.run(x)
-    chains = mcmc.get_samples(group_by_chain=True)["mu"]  # (20, 1500)
-    # Batch means over 20 chains x 5 blocks: the standard error of the variance estimate.
-    blocks = ((chains - mean) / sd).square().reshape(20, 5, -1).mean(-1).flatten()
-    variance_ratio, standard_error = blocks.mean(), blocks.std() / math.sqrt(blocks.numel())
-    assert abs(float((chains.mean() - mean) / sd)) < 0.3
-    assert 1 - 3 * standard_error < variance_ratio < 1 + kernel.bias_tolerance + 3 * standard_error
-    assert kernel.diagnostics()["step_size"] == kernel.step_size_adaptation.step_size
+    step_size = kernel.diagnostics()["step_size"]
+    assert step_size == kernel.step_size_adaptation.step_size
+    if isinstance(kernel, AdamSGLD):
+        # In the coordinates of each particle's frozen mass M: curvature / M, noise / M.
+        state = kernel.particles, kernel.state_dict()["state"]
+        moment = state[1]["second_moment"] / (1 - kernel.betas[1] ** state[1]["count"])
+        masses = (moment.sqrt() + kernel.eps).flatten().tolist()
+    else:
+        masses = [1.0]
+    friction = kernel.adaptation_friction
+    error = max(
+        stationary_variance_error(step_size, curvature / m, noise / m, friction) for m in masses
+    )
+    assert 0.5 * kernel.bias_tolerance < error < 1.5 * kernel.bias_tolerance, error
+    draws = mcmc.get_samples()["mu"]
+    assert torch.isfinite(draws).all()
+    assert float(((draws - mean) / sd).square().mean()) < 2
 
 
 def test_the_default_step_is_frozen_after_warmup_and_checkpointed():

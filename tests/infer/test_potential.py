@@ -74,7 +74,7 @@ def test_new_data_with_nan_is_refused_by_set_data():
 def test_set_data_checks_data_once_until_it_changes(monkeypatch):
     # A loop that passes the whole data set at every step (NaturalGradientVI.step(x, y))
     # is checked once; a new tensor, or one written in place since, is checked again.
-    import pyro_ext.infer.sgmcmc.potential as potential_module
+    import pyro_ext.infer.potential.density as potential_module
 
     calls = []
     check = potential_module.check_model_data

@@ -12,7 +12,8 @@ from pyro.poutine.util import site_is_subsample
 
 from ...ops.curvature import hessian_diagonal
 from ...ops.validation import check_choice, check_int, check_positive, check_real
-from ..sgmcmc.potential import LogJointMessenger, ParticlePotential
+from ..errors import DivergenceError
+from ..potential import LogJointMessenger, ParticlePotential
 from .updates import init_state, ngvi_update, posterior_scale, price_hessian
 
 METHODS = ("ivon", "vogn", "von")
@@ -20,7 +21,7 @@ METHODS = ("ivon", "vogn", "von")
 _COMPILE_FROM = 2**16
 
 
-class NGVIDivergenceError(FloatingPointError):
+class NGVIDivergenceError(DivergenceError):
     """
     Raised when a natural-gradient step makes the posterior non-finite. The state stays
     at the last finite step.
@@ -48,7 +49,7 @@ class NaturalGradientVI:
     a network's optimiser minimises. Each step draws ``mc_samples`` parameter vectors
     :math:`\theta_s = m + \sigma\epsilon_s`, evaluates their gradients in one vectorised pass
     of the model (the potential of the SG-MCMC kernels,
-    :class:`~pyro_ext.infer.sgmcmc.ParticlePotential`), and estimates the diagonal Hessian:
+    :class:`~pyro_ext.infer.potential.ParticlePotential`), and estimates the diagonal Hessian:
 
     * ``"ivon"``: :func:`~.updates.price_hessian`, :math:`\hat g\,(\theta - m)/\sigma^2`,
       free given the gradient;
@@ -108,9 +109,9 @@ class NaturalGradientVI:
         autoguides); by default the start the SG-MCMC kernels take: the model's declared
         start (a :class:`~pyro_ext.models.BayesianMLP` starts as a network's optimiser
         would, also inside a wrapping model), else the prior-scaled start of
-        :meth:`~pyro_ext.infer.sgmcmc.ParticlePotential.initial_particles`.
+        :meth:`~pyro_ext.infer.potential.ParticlePotential.initial_particles`.
     :param str vectorize: how the ``mc_samples`` draws are evaluated together (see
-        :class:`~pyro_ext.infer.sgmcmc.ParticlePotential`).
+        :class:`~pyro_ext.infer.potential.ParticlePotential`).
     :param jit_compile: compile the step's elementwise arithmetic (the draw ``m + sigma
         eps`` and the update) into two fused loops with :func:`torch.compile` (a few
         seconds, once). ``None`` (default): from 65,536 parameters on, where it is most of
@@ -198,11 +199,19 @@ class NaturalGradientVI:
             self.prior_precision = torch.full_like(mean, self.weight_decay)
             self.prior_mean = torch.zeros_like(mean)
         # The fixed Normal priors enter through delta, exactly: the potential leaves them out.
-        potential.exclude_log_prob = frozenset(
+        # It is built again to say so (the sites are known once the model has been read);
+        # its set-up run of the model leaves the random state as it found it, so a seeded
+        # fit draws what it would with one potential.
+        exclude = [
             name
             for name, layout in potential.layout.items()
             if self._gaussian_columns[layout.start : layout.end].all()
-        )
+        ]
+        devices = [mean.device] if mean.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices):
+            potential = ParticlePotential(
+                self.model, args, kwargs, vectorize=self.vectorize, exclude_log_prob=exclude
+            )
         self.potential = potential
         self.state = init_state(mean, self.hess_init)
 

@@ -1,15 +1,11 @@
 """Stochastic-gradient MCMC with repulsive forces (thesis sections 2.2-2.3)."""
 
+from ..errors import SamplerDivergenceError
+from ..potential import LogJointMessenger, ParticlePotential, SupportMap
 from .adaptation import StepSizeAdaptation, bias_bounded_step_size, stationary_variance_error
 from .compiled import ModelNotTraceableError
 from .distributed import RankFailedError, Shard
 from .kernels import KERNELS, SGHMC, SGLD, AdamSGLD, SGMCMCKernel, get_kernel
-from .potential import (
-    LogJointMessenger,
-    ParticlePotential,
-    SamplerDivergenceError,
-    SupportMap,
-)
 from .repulsion import Coupling, RBFKernel, stein_coupling
 from .schedules import ConstantStepSize, CyclicalStepSize, PolynomialDecay
 from .updates import SAMPLERS, Sampler, adam_sgld_update, get_sampler, sghmc_update, sgld_update

@@ -165,13 +165,16 @@ class StepSizeAdaptation:
         self.early_step_size = None
         self.estimates = 0
         self._since_restart = 0
+        self._settling = False
 
     def _running(self, old, new):
         # A plain average of the estimates since the last restart while there are fewer
         # than 1 / (1 - smoothing) of them, a moving average after.
         if old is None:
             return new
-        past = min(self.smoothing, self._since_restart / (self._since_restart + 1.0))
+        past = self._since_restart / (self._since_restart + 1.0)
+        if not self._settling:
+            past = min(self.smoothing, past)
         return past * old + (1.0 - past) * new
 
     def restart(self):
@@ -179,6 +182,18 @@ class StepSizeAdaptation:
         iterations from a random direction underestimate the curvature."""
         self.curvature = self.noise_variance = None
         self._since_restart = 0
+
+    @property
+    def settling(self) -> bool:
+        """Whether :meth:`settle` was called: the estimates are plain averages."""
+        return self._settling
+
+    def settle(self):
+        """Restart the estimates and average all the later ones equally: the step frozen
+        at the end of warm-up rests on every estimate of its second half (a moving average
+        of a few noisy gradient differences would make the step itself noisy)."""
+        self.restart()
+        self._settling = True
 
     def start(self, potential, z, mass=None, repulsion=None, shard=None):
         """The :attr:`initial_iterations` at the starting particles: the directions converge
@@ -272,6 +287,7 @@ class StepSizeAdaptation:
                 "early_step_size",
                 "estimates",
                 "_since_restart",
+                "_settling",
             )
         }
 

@@ -28,7 +28,7 @@ A step whose potential, gradient or new particles are not finite (or whose repul
 noise could not be factorised at the first jitter) returns a false flag, computed inside
 the graph. The kernel reads it every step on the CPU and redoes such a step eagerly from
 the same inputs, which either succeeds (retrying the factorisation) or raises
-:class:`~.potential.SamplerDivergenceError` with the eager diagnosis; on an accelerator it
+:class:`~pyro_ext.infer.SamplerDivergenceError` with the eager diagnosis; on an accelerator it
 reads the flags every few steps and replays from the last verified state (see
 ``divergence_check_every`` of :class:`~.kernels.SGMCMCKernel`).
 """
@@ -184,7 +184,7 @@ class CompiledStep:
     """
     The traced (and compiled) step of one :class:`~.kernels.SGMCMCKernel`.
 
-    :param potential: the kernel's :class:`~.potential.ParticlePotential`.
+    :param potential: the kernel's :class:`~pyro_ext.infer.potential.ParticlePotential`.
     :param sampler: the registry entry (:class:`~.updates.Sampler`).
     :param dict hyper: the sampler's hyper-parameters.
     :param float temperature: the noise temperature.

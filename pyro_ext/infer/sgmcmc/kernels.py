@@ -11,10 +11,11 @@ from pyro.infer.mcmc.mcmc_kernel import MCMCKernel
 from pyro.infer.svgd import SteinKernel
 
 from ...ops.validation import check_choice, check_int, check_positive, check_real
+from ..errors import SamplerDivergenceError
+from ..potential import VECTORIZE, ParticlePotential
 from .adaptation import StepSizeAdaptation
 from .compiled import CompiledStep, check_jit_compile
 from .distributed import SHARD_MODES, resolve_shard, transition
-from .potential import VECTORIZE, ParticlePotential, SamplerDivergenceError
 from .repulsion import RBFKernel
 from .schedules import as_schedule
 from .updates import SAMPLERS, lookup
@@ -451,6 +452,9 @@ class SGMCMCKernel(ParticleKernel):
             mass = self.adaptation_mass(self._state, z)
             adaptation.start(self.potential, z, mass, self.repulsion, self.shard)
         elif 0 < self._step < self._warmup_steps and self._step % adaptation.every == 0:
+            if self._step >= self._warmup_steps // 2 and not adaptation.settling:
+                # The step that is kept rests on every estimate of warm-up's second half.
+                adaptation.settle()
             mass = self.adaptation_mass(self._state, z)
             adaptation.observe(self.potential, z, mass, self.repulsion, self.shard)
 

@@ -106,7 +106,7 @@ import pyro.distributions as dist
 import torch
 from pyro.distributions import constraints
 
-from ...infer.sgmcmc.potential import SamplerDivergenceError
+from ...infer.errors import SamplerDivergenceError
 from ...ops.stats import split_rhat
 from ...ops.validation import check_choice, check_int, check_positive, check_real
 from ...timeseries.dlm import (

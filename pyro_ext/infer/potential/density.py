@@ -6,9 +6,12 @@ needs. :class:`ParticlePotential` builds the potential itself: latent sites are 
 unconstrained space (with the log-Jacobian), the minibatch scaling ``N / |batch|`` comes
 from the plates, and all particles are evaluated in one :func:`torch.func.vmap` pass that
 shares one fresh subsample per plate and step.
+
+The flat layout of the sites is :mod:`~pyro_ext.infer.potential.layout`'s, the data checks
+run at set-up are :mod:`~pyro_ext.infer.potential.checks`', and the starting points come from
+:mod:`~pyro_ext.infer.potential.init`.
 """
 
-import inspect
 import numbers
 import warnings
 from typing import NamedTuple
@@ -16,103 +19,24 @@ from typing import NamedTuple
 import pyro
 import pyro.distributions as dist
 import torch
-from pyro.distributions.util import scale_and_mask, sum_rightmost
-from pyro.infer.autoguide.initialization import InitMessenger
+from pyro.distributions.util import scale_and_mask
 from pyro.poutine.messenger import Messenger
 from pyro.poutine.util import site_is_subsample
-from torch.distributions import biject_to, constraints
 
 from ...ops.validation import check_choice
-
-
-class SamplerDivergenceError(RuntimeError):
-    """
-    Raised when the potential or its gradient stops being finite.
-
-    :ivar int step: the (0-based) sampler step at which it happened.
-    :ivar list sites: latent sites whose gradient is not finite (empty when only the
-        potential is).
-    :ivar list particles: indices of the particles concerned.
-    :ivar str reason: what failed, when not a non-finite value (e.g. the model's Cholesky
-        factorisation of a covariance at the particles' values).
-    """
-
-    def __init__(self, step, sites, particles, reason=None):
-        self.step, self.sites, self.particles = step, list(sites), list(particles)
-        self.reason = reason
-        where = f"in site(s) {', '.join(repr(s) for s in self.sites)}" if self.sites else ""
-        what = reason or f"non-finite potential or gradient {where}"
-        super().__init__(
-            f"Sampler diverged at step {step}: {what} "
-            f"for particle(s) {self.particles[:10]}{'...' if len(self.particles) > 10 else ''}. "
-            "Reduce the step size (pyro_ext.infer.tune_step_size picks one from a grid by "
-            "the kernel Stein discrepancy of short pilot runs) or check the model; draws "
-            "collected before this step are kept (see MCMC.get_samples())."
-        )
-
-    def __reduce__(self):
-        # Rebuild from the constructor's arguments: the default pickling passes only the
-        # message, which breaks the error's trip back from a worker process.
-        return type(self), (self.step, self.sites, self.particles, self.reason)
-
-    @classmethod
-    def from_model_error(cls, step, num_particles, error):
-        """The divergence of a step at which the model itself failed on the particles'
-        values (a covariance no longer positive definite, say), naming the error."""
-        first_line = str(error).strip().splitlines()[0] if str(error).strip() else ""
-        return cls(
-            step,
-            [],
-            range(num_particles),
-            reason=f"the model raised {type(error).__name__.lstrip('_')} ({first_line}) at the "
-            "particles' "
-            "values",
-        )
-
-
-def _base_support(support):
-    # torch has no bijection registered for a mixture's support: it is its components'.
-    while isinstance(support, constraints.MixtureSameFamilyConstraint):
-        support = support.base_constraint
-    return support
-
-
-class SupportMap(NamedTuple):
-    """
-    How a continuous latent site moves to unconstrained space: the bijection from
-    unconstrained values onto the site's support (:func:`torch.distributions.biject_to`),
-    and the event dimensions on either side. The one record behind both site layouts of
-    the package: :class:`ParticlePotential`'s flat layout of global latents, and VIS's
-    layout of the base guide's draws (local latents and guide plates included).
-    """
-
-    #: unconstrained -> support
-    transform: torch.distributions.Transform
-    #: event dims of the constrained value (the distribution's ``event_dim``)
-    event_dim: int
-    #: event dims of the unconstrained value (they differ for e.g. a simplex)
-    unconstrained_event_dim: int
-    #: the support is the real line already: no transform, no Jacobian
-    is_identity: bool
-
-    @classmethod
-    def of(cls, fn) -> "SupportMap":
-        """The map of a site whose distribution is ``fn``."""
-        support = _base_support(fn.support)
-        transform = biject_to(support)
-        unconstrained_event_dim = (
-            fn.event_dim - transform.codomain.event_dim + transform.domain.event_dim
-        )
-        while isinstance(support, constraints.independent):
-            support = support.base_constraint
-        return cls(transform, fn.event_dim, unconstrained_event_dim, support is constraints.real)
-
-    def log_jacobian(self, unconstrained, value):
-        """``log|d value / d unconstrained|`` summed over the site's event dims."""
-        log_det = self.transform.log_abs_det_jacobian(unconstrained, value)
-        return sum_rightmost(
-            log_det, self.unconstrained_event_dim - self.transform.domain.event_dim
-        )
+from .checks import _nonfinite_arguments, check_model_data
+from .init import declared_init_strategy, init_strategy_start, prior_scaled_start
+from .layout import (
+    DiscreteSite,
+    SupportMap,
+    _SiteLayout,
+    constrain,
+    constrain_with_log_jacobian,
+    flatten,
+    site_of,
+    unconstrain,
+    unflatten,
+)
 
 
 class GaussianPriors(NamedTuple):
@@ -124,32 +48,6 @@ class GaussianPriors(NamedTuple):
     mean: torch.Tensor
     #: ``(D,)`` bool, where the prior is a fixed Normal
     columns: torch.Tensor
-
-
-class DiscreteSite(NamedTuple):
-    """A discrete latent site that a Gibbs move updates: its value's shape, batch shape,
-    the values each element takes, and its dtype."""
-
-    shape: tuple
-    batch_shape: tuple
-    support: torch.Tensor
-    dtype: torch.dtype
-
-
-class _SiteLayout(NamedTuple):
-    start: int
-    end: int
-    unconstrained_shape: torch.Size
-    support_map: SupportMap
-    batch_shape: torch.Size
-
-    @property
-    def transform(self):
-        return self.support_map.transform
-
-    @property
-    def is_real(self):
-        return self.support_map.is_identity
 
 
 class LogJointMessenger(Messenger):
@@ -227,124 +125,6 @@ class LogJointMessenger(Messenger):
         self.log_joint = self.log_joint + log_prob
 
 
-def _first_bad_index(bad: torch.Tensor) -> tuple:
-    return tuple(int(i) for i in bad.nonzero()[0])
-
-
-def _nonfinite_arguments(model, args, kwargs) -> list[str]:
-    """``"argument 'y' has NaN first at index (17,)"`` for each floating-point tensor
-    among the model's arguments that holds NaN or infinite values."""
-    try:
-        bound = inspect.signature(model).bind(*args, **kwargs).arguments
-    except (TypeError, ValueError):  # no signature, or one that *args hides
-        bound = {f"#{i}": a for i, a in enumerate(args)} | dict(kwargs)
-    found = []
-    for name, value in bound.items():
-        leaves, spec = torch.utils._pytree.tree_flatten(value)
-        for position, leaf in enumerate(leaves):
-            if not (isinstance(leaf, torch.Tensor) and leaf.is_floating_point()):
-                continue
-            bad = ~torch.isfinite(leaf)
-            if bool(bad.any()):
-                kind = "NaN" if bool(leaf[bad].isnan().any()) else "infinite values"
-                label = name if len(leaves) == 1 else f"{name}[{position}]"
-                label = f"positional argument {label[1:]}" if label.startswith("#") else label
-                found.append(f"{label!r} has {kind} first at index {_first_bad_index(bad)}")
-    return found
-
-
-def _check_observed_sites(trace, arguments, minibatch=None):
-    for name, site in trace.nodes.items():
-        if site["type"] != "sample" or not site["is_observed"] or site_is_subsample(site):
-            continue
-        value = site["value"]
-        if not (isinstance(value, torch.Tensor) and value.is_floating_point()):
-            continue
-        bad = ~torch.isfinite(value)
-        if not bool(bad.any()):
-            continue
-        # A NaN the site's support admits is a missing value (the pyro_ext.timeseries
-        # models marginalise them); an infinite value never is.
-        nan_allowed = bool(site["fn"].support.check(torch.full_like(value, float("nan"))).all())
-        if nan_allowed:
-            bad = bad & ~value.isnan()
-            if not bool(bad.any()):
-                continue
-        kind = "NaN" if bool(value[bad].isnan().any()) else "infinite"
-        where = f"first at index {_first_bad_index(bad)} of its {tuple(value.shape)} values"
-        if minibatch is not None:
-            where = f"in {minibatch}"
-        source = f" (the model's argument {'; '.join(arguments)})" if arguments else ""
-        raise ValueError(
-            f"observed site {name!r} holds {kind} values, {where}{source}; the "
-            "likelihood of those rows is not finite, so inference would diverge or return "
-            "NaN. Drop or impute them before inference (models that marginalise missing "
-            "values, such as those in pyro_ext.timeseries, take NaN where the observation "
-            "is missing)."
-        )
-
-
-def check_model_data(model, args, kwargs, trace) -> None:
-    """
-    Raise a :class:`ValueError` naming the observed site, the model argument and the first
-    bad index when the model's observed data hold NaN or infinite values (NaN where the
-    site's support admits it, a missing value, is fine).
-
-    ``trace`` is a trace of the model already run (its observed sites are checked as they
-    are). When a floating-point argument holds non-finite values, the model is run again
-    on ``args``/``kwargs`` over the whole data (in passes of each subsampled plate's
-    minibatch size; the latent sites keep the trace's values), so that a bad row is found now,
-    not at the first minibatch that draws it, nor never, when no minibatch does.
-    """
-    arguments = _nonfinite_arguments(model, args, kwargs)
-    plates = {
-        name: (site["fn"].size, site["fn"].subsample_size, site["value"])
-        for name, site in trace.nodes.items()
-        if site["type"] == "sample"
-        and site_is_subsample(site)
-        and (site["fn"].subsample_size or site["fn"].size) < site["fn"].size
-    }
-    _check_observed_sites(trace, arguments, "a minibatch" if plates else None)
-    if not arguments:
-        return
-    # Plates fix their subsample size, so the whole data is covered in minibatches of
-    # that size: pass k takes rows [k b, (k + 1) b) (mod N) of every subsampled plate.
-    latents = {
-        name: site["value"]
-        for name, site in trace.nodes.items()
-        if site["type"] == "sample" and not site["is_observed"] and not site_is_subsample(site)
-    }
-    passes = max((-(-size // batch) for size, batch, _ in plates.values()), default=1)
-    for k in range(passes):
-        rows = {
-            name: torch.arange(k * batch, (k + 1) * batch, device=like.device) % size
-            for name, (size, batch, like) in plates.items()
-        }
-        with (
-            torch.no_grad(),
-            pyro.validation_enabled(False),
-            pyro.poutine.block(),
-            pyro.poutine.trace() as tracer,
-            LogJointMessenger(latents, rows, strict=False, block=False),
-        ):
-            model(*args, **kwargs)
-        minibatch = ", ".join(
-            f"rows {k * batch % size}-{((k + 1) * batch - 1) % size} of plate {name!r}"
-            for name, (size, batch, _) in plates.items()
-        )
-        _check_observed_sites(tracer.trace, arguments, minibatch or None)
-        for name, site in tracer.trace.nodes.items():
-            if site["type"] == "sample" and site["is_observed"] and not site_is_subsample(site):
-                log_prob = site["fn"].log_prob(site["value"], *site["args"], **site["kwargs"])
-                if bool(log_prob.isnan().any()):
-                    raise ValueError(
-                        f"the log density of observed site {name!r} is NaN"
-                        f"{' in ' + minibatch if minibatch else ''} because the model's "
-                        f"argument {'; '.join(arguments)}. Drop or impute the non-finite "
-                        "entries before inference."
-                    )
-
-
 def _subsampled_frames(site):
     return [
         f for f in site["cond_indep_stack"] if f.full_size is not None and f.full_size != f.size
@@ -381,8 +161,13 @@ class ParticlePotential:
     :param int max_support_size: the most values a discrete site's elements may take
         (each is enumerated by a Gibbs move).
     :param bool check_data: check the observed data at setup and on :meth:`set_data`
-        (:func:`check_model_data`); ``False`` for a caller that handles NaN itself (the
-        online filters skip missing observations and report NaN inputs with the step).
+        (:func:`~pyro_ext.infer.potential.check_model_data`); ``False`` for a caller that
+        handles NaN itself (the online filters skip missing observations and report NaN
+        inputs with the step).
+    :param exclude_log_prob: latent sites whose prior log density the potential leaves
+        out, for a caller that adds it analytically (:class:`~pyro_ext.infer.NaturalGradientVI`
+        does, for fixed Normal priors); empty by default. The sites are still conditioned
+        on the particles' values.
     """
 
     def __init__(
@@ -394,6 +179,7 @@ class ParticlePotential:
         discrete_sites=(),
         max_support_size=64,
         check_data=True,
+        exclude_log_prob=(),
     ):
         check_choice(vectorize, "vectorize", VECTORIZE)
         self.check_data = bool(check_data)
@@ -411,8 +197,14 @@ class ParticlePotential:
         #: latent sites whose prior log density the potential leaves out, for a caller that
         #: adds it analytically (:class:`~pyro_ext.infer.NaturalGradientVI` does, for fixed
         #: Normal priors); empty by default
-        self.exclude_log_prob = frozenset()
+        self.exclude_log_prob = frozenset(exclude_log_prob)
         self._read_structure()
+        unknown = self.exclude_log_prob - set(self.layout) - set(self.discrete_layout)
+        if unknown:
+            raise ValueError(
+                f"exclude_log_prob names {sorted(unknown)}, which are not latent sites of the "
+                f"model (those are {list(self.layout) + list(self.discrete_layout)})"
+            )
         self._checked_versions = self._versions(self.model_args, self.model_kwargs)
 
     def _read_structure(self):
@@ -495,7 +287,6 @@ class ParticlePotential:
         ]
         self.max_plate_nesting = max(plate_dims, default=0)
         self._trace = trace
-        self._sizes = [s.end - s.start for s in self.layout.values()]
         if previous is not None:
             before = {name: tuple(s.unconstrained_shape) for name, s in previous.items()}
             after = {name: tuple(s.unconstrained_shape) for name, s in self.layout.items()}
@@ -684,33 +475,20 @@ class ParticlePotential:
         return {name: site.transform.inv for name, site in self.layout.items()}
 
     def site_of(self, column: int) -> str:
-        for name, site in self.layout.items():
-            if site.start <= column < site.end:
-                return name
-        raise IndexError(column)
+        """The site whose columns hold flat coordinate ``column``."""
+        return site_of(self.layout, column)
 
     def unflatten(self, z: torch.Tensor) -> dict[str, torch.Tensor]:
         """Split flat particles ``(..., D)`` into unconstrained site values."""
-        batch = z.shape[:-1]
-        return {
-            name: z[..., s.start : s.end].reshape(batch + s.unconstrained_shape)
-            for name, s in self.layout.items()
-        }
+        return unflatten(self.layout, z)
 
     def constrain(self, z: torch.Tensor) -> dict[str, torch.Tensor]:
         """Constrained site values at flat unconstrained particles ``z`` ``(..., D)``."""
-        return {name: self.layout[name].transform(u) for name, u in self.unflatten(z).items()}
+        return constrain(self.layout, z)
 
     def unconstrain(self, values: dict[str, torch.Tensor], num_particles: int) -> torch.Tensor:
         """Flat unconstrained particles ``(L, D)`` from constrained site values."""
-        return self.flatten(
-            {
-                name: self.layout[name].transform.inv(torch.as_tensor(values[name]))
-                for name in self.layout
-                if name in values
-            },
-            num_particles,
-        )
+        return unconstrain(self.layout, values, num_particles)
 
     def log_jacobian(self, z: torch.Tensor) -> torch.Tensor:
         """``log|d constrain / dz|`` at particles ``z`` ``(..., D)``, shape ``(...)``."""
@@ -718,24 +496,7 @@ class ParticlePotential:
 
     def flatten(self, values: dict[str, torch.Tensor], num_particles: int) -> torch.Tensor:
         """Inverse of :meth:`unflatten`; values without a particle dim are broadcast."""
-        columns = []
-        for name, s in self.layout.items():
-            if name not in values:
-                raise ValueError(f"initial_params is missing latent site {name!r}")
-            value = torch.as_tensor(values[name])
-            expected = (num_particles,) + tuple(s.unconstrained_shape)
-            if tuple(value.shape) == tuple(s.unconstrained_shape):
-                value = value.expand(expected)
-            elif num_particles == 1 and tuple(value.shape) == expected[1:]:
-                value = value.unsqueeze(0)
-            if tuple(value.shape) != expected:
-                raise ValueError(
-                    f"initial_params[{name!r}] has shape {tuple(value.shape)}; expected "
-                    f"{tuple(s.unconstrained_shape)} or {expected} (unconstrained, with an "
-                    "optional leading particle dimension)"
-                )
-            columns.append(value.reshape(num_particles, -1))
-        return torch.cat(columns, dim=-1)
+        return flatten(self.layout, values, num_particles)
 
     def declared_init_strategy(self):
         """
@@ -746,52 +507,7 @@ class ParticlePotential:
         a module declare its start from inside a model that wraps it, as in
         ``SGLD(lambda x, y: net(x, y, subsample_size=64), ...)``.
         """
-        declared = getattr(self.model, "default_init_strategy", None)
-        if callable(declared):
-            return declared(*self.model_args, **self.model_kwargs)
-        for site in self._trace.nodes.values():
-            factory = site.get("infer", {}).get("default_init_strategy")
-            if site["type"] == "sample" and callable(factory):
-                return factory()
-        return None
-
-    def _prior_center_and_spread(self, name: str, num_draws: int = 256):
-        """
-        Per unconstrained coordinate of site ``name``: the centre and scale of its prior
-        (the scale at most 1). A real-valued site with a finite mean and standard
-        deviation gives those; otherwise the median and the interquartile range / 1.349
-        of ``num_draws`` prior draws (fewer for large sites), moved to unconstrained
-        space; ``(0, 1)`` where the prior cannot be sampled or its draws are not finite.
-        A prior that depends on other latent sites is taken at the set-up trace's values
-        of those.
-        """
-        s = self.layout[name]
-        fn = self._trace.nodes[name]["fn"]
-        like = self._trace.nodes[name]["value"]
-        center = like.new_zeros(s.end - s.start)
-        spread = like.new_ones(s.end - s.start)
-        if s.is_real:
-            try:
-                mean = fn.mean.expand(like.shape).reshape(-1).to(like.dtype)
-                sd = fn.stddev.expand(like.shape).reshape(-1).to(like.dtype)
-            except NotImplementedError:  # no analytic moments (a TransformedDistribution)
-                mean = sd = None
-            if mean is not None and bool(torch.isfinite(mean).all() & torch.isfinite(sd).all()):
-                ok = sd > 0
-                return torch.where(ok, mean, center), torch.where(ok, sd.clamp(max=1.0), spread)
-        num_draws = max(8, min(num_draws, (1 << 22) // max(1, s.end - s.start)))
-        try:
-            with torch.no_grad():
-                draws = fn.sample((num_draws,))
-                draws = s.transform.inv(draws).reshape(num_draws, -1).to(like.dtype)
-        except NotImplementedError:  # a distribution that cannot draw more than one value
-            return center, spread
-        if draws.shape[-1] != center.numel():
-            return center, spread
-        quartiles = torch.quantile(draws, draws.new_tensor([0.25, 0.5, 0.75]), dim=0)
-        robust_scale = ((quartiles[2] - quartiles[0]) / 1.349).clamp(max=1.0)
-        ok = torch.isfinite(quartiles).all(0) & (robust_scale > 0)
-        return torch.where(ok, quartiles[1], center), torch.where(ok, robust_scale, spread)
+        return declared_init_strategy(self.model, self.model_args, self.model_kwargs, self._trace)
 
     def initial_particles(self, num_particles: int, init_strategy=None, radius=2.0) -> torch.Tensor:
         """
@@ -800,46 +516,24 @@ class ParticlePotential:
         (:meth:`declared_init_strategy`); otherwise the prior-scaled start: each
         unconstrained coordinate uniformly in ``median ± radius * scale``, with the
         median and the robust scale (capped at 1) of that coordinate under its prior
-        (:meth:`_prior_center_and_spread`), and, for a median inside Pyro's box
-        ``(-radius, radius)``, within that box. For a unit-scale prior centred at zero
-        this is Pyro's :func:`~pyro.infer.autoguide.init_to_uniform`; a ``Normal(0,
-        0.1)`` weight starts in ``(-0.2, 0.2)`` instead of up to 20 prior standard
-        deviations out, and a ``Normal(5, 0.1)`` one in ``(4.8, 5.2)``.
+        (:func:`~pyro_ext.infer.potential.init.prior_center_and_spread`), and, for a median
+        inside Pyro's box ``(-radius, radius)``, within that box. For a unit-scale prior
+        centred at zero this is Pyro's :func:`~pyro.infer.autoguide.init_to_uniform`; a
+        ``Normal(0, 0.1)`` weight starts in ``(-0.2, 0.2)`` instead of up to 20 prior
+        standard deviations out, and a ``Normal(5, 0.1)`` one in ``(4.8, 5.2)``.
         """
         if init_strategy is None:
             init_strategy = self.declared_init_strategy()
         if init_strategy is None:
-            columns = []
-            for name in self.layout:
-                center, spread = self._prior_center_and_spread(name)
-                low, high = center - radius * spread, center + radius * spread
-                # Inside Pyro's box (-radius, radius) only narrower, never wider: a noise
-                # scale started far below its usual start gives a first gradient of order
-                # 1 / scale^2 that throws the chain out; a prior centred outside the box
-                # moves the whole interval.
-                inside = center.abs() < radius
-                low = torch.where(inside, low.clamp(min=-radius), low)
-                high = torch.where(inside, high.clamp(max=radius), high)
-                u = torch.rand(
-                    num_particles, center.numel(), dtype=center.dtype, device=center.device
-                )
-                columns.append(low + u * (high - low))
-            return torch.cat(columns, -1)
-        draws = []
-        for _ in range(num_particles):
-            with pyro.poutine.block():
-                trace = pyro.poutine.trace(InitMessenger(init_strategy)(self.model)).get_trace(
-                    *self.model_args, **self.model_kwargs
-                )
-            draws.append(
-                torch.cat(
-                    [
-                        s.transform.inv(trace.nodes[name]["value"]).detach().reshape(-1)
-                        for name, s in self.layout.items()
-                    ]
-                )
-            )
-        return torch.stack(draws)
+            return prior_scaled_start(self.layout, self._trace, num_particles, radius)
+        return init_strategy_start(
+            self.model,
+            self.model_args,
+            self.model_kwargs,
+            self.layout,
+            num_particles,
+            init_strategy,
+        )
 
     def draw_subsamples(self, device) -> dict[str, torch.Tensor]:
         """One fresh minibatch per subsampled plate, shared by all particles."""
@@ -850,22 +544,7 @@ class ParticlePotential:
 
     def _constrain(self, z: torch.Tensor):
         """Site values and the summed log-Jacobian at particles ``z`` of shape ``(..., D)``."""
-        batch = z.shape[:-1]
-        values = {}
-        log_jacobian = 0.0  # stays a number when every site is unconstrained already
-        columns = z.split(self._sizes, -1)
-        for (name, s), column in zip(self.layout.items(), columns):
-            unconstrained = column.reshape(batch + s.unconstrained_shape)
-            if s.is_real:
-                values[name] = unconstrained
-                continue
-            value = s.transform(unconstrained)
-            log_det = s.transform.log_abs_det_jacobian(unconstrained, value)
-            log_jacobian = log_jacobian + log_det.reshape(batch + (-1,)).sum(-1)
-            values[name] = value
-        if not isinstance(log_jacobian, torch.Tensor):
-            log_jacobian = z.new_zeros(batch)
-        return values, log_jacobian
+        return constrain_with_log_jacobian(self.layout, z)
 
     def log_density(
         self,
