@@ -40,7 +40,11 @@ from _common import REPO, argument_parser, command_line_args, markdown, write_re
 from pyro.ops.stats import split_gelman_rubin
 
 from pyro_ext.infer import MCMC, SGHMC, SGLD, AdamSGLD
-from pyro_ext.infer.calibration import NORMAL_TAIL_MASS, normal_means_sbc
+from pyro_ext.infer.calibration import (
+    NORMAL_TAIL_MASS,
+    minibatched_normal_mean,
+    normal_means_sbc,
+)
 from pyro_ext.infer.sgmcmc.adaptation import stationary_variance_error
 
 KERNELS = {
@@ -91,27 +95,11 @@ def sbc_table(quick):
     )
 
 
-def conjugate_stream():
-    num_data = 2000
-    generator = torch.Generator().manual_seed(0)
-    x = 1.5 + torch.randn(num_data, generator=generator, dtype=torch.float64)
-
-    def model(x):
-        mu = pyro.sample("mu", dist.Normal(x.new_zeros(()), 10.0))
-        with pyro.plate("data", x.shape[0], subsample_size=100) as idx:
-            pyro.sample("obs", dist.Normal(mu, 1.0), obs=x[idx])
-
-    precision = 1 / 100 + num_data
-    return model, x, float(x.sum() / precision), 1 / math.sqrt(precision)
-
-
-def predicted_ratio(kernel, x, step_size, batch=100):
-    """1 + the exact stationary variance error of ``kernel`` at ``step_size`` on the
-    conjugate stream (its curvature and minibatch-gradient variance known in closed form;
-    AdamSGLD in each particle's frozen mass, the largest)."""
-    num_data = x.shape[0]
-    curvature = 1 / 100 + num_data
-    noise = num_data**2 / batch * (num_data - batch) / (num_data - 1) * float(x.var(unbiased=False))
+def predicted_ratio(kernel, target, step_size):
+    """1 + the exact stationary variance error of ``kernel`` at ``step_size`` on ``target``
+    (its curvature and minibatch-gradient variance known in closed form; AdamSGLD in each
+    particle's frozen mass, the largest)."""
+    curvature, noise = target.curvature, target.gradient_noise
     masses = [1.0]
     if isinstance(kernel, AdamSGLD):
         state = kernel.state_dict()["state"]
@@ -124,7 +112,8 @@ def predicted_ratio(kernel, x, step_size, batch=100):
 
 
 def stream_table(quick):
-    model, x, mean, sd = conjugate_stream()
+    target = minibatched_normal_mean()
+    model, x, mean, sd = target.model, target.data, target.posterior_mean, target.posterior_sd
     warmup, draws = (300, 300) if quick else (1500, 6000)
     rows = []
     for name, make in list(KERNELS.items())[:3]:
@@ -148,7 +137,7 @@ def stream_table(quick):
                     name,
                     "default" if step_size is None else f"{step_size:g} (given)",
                     f"{chosen:.2e}",
-                    f"{predicted_ratio(kernel, x, chosen):.3f}",
+                    f"{predicted_ratio(kernel, target, chosen):.3f}",
                     f"{ratio:.3f} ± {se:.3f}",
                     f"{float((chains.mean() - mean) / sd):+.2f}",
                     f"{seconds:.1f}",

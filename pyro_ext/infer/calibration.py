@@ -32,6 +32,8 @@ from ..ops.validation import check_int, check_positive
 __all__ = [
     "CalibrationResult",
     "EnsembleMoments",
+    "MinibatchedNormalMean",
+    "minibatched_normal_mean",
     "normal_means_model",
     "normal_means_posterior_cdf",
     "normal_means_sbc",
@@ -44,6 +46,47 @@ NORMAL_TAIL_MASS = math.erfc(2.0 / math.sqrt(2.0))
 
 #: the prior means of :func:`normal_means_model`'s two components with ``mixture=True``
 MIXTURE_LOCS = (-2.0, 2.0)
+
+
+class MinibatchedNormalMean(NamedTuple):
+    """What :func:`minibatched_normal_mean` returns: the model, its data and its exact
+    posterior, curvature and minibatch-gradient variance."""
+
+    model: Callable
+    data: torch.Tensor
+    posterior_mean: float
+    posterior_sd: float
+    #: the potential's second derivative (the posterior precision), the same everywhere
+    curvature: float
+    #: the variance of the minibatch estimate of the potential's gradient, the same everywhere
+    gradient_noise: float
+
+
+def minibatched_normal_mean(
+    num_data=2000, subsample_size=100, prior_scale=10.0, seed=0, dtype=torch.float64, device=None
+) -> MinibatchedNormalMean:
+    """
+    ``y_i ~ N(mu, 1)``, ``mu ~ N(0, prior_scale^2)``, the data subsampled by
+    ``pyro.plate(..., subsample_size=...)``: a posterior known exactly whose minibatch noise
+    is known exactly too. Drawing ``B`` of ``N`` without replacement, the gradient estimate
+    ``(N / B) sum_batch (y_i - mu)`` has variance ``N^2 / B (N - B) / (N - 1) var(y)``
+    (population variance), whatever ``mu`` is; the data are ``1.5 + N(0, 1)`` draws.
+    """
+    generator = torch.Generator().manual_seed(seed)
+    y = (1.5 + torch.randn(num_data, generator=generator, dtype=dtype)).to(device)
+
+    def model(y):
+        mu = pyro.sample("mu", dist.Normal(y.new_zeros(()), prior_scale))
+        with pyro.plate("data", y.shape[0], subsample_size=subsample_size) as idx:
+            pyro.sample("obs", dist.Normal(mu, 1.0), obs=y[idx])
+
+    precision = 1 / prior_scale**2 + num_data
+    noise = (num_data**2 / subsample_size * (num_data - subsample_size) / (num_data - 1)) * float(
+        y.var(unbiased=False)
+    )
+    return MinibatchedNormalMean(
+        model, y, float(y.sum() / precision), 1 / math.sqrt(precision), precision, noise
+    )
 
 
 def normal_means_model(y, noise_scale=1.0, mixture=False):

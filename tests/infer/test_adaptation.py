@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from pyro_ext.infer import MCMC, SGHMC, SGLD, AdamSGLD
+from pyro_ext.infer.calibration import minibatched_normal_mean
 from pyro_ext.infer.sgmcmc import ParticlePotential
 from pyro_ext.infer.sgmcmc.adaptation import (
     StepSizeAdaptation,
@@ -104,15 +105,8 @@ def test_noise_estimate_is_the_minibatch_gradient_variance(device):
     # y_i ~ N(mu, 1), minibatch B of N without replacement: Var of the gradient estimate is
     # N^2 / B (N - B) / (N - 1) var(y), whatever mu is.
     num_data, batch = 1000, 50
-    generator = torch.Generator().manual_seed(0)
-    y = (2.0 * torch.randn(num_data, generator=generator, dtype=torch.float64)).to(device)
-
-    def model(y):
-        mu = pyro.sample("mu", dist.Normal(y.new_zeros(()), 10.0))
-        with pyro.plate("data", num_data, subsample_size=batch) as idx:
-            pyro.sample("y", dist.Normal(mu, 1.0), obs=y[idx])
-
-    potential = ParticlePotential(model, (y,), {})
+    target = minibatched_normal_mean(num_data, batch, device=device)
+    potential = ParticlePotential(target.model, (target.data,), {})
     pyro.set_rng_seed(0)
     # The particles share each minibatch, so one particle carries all the information; a
     # plain average (smoothing close to 1) of 600 draws of d^2 / 2 has a 6 % standard error.
@@ -120,22 +114,10 @@ def test_noise_estimate_is_the_minibatch_gradient_variance(device):
     z = torch.zeros(1, 1, dtype=torch.float64, device=device)
     for _ in range(600):
         adaptation.observe(potential, z)
-    exact = num_data**2 / batch * (num_data - batch) / (num_data - 1) * y.var(unbiased=False)
+    exact = num_data**2 / batch * (num_data - batch) / (num_data - 1) * target.data.var(False)
+    assert target.gradient_noise == pytest.approx(float(exact), rel=1e-12)
     assert float(adaptation.noise_variance.mean()) == pytest.approx(float(exact), rel=0.2)
     assert float(adaptation.curvature.mean()) == pytest.approx(num_data + 0.01, rel=1e-6)
-
-
-def _conjugate_stream(device, num_data=2000):
-    generator = torch.Generator().manual_seed(0)
-    x = (1.5 + torch.randn(num_data, generator=generator, dtype=torch.float64)).to(device)
-
-    def model(x):
-        mu = pyro.sample("mu", dist.Normal(x.new_zeros(()), 10.0))
-        with pyro.plate("data", x.shape[0], subsample_size=100) as idx:
-            pyro.sample("obs", dist.Normal(mu, 1.0), obs=x[idx])
-
-    precision = 1 / 100 + num_data
-    return model, x, float(x.sum() / precision), 1 / math.sqrt(precision)
 
 
 @pytest.mark.parametrize(
@@ -153,10 +135,9 @@ def test_the_default_step_has_its_stated_bias_on_a_minibatched_posterior(make_ke
     # step the warm-up freezes must have, at the exact curvature and gradient-noise
     # variance of this model, the stationary variance error it promises (the error itself
     # is checked against simulation above).
-    model, x, mean, sd = _conjugate_stream(device)
-    num_data, batch = x.shape[0], 100
-    curvature = 1 / 100 + num_data
-    noise = num_data**2 / batch * (num_data - batch) / (num_data - 1) * float(x.var(unbiased=False))
+    target = minibatched_normal_mean(device=device)
+    model, x, mean, sd = target.model, target.data, target.posterior_mean, target.posterior_sd
+    curvature, noise = target.curvature, target.gradient_noise
     pyro.set_rng_seed(0)
     kernel = make_kernel(model)
     mcmc = MCMC(kernel, num_samples=500, warmup_steps=1500, disable_progbar=True)
@@ -181,7 +162,7 @@ def test_the_default_step_has_its_stated_bias_on_a_minibatched_posterior(make_ke
 
 
 def test_the_default_step_is_frozen_after_warmup_and_checkpointed():
-    model, x, _, _ = _conjugate_stream("cpu", num_data=200)
+    model, x = minibatched_normal_mean(num_data=200)[:2]
     steps = []
     kernel = SGLD(model, num_particles=4)
     mcmc = MCMC(
