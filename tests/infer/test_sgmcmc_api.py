@@ -25,8 +25,9 @@ from pyro_ext.infer import (
     SamplerDivergenceError,
 )
 from pyro_ext.infer.sgmcmc import ParticlePotential
-from pyro_ext.infer.sgmcmc.repulsion import coupled_noise
-from pyro_ext.infer.sgmcmc.updates import drift, sgld_update
+from pyro_ext.infer.sgmcmc.repulsion import coupled_noise, stein_coupling
+from pyro_ext.infer.sgmcmc.step import step
+from pyro_ext.infer.sgmcmc.updates import SAMPLERS, PositionState, drift, sgld_update
 
 KERNELS = [SGLD, SGHMC, AdamSGLD]
 
@@ -598,7 +599,7 @@ def test_jit_compile_gives_the_same_draws(num_particles, jit_compile):
         pyro.set_rng_seed(0)
         kernel = SGHMC(vectorisable_model, 1e-3, num_particles=num_particles, jit_compile=compiled)
         draws.append(run(kernel, x, y).get_samples())
-    assert kernel._compiled.num_traces == 1
+    assert kernel.compiled_step.num_traces == 1
     for name in ("w", "scale"):
         assert torch.allclose(draws[0][name], draws[1][name], atol=1e-5)
 
@@ -636,3 +637,98 @@ def test_a_stein_kernel_with_a_particle_bandwidth_is_flagged_for_sampling():
         warnings.simplefilter("error")
         SGLD(logistic_model, 1e-3, num_particles=3, repulsion=RBFSteinKernel(), temperature=0.0)
         SGLD(logistic_model, 1e-3, num_particles=3, repulsion="rbf")
+
+
+def gaussian_gradient(z, batch):
+    """The 1-D standard Gaussian potential: log densities ``(L,)`` and gradients ``(L, 1)``."""
+    return -0.5 * z.pow(2).sum(-1), -z
+
+
+def test_one_sgld_step_is_the_langevin_update_by_hand():
+    generator = torch.Generator().manual_seed(0)
+    z = torch.randn(5, 1, generator=generator)
+    noise = torch.randn(5, 1, generator=generator)
+    eps = 1e-2
+    state, info = step(
+        PositionState(z),
+        {},
+        noise,
+        eps,
+        gradient=gaussian_gradient,
+        update=lambda s, g, e, n, c: SAMPLERS["sgld"].update(s, g, e, n, c, 1.0, False),
+    )
+    torch.testing.assert_close(state.z, z + eps * -z + math.sqrt(2 * eps) * noise)
+    torch.testing.assert_close(info.log_density, -0.5 * z.squeeze(-1) ** 2)
+    torch.testing.assert_close(info.grad, -z)
+    assert info.ok.dim() == 0 and bool(info.ok)
+    state, info = step(
+        PositionState(torch.full((5, 1), math.nan)),
+        {},
+        noise,
+        eps,
+        gradient=gaussian_gradient,
+        update=lambda s, g, e, n, c: SAMPLERS["sgld"].update(s, g, e, n, c, 1.0, False),
+    )
+    assert not bool(info.ok)
+
+
+@pytest.mark.parametrize("sampler", ["sgld", "sghmc", "adam"])
+def test_a_repulsive_step_is_the_coupled_transition(sampler):
+    """step(...) = gradient, then the update with the Stein coupling of the particles."""
+    generator = torch.Generator().manual_seed(1)
+    z = torch.randn(6, 1, generator=generator)
+    noise = torch.randn(6, 1, generator=generator)
+    eps = 3e-2
+    entry = SAMPLERS[sampler]
+    pyro.set_rng_seed(2)
+    start = entry.init_state(z, eps, 1.0)
+
+    def update(s, g, e, n, c):
+        return entry.update(s, g, e, n, c, 1.0, True)
+
+    repulsion = RBFKernel()
+    state, info = step(
+        start, {}, noise, eps, gradient=gaussian_gradient, update=update, repulsion=repulsion
+    )
+    coupling = stein_coupling(repulsion, z, True)
+    expected = update(start, -z, eps, noise, coupling)
+    for got, want in zip(state, expected):
+        assert torch.equal(got, want)
+    assert torch.equal(info.grad, -z) and bool(info.ok)
+    # The noise-free limit (SVGD's bandwidth held constant) passes bandwidth_gradient on.
+    state, _ = step(
+        start,
+        {},
+        noise,
+        eps,
+        gradient=gaussian_gradient,
+        update=update,
+        repulsion=repulsion,
+        bandwidth_gradient=False,
+    )
+    expected = update(start, -z, eps, noise, stein_coupling(repulsion, z, False))
+    assert torch.equal(state.z, expected.z)
+
+
+def test_the_eager_kernel_step_is_step_on_the_potential():
+    """One eager SGLD+R step of the kernel is step(...) on its potential and its draws."""
+    x, y = logistic_data("cpu")
+    kernel = SGLD(logistic_model, 1e-3, num_particles=4, repulsion="rbf")
+    kernel.setup(0, x, y)
+    start = kernel.state
+    pyro.set_rng_seed(5)
+    new_z = kernel.potential.flatten(kernel.sample(kernel.initial_params), 4)
+    pyro.set_rng_seed(5)
+    batch = kernel.potential.draw_subsamples(start.z.device)
+    noise = torch.randn_like(start.z)
+    state, info = step(
+        start,
+        batch,
+        noise,
+        1e-3,
+        gradient=kernel.potential.log_density_and_grad,
+        update=lambda s, g, e, n, c: SAMPLERS["sgld"].update(s, g, e, n, c, 1.0, False),
+        repulsion=kernel.repulsion,
+    )
+    assert torch.equal(state.z, new_z) and torch.equal(kernel.state.z, new_z)
+    assert torch.equal(kernel.step_start.grad, info.grad)

@@ -76,7 +76,7 @@ def test_traced_step_gives_the_eager_chain(sampler, num_particles, repulsion):
         logistic_model, num_particles=num_particles, repulsion=repulsion, jit_compile="trace"
     )
     traced = draws(kernel, x, y)
-    assert kernel._compiled.num_traces == 1
+    assert kernel.compiled_step.num_traces == 1
     assert_same_chain(eager, traced)
 
 
@@ -103,7 +103,7 @@ def test_a_thousand_steps_compile_once():
     mcmc = draws(kernel, x, y, num_samples=900, warmup_steps=100)
     # One compilation in all (inductor compiles through AOT autograd, which counts them).
     assert torch._dynamo.utils.counters["aot_autograd"]["total"] == 1
-    assert kernel._compiled.num_traces == 1
+    assert kernel.compiled_step.num_traces == 1
     assert torch.isfinite(mcmc.get_samples()["w"]).all()
 
 
@@ -214,7 +214,7 @@ def test_plain_pyro_mcmc_runs_the_compiled_kernel():
     mcmc = pyro.infer.MCMC(kernel, num_samples=30, warmup_steps=10, disable_progbar=True)
     mcmc.run(x, y)
     assert mcmc.get_samples()["w"].shape == (30, 3)
-    assert kernel._compiled.num_traces == 1
+    assert kernel.compiled_step.num_traces == 1
 
 
 def test_new_data_of_the_same_shape_reuses_the_step():
@@ -224,10 +224,10 @@ def test_new_data_of_the_same_shape_reuses_the_step():
     params = kernel.sample(kernel.initial_params)
     kernel.set_data(x.flip(0), y.flip(0))
     params = kernel.sample(params)
-    assert kernel._compiled.num_traces == 1
+    assert kernel.compiled_step.num_traces == 1
     kernel.set_data(x[:200], y[:200])  # one more shape (e.g. a last batch): traced once more
     params = kernel.sample(params)
-    assert kernel._compiled.num_traces == 2
+    assert kernel.compiled_step.num_traces == 2
     with pytest.warns(RuntimeWarning, match="changed shape"):
         kernel.set_data(x[:100], y[:100])
         kernel.sample(params)
@@ -235,11 +235,12 @@ def test_new_data_of_the_same_shape_reuses_the_step():
     eager = SGLD(logistic_model, 2e-3, num_particles=2)
     eager.setup(0, x[:100], y[:100])
     pyro.set_rng_seed(3)
-    before = kernel._state
-    traced = kernel.sample(kernel._to_params(before.z))["w"]
+    before = kernel.state_dict()
+    traced = kernel.sample(kernel.initial_params)["w"]
     pyro.set_rng_seed(3)
-    eager._state = before
-    torch.testing.assert_close(eager.sample(eager._to_params(before.z))["w"], traced)
+    eager.load_state_dict(before)
+    torch.testing.assert_close(eager.state.z, before["state"]["z"])
+    torch.testing.assert_close(eager.sample(eager.initial_params)["w"], traced)
 
 
 def test_set_data_needs_setup():
@@ -279,7 +280,7 @@ def test_a_model_that_reads_its_data_as_a_number_is_told_how_to_pass_it():
     assert_same_chain(eager, draws(kernel, x, float(x.std())))
     kernel.set_data(x, 2.0)  # a new constant: traced again, once
     kernel.sample(kernel.initial_params)
-    assert kernel._compiled.num_traces == 2
+    assert kernel.compiled_step.num_traces == 2
 
 
 def test_a_plate_vectorised_model_with_boolean_masks_traces():

@@ -1,9 +1,9 @@
 r"""
 A whole SG-MCMC step as one compiled function.
 
-The Pyro model is traced once, with :func:`torch.fx.experimental.proxy_tensor.make_fx`, into
-a pure function of (sampler state, noise, step size, minibatch indices, model arguments)
-that contains everything a step does: the potential's gradient for all ``L`` particles
+The pure step :func:`~.step.step`, the eager kernel's, is traced once with the Pyro model,
+with :func:`torch.fx.experimental.proxy_tensor.make_fx`, into a function of (sampler state,
+noise, step size, minibatch indices, model arguments) that contains everything a step does: the potential's gradient for all ``L`` particles
 (vectorised as the potential says), the repulsion coupling, the preconditioner and momentum
 state, the noise and the update, and a finiteness flag. Pyro's handlers and every other
 Python-level cost run only while tracing; what remains is a graph of tensor operations,
@@ -47,7 +47,7 @@ from torch.fx.experimental.symbolic_shapes import ShapeEnv
 from torch.utils import _pytree as pytree
 
 from ...ops.validation import check_choice
-from .distributed import transition
+from .step import step as pure_step
 
 logger = logging.getLogger(__name__)
 
@@ -219,7 +219,7 @@ class CompiledStep:
         self._pending_first_call = set()
         self._cudagraphs = False
 
-    # -- the pure step ---------------------------------------------------------------------
+    # -- the traced step --------------------------------------------------------------------
     def _pure_step(self, state_type, data_spec, subsample_names, discrete_names, leaves):
         potential, sampler, hyper = self.potential, self.sampler, self.hyper
         temperature, repulsion, shard = self.temperature, self.repulsion, self.shard
@@ -242,24 +242,31 @@ class CompiledStep:
                 data_spec,
             )
 
-            def total(z):
-                log_density = potential.log_density_all(z, subsamples, args, kwargs, conditioned)
-                return log_density.sum(), log_density
+            def gradient(z, batch):
+                # The potential's gradient in a form the trace follows (the eager step
+                # takes it with torch.autograd from the same log density).
+                def total(z):
+                    log_density = potential.log_density_all(z, batch, args, kwargs, conditioned)
+                    return log_density.sum(), log_density
 
-            grad, log_density = torch.func.grad(total, has_aux=True)(state.z)
-            new_state, log_density, _, ok = transition(
-                lambda s, g, e, n, c: sampler.update(s, g, e, n, c, temperature, adapt, **hyper),
+                grad, log_density = torch.func.grad(total, has_aux=True)(z)
+                return log_density, grad
+
+            new_state, info = pure_step(
                 state,
-                grad,
-                log_density,
-                step_size,
+                subsamples,
                 noise,
-                repulsion,
-                shard,
+                step_size,
+                gradient=gradient,
+                update=lambda s, g, e, n, c: sampler.update(
+                    s, g, e, n, c, temperature, adapt, **hyper
+                ),
+                repulsion=repulsion,
+                shard=shard,
                 tries=1,
                 bandwidth_gradient=temperature != 0,
             )
-            return (*new_state, log_density, ok)
+            return (*new_state, info.log_density, info.ok)
 
         return step
 

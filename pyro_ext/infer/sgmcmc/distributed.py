@@ -48,7 +48,6 @@ import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 
 from ...ops.validation import check_choice
-from .repulsion import stein_coupling
 
 #: the values ``shard`` takes
 SHARD_MODES = ("auto", "particles", "data", None)
@@ -179,6 +178,35 @@ class Shard:
         """This rank's rows of a whole-run sampler state (0-dim fields are shared)."""
         return type(state)(*(self.local(f) if f.dim() > 0 else f for f in state))
 
+    def enter(self, state, grad, log_density, noise, coupled):
+        """
+        The collectives before a step's update (:func:`~.step.transition`): the data
+        shards' log densities and gradients averaged; the whole run's state, gradients and
+        log densities gathered when the update couples the particles (``coupled``), which
+        then runs on every particle; else this rank's rows of the noise of all ``L``.
+        """
+        if self.mode == "data":
+            log_density, grad = self.mean(log_density), self.mean(grad)
+        if coupled and self.mode == "particles":
+            state, grad, log_density = self.gather_state(state, grad, log_density)
+        else:
+            noise = self.local(noise)
+        return state, grad, log_density, noise
+
+    def leave(self, new_state, grad, log_density, ok, coupled):
+        """
+        The collectives after a step's update: this rank's rows of what :meth:`enter`
+        gathered, and the finiteness flag ``ok`` of every rank. The flag costs no
+        collective of its own when the update already ran on every particle's values
+        (gathered for repulsion, or the same on every rank for data sharding); independent
+        sharded particles exchange it with one ``all_reduce``.
+        """
+        if self.mode != "particles":
+            return new_state, grad, log_density, ok
+        if not coupled:
+            return new_state, grad, log_density, self.all_true(ok)
+        return self.local_state(new_state), self.local(grad), self.local(log_density), ok
+
     def subsamples(self, potential, device) -> dict:
         """
         The minibatch indices of this step, per subsampled plate: those of the single-process
@@ -230,57 +258,6 @@ class Shard:
         everyone = [None] * self.world_size
         dist.all_gather_object(everyone, obj, group=self.group)
         return everyone
-
-
-def transition(
-    update,
-    state,
-    grad,
-    log_density,
-    step_size,
-    noise,
-    repulsion,
-    shard,
-    tries=None,
-    bandwidth_gradient=True,
-):
-    """
-    One sampler transition from this rank's gradient: the step that the eager kernel and
-    the compiled step share. ``update(state, grad, step_size, noise, coupling)`` is the
-    sampler's update; ``noise`` holds standard normal noise for all ``L`` particles
-    (``shard`` picks this rank's rows); ``tries`` overrides the coupling's Cholesky tries (1
-    in a traced step); ``bandwidth_gradient`` whether the repulsion carries the median
-    bandwidth's dependence on the particles (see :func:`~.repulsion.stein_coupling`: the
-    noisy samplers need it, SVGD holds the bandwidth constant). Returns the new state of this rank's particles, the log densities and
-    gradients the update used (averaged over data shards), and a 0-dim flag: whether the
-    step is finite on every rank (one reduction and no host sync; a non-finite gradient
-    makes the new particles non-finite too).
-
-    The flag costs no collective of its own when the update already ran on every
-    particle's values (gathered for repulsion, or the same on every rank for data
-    sharding); independent sharded particles exchange it with one ``all_reduce``.
-    """
-    gathered = shard is not None and shard.mode == "particles" and repulsion is not None
-    if shard is not None and shard.mode == "data":
-        log_density, grad = shard.mean(log_density), shard.mean(grad)
-    if gathered:
-        # The kernel matrix couples every particle to every other: the whole run's state.
-        state, grad, log_density = shard.gather_state(state, grad, log_density)
-    elif shard is not None:
-        noise = shard.local(noise)
-    coupling = None
-    if repulsion is not None:
-        coupling = stein_coupling(repulsion, state.z, bandwidth_gradient)
-        if tries is not None:
-            coupling = coupling._replace(cholesky_tries=tries)
-    new_state = update(state, grad, step_size, noise, coupling)
-    ok = torch.isfinite(log_density.sum() + new_state.z.sum())
-    if shard is not None and shard.mode == "particles" and not gathered:
-        ok = shard.all_true(ok)
-    if gathered:
-        new_state = shard.local_state(new_state)
-        grad, log_density = shard.local(grad), shard.local(log_density)
-    return new_state, log_density, grad, ok
 
 
 def resolve_shard(shard, num_particles, device, potential, group=None):

@@ -15,10 +15,12 @@ from ..errors import SamplerDivergenceError
 from ..potential import VECTORIZE, ParticlePotential
 from .adaptation import StepSizeAdaptation
 from .compiled import CompiledStep, check_jit_compile
-from .distributed import SHARD_MODES, resolve_shard, transition
+from .distributed import SHARD_MODES, resolve_shard
 from .repulsion import RBFKernel
 from .schedules import as_schedule
+from .step import step
 from .updates import SAMPLERS, lookup
+from .verification import DeferredVerification
 
 
 class StepStart(NamedTuple):
@@ -145,6 +147,10 @@ class SGMCMCKernel(ParticleKernel):
 
     A subclass names its sampler in the registry :data:`~.updates.SAMPLERS` (the pure
     ``(init_state, update)`` pair) and its hyper-parameters; this class wires them to Pyro.
+    It keeps the sampler state, draws each step's minibatch and noise, sets the step size,
+    and runs the pure :func:`~.step.step` (eagerly, or traced by
+    :class:`~.compiled.CompiledStep`); the deferred checks of a compiled step's finiteness
+    and the rewinds are :class:`~.verification.DeferredVerification`'s.
 
     :param callable model: a Pyro model; data may be subsampled with
         ``pyro.plate(..., subsample_size=...)``, in which case a fresh minibatch is drawn
@@ -287,10 +293,8 @@ class SGMCMCKernel(ParticleKernel):
         self._current_step_size = None
         self._step_size_tensor = None
         self._flags = None
-        self._pending_ok = []
+        self._verification = DeferredVerification()
         self._check_every = 1
-        self._snapshot = None
-        self._eager_until = 0
         self.rewound_to = None
         self.divergence = None
 
@@ -336,7 +340,8 @@ class SGMCMCKernel(ParticleKernel):
         self._state = state
         self._last_params = None
         self._compiled = None
-        self._pending_ok, self._snapshot, self._eager_until, self.rewound_to = [], None, 0, None
+        self._verification.reset()
+        self.rewound_to = None
         self.divergence = None
         # Reads of the compiled step's finiteness flags: free on the CPU, a sync elsewhere.
         self._check_every = self.divergence_check_every or (1 if z.device.type == "cpu" else 32)
@@ -381,6 +386,18 @@ class SGMCMCKernel(ParticleKernel):
     def hyper(self):
         """The sampler's hyper-parameters, as its registry entry takes them."""
         return {}
+
+    @property
+    def state(self):
+        """The sampler state of this process's particles (a named tuple of the sampler's
+        :data:`~.updates.SAMPLERS` entry, ``z`` first; read-only: :meth:`load_state_dict`
+        sets it)."""
+        return self._state
+
+    @property
+    def compiled_step(self) -> CompiledStep | None:
+        """The traced (and compiled) step with ``jit_compile``, else ``None``."""
+        return self._compiled
 
     @property
     def compile_seconds(self) -> float:
@@ -474,11 +491,12 @@ class SGMCMCKernel(ParticleKernel):
     @property
     def verified_steps(self) -> int:
         """Steps whose results are known to be finite (all of them but unread compiled ones)."""
-        return self._step - len(self._pending_ok)
+        return self._step - self._verification.unverified
 
-    def _take_snapshot(self):
-        cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
-        self._snapshot = (self._step, self._state, torch.get_rng_state(), cuda)
+    @property
+    def _deferred_checks(self) -> bool:
+        # A compiled step's finiteness flags are read every _check_every steps.
+        return self._compiled is not None and self._check_every > 1
 
     def verify(self) -> bool:
         """
@@ -487,22 +505,14 @@ class SGMCMCKernel(ParticleKernel):
         is rewound to the last verified state (see ``divergence_check_every``),
         :attr:`rewound_to` is set to its step count, and ``False`` is returned.
         """
-        if self._pending_ok:
-            flags = torch.stack(self._pending_ok)
-            self._pending_ok = []
-            if not bool(flags.all()):
-                step, state, cpu_rng, cuda_rng = self._snapshot
-                first_bad = step + int((~flags).nonzero()[0])
-                self._step, self._state = step, state
-                torch.set_rng_state(cpu_rng)
-                if cuda_rng is not None:
-                    torch.cuda.set_rng_state_all(cuda_rng)
-                self._eager_until = first_bad + 1
-                self._last_params = None
-                self.rewound_to = step
-                return False
-        if self._compiled is not None and self._check_every > 1:
-            self._take_snapshot()
+        rewind = self._verification.check()
+        if rewind is not None:
+            self._step, self._state = rewind.step, rewind.state
+            self._last_params = None
+            self.rewound_to = rewind.step
+            return False
+        if self._deferred_checks:
+            self._verification.take_snapshot(self._step, self._state)
         return True
 
     def _tensor_inputs(self, step_size, adapt, like):
@@ -519,8 +529,66 @@ class SGMCMCKernel(ParticleKernel):
             )
         return self._step_size_tensor[1], self._flags[int(adapt)]
 
+    def _draw(self, z):
+        # The eager and the compiled step draw the same randomness in the same order; every
+        # rank of a sharded run draws the noise of all L particles.
+        shard = self.shard
+        if shard is None:
+            return self.potential.draw_subsamples(z.device), torch.randn_like(z)
+        subsamples = shard.subsamples(self.potential, z.device)
+        noise = torch.randn(self.num_particles, z.shape[-1], dtype=z.dtype, device=z.device)
+        return subsamples, noise
+
+    def _gradient(self, z, subsamples):
+        """The eager step's gradient: the potential's, kept as :attr:`step_start`."""
+        try:
+            log_density, grad = self.potential.log_density_and_grad(z, subsamples)
+        except torch.linalg.LinAlgError as error:
+            # A factorisation inside the model failed at the particles' values (a
+            # covariance that lost positive definiteness as a scale ran to 0).
+            self.divergence = SamplerDivergenceError.from_model_error(
+                self._step, self.num_particles, error
+            )
+            raise self.divergence from error
+        self.step_start = StepStart(z, subsamples, log_density, grad)
+        return log_density, grad
+
+    def _run_compiled(self, subsamples, noise, step_size, adapt):
+        """The compiled step's output, or ``None`` when a factorisation in the model failed."""
+        step_size_t, adapt_t = self._tensor_inputs(step_size, adapt, self._state.z)
+        try:
+            return self._compiled(
+                self._state,
+                noise,
+                step_size_t,
+                adapt_t,
+                subsamples,
+                self.potential.model_args,
+                self.potential.model_kwargs,
+            )
+        except torch.linalg.LinAlgError:
+            # A factorisation inside the model failed at these particles: the eager step,
+            # from the same inputs, reports it as a divergence at this step.
+            return None
+
+    def _run_eager(self, subsamples, noise, step_size, adapt):
+        state, info = step(
+            self._state,
+            subsamples,
+            noise,
+            step_size,
+            gradient=self._gradient,
+            update=lambda s, g, e, n, c: self._update(s, g, e, n, c, adapt),
+            repulsion=self.repulsion,
+            shard=self.shard,
+            bandwidth_gradient=self.temperature != 0,
+        )
+        self._check_finite(info.ok, info.log_density, info.grad, state.z, subsamples)
+        return state, info.log_density
+
     def sample(self, params):
-        deferred_checks = self._compiled is not None and self._check_every > 1
+        deferred_checks = self._deferred_checks
+        verification = self._verification
         if params is not self._last_params:
             # A caller (e.g. a hook) replaced the particles: continue from its values, once
             # the steps before are verified (a rewind discards the replacement).
@@ -530,80 +598,36 @@ class SGMCMCKernel(ParticleKernel):
                 z=self.potential.flatten(params, self.num_local_particles)
             )
             if deferred_checks:
-                self._take_snapshot()
-        if deferred_checks and self._snapshot is None:
-            self._take_snapshot()  # before this step draws its randomness
+                verification.take_snapshot(self._step, self._state)
+        if deferred_checks and verification.snapshot is None:
+            verification.take_snapshot(self._step, self._state)  # before this step's draws
         self._adapt_step_size()
         step_size = self._step_size_at(self._step)
         if not (math.isfinite(step_size) and step_size > 0):
             raise ValueError(
                 f"step size schedule gave {step_size} at step {self._step}; expected > 0"
             )
-        z = self._state.z
-        shard = self.shard
-        self.step_start = None
-        # The eager and the compiled step draw the same randomness in the same order; every
-        # rank of a sharded run draws the noise of all L particles.
-        if shard is None:
-            subsamples = self.potential.draw_subsamples(z.device)
-            noise = torch.randn_like(z)
-        else:
-            subsamples = shard.subsamples(self.potential, z.device)
-            noise = torch.randn(self.num_particles, z.shape[-1], dtype=z.dtype, device=z.device)
+        subsamples, noise = self._draw(self._state.z)
         adapt = self._adapting()
-        state = None
-        deferred = False
-        if self._compiled is not None and self._step >= self._eager_until:
-            step_size_t, adapt_t = self._tensor_inputs(step_size, adapt, z)
-            try:
-                output = self._compiled(
-                    self._state,
-                    noise,
-                    step_size_t,
-                    adapt_t,
-                    subsamples,
-                    self.potential.model_args,
-                    self.potential.model_kwargs,
-                )
-            except torch.linalg.LinAlgError:
-                # A factorisation inside the model failed at these particles: the eager
-                # step below, from the same inputs, reports it as a divergence at this step.
-                output = None
-            if output is not None and deferred_checks:
-                state, log_density, deferred = output.state, output.log_density, True
-                self._pending_ok.append(output.ok)
-            elif output is not None and bool(output.ok):
-                state, log_density = output.state, output.log_density
-        if state is None:
+        self.step_start = None
+        output = None
+        if self._compiled is not None and self._step >= verification.eager_until:
+            output = self._run_compiled(subsamples, noise, step_size, adapt)
+        deferred = output is not None and deferred_checks
+        if deferred:
+            verification.record(output.ok)
+            state, log_density = output.state, output.log_density
+        elif output is not None and bool(output.ok):
+            state, log_density = output.state, output.log_density
+        else:
             # Eager, or a compiled step that was not finite: the eager step from the same
             # inputs retries the repulsive factorisation or diagnoses the divergence.
-            try:
-                log_density, grad = self.potential.log_density_and_grad(z, subsamples)
-                self.step_start = StepStart(z, subsamples, log_density, grad)
-            except torch.linalg.LinAlgError as error:
-                # A factorisation inside the model failed at the particles' values (a
-                # covariance that lost positive definiteness as a scale ran to 0).
-                self.divergence = SamplerDivergenceError.from_model_error(
-                    self._step, self.num_particles, error
-                )
-                raise self.divergence from error
-            state, log_density, grad, ok = transition(
-                lambda s, g, e, n, c: self._update(s, g, e, n, c, adapt),
-                self._state,
-                grad,
-                log_density,
-                step_size,
-                noise,
-                self.repulsion,
-                shard,
-                bandwidth_gradient=self.temperature != 0,
-            )
-            self._check_finite(ok, log_density, grad, state.z, subsamples)
+            state, log_density = self._run_eager(subsamples, noise, step_size, adapt)
         self._state = state
         self._last_log_density = log_density
         self._current_step_size = step_size
         self._step += 1
-        if deferred_checks and (not deferred or len(self._pending_ok) >= self._check_every):
+        if deferred_checks and (not deferred or verification.unverified >= self._check_every):
             self.verify()
         return self._to_params(self._state.z)
 
@@ -661,7 +685,7 @@ class SGMCMCKernel(ParticleKernel):
     # -- checkpointing ---------------------------------------------------------------
     def state_dict(self):
         """The sampler's full state, for checkpointing long runs (call :meth:`verify` first)."""
-        if self._pending_ok:
+        if self._verification.unverified:
             raise RuntimeError("state_dict() of unverified steps: call verify() first")
         state = {"step": self._step, "state": self._state._asdict()}
         if self.step_size_adaptation is not None:
@@ -679,7 +703,8 @@ class SGMCMCKernel(ParticleKernel):
             state["count"] = self._state.z.new_tensor(state["count"], dtype=torch.long)
         self._state = type(self._state)(**state)
         self._last_params = None
-        self._pending_ok, self._snapshot, self._eager_until, self.rewound_to = [], None, 0, None
+        self._verification.reset()
+        self.rewound_to = None
 
 
 class SGLD(SGMCMCKernel):
