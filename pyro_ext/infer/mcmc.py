@@ -1,4 +1,15 @@
-"""A drop-in :class:`pyro.infer.MCMC` that understands particle kernels."""
+"""
+An MCMC driver with the interface of :class:`pyro.infer.MCMC` that understands particle
+kernels.
+
+It is built on Pyro's public API only: :class:`pyro.infer.mcmc.api.AbstractMCMC`, the
+:class:`~pyro.infer.mcmc.mcmc_kernel.MCMCKernel` protocol (``setup`` / ``sample`` /
+``cleanup`` / ``diagnostics`` / ``logging``) and the functions of
+:mod:`pyro.infer.mcmc.util` (``select_samples``, ``diagnostics``, ``print_summary``).
+A particle kernel is run by this module's own loop; any other kernel is handed to a
+wrapped :class:`pyro.infer.MCMC`, whose private state this class neither inherits nor
+touches.
+"""
 
 import copy
 import hashlib
@@ -9,7 +20,10 @@ from collections.abc import Callable
 
 import pyro
 import torch
+from pyro.infer.mcmc.api import AbstractMCMC
 from pyro.infer.mcmc.logger import ProgressBar
+from pyro.infer.mcmc.util import diagnostics as chain_diagnostics
+from pyro.infer.mcmc.util import print_summary, select_samples
 from pyro.ops import streaming, welford
 from pyro.ops.streaming import StatsOfDict
 
@@ -35,13 +49,16 @@ def _sha256(tensor):
     return hashlib.sha256(tensor.detach().cpu().contiguous().numpy().tobytes()).hexdigest()
 
 
-class MCMC(pyro.infer.MCMC):
+class MCMC(AbstractMCMC):
     """
-    :class:`pyro.infer.MCMC` with particles reported as chains, thinning, divergence
-    handling and checkpoints for the stochastic-gradient kernels of :mod:`pyro_ext.infer`.
+    The interface of :class:`pyro.infer.MCMC` with particles reported as chains, thinning,
+    divergence handling and checkpoints for the stochastic-gradient kernels of
+    :mod:`pyro_ext.infer`.
 
     Other kernels (e.g. :class:`pyro.infer.NUTS`) run exactly as under
-    :class:`pyro.infer.MCMC`. For the particle kernels (:class:`~pyro_ext.infer.SGMCMCKernel` s
+    :class:`pyro.infer.MCMC`: this class hands them to a wrapped ``pyro.infer.MCMC``
+    (it derives from :class:`pyro.infer.mcmc.api.AbstractMCMC`, not from
+    ``pyro.infer.MCMC``). For the particle kernels (:class:`~pyro_ext.infer.SGMCMCKernel` s
     and :class:`~pyro_ext.infer.Gibbs`):
 
     - the ``L`` particles become chains: ``get_samples(group_by_chain=True)`` has shape
@@ -120,9 +137,10 @@ class MCMC(pyro.infer.MCMC):
         draws_device: str | torch.device | None = None,
         statistics: StatsOfDict | None = None,
     ):
-        if (draws_device is not None or statistics is not None) and not isinstance(
-            kernel, ParticleKernel
-        ):
+        # The one place the kernel's type is looked at: a particle kernel runs in this
+        # class's loop, any other in the wrapped pyro.infer.MCMC below.
+        particle_kernel = isinstance(kernel, ParticleKernel)
+        if (draws_device is not None or statistics is not None) and not particle_kernel:
             raise ValueError(
                 "draws_device and statistics need a particle kernel (SGMCMCKernel or Gibbs)"
             )
@@ -131,7 +149,7 @@ class MCMC(pyro.infer.MCMC):
                 "statistics must be a pyro.ops.streaming.StatsOfDict, "
                 f"got {type(statistics).__name__}"
             )
-        if isinstance(kernel, ParticleKernel):
+        if particle_kernel:
             if num_chains != 1:
                 raise ValueError(
                     "particle kernels run their chains together: set num_particles on the "
@@ -143,19 +161,30 @@ class MCMC(pyro.infer.MCMC):
         num_samples = check_int(num_samples, "num_samples", low=1)
         thinning = check_int(thinning, "thinning", low=1)
         checkpoint_every = check_int(checkpoint_every, "checkpoint_every", low=1, allow_none=True)
-        super().__init__(
-            kernel,
-            num_samples,
-            warmup_steps=warmup_steps,
-            initial_params=initial_params,
-            num_chains=num_chains,
-            hook_fn=hook_fn,
-            mp_context=mp_context,
-            disable_progbar=disable_progbar,
-            disable_validation=disable_validation,
-            transforms=transforms,
-            save_params=save_params,
+        super().__init__(kernel, num_chains, transforms)
+        #: A kernel other than a particle kernel runs in this pyro.infer.MCMC, built here so
+        #: that it checks its arguments (e.g. ``initial_params`` of a ``potential_fn``)
+        #: when this one is constructed, as before; ``None`` for a particle kernel.
+        self._pyro_mcmc = (
+            None
+            if particle_kernel
+            else pyro.infer.MCMC(
+                kernel,
+                num_samples,
+                warmup_steps=warmup_steps,
+                initial_params=initial_params,
+                num_chains=num_chains,
+                hook_fn=hook_fn,
+                mp_context=mp_context,
+                disable_progbar=disable_progbar,
+                disable_validation=disable_validation,
+                transforms=transforms,
+                save_params=save_params,
+            )
         )
+        self.num_samples = num_samples
+        self.warmup_steps = num_samples if warmup_steps is None else warmup_steps  # as Pyro's
+        self.disable_validation = disable_validation
         self.thinning = thinning
         self.checkpoint_path = checkpoint_path
         self.checkpoint_every = checkpoint_every
@@ -165,6 +194,24 @@ class MCMC(pyro.infer.MCMC):
         self._initial_params = initial_params
         self._hook_fn = hook_fn
         self._disable_progbar = disable_progbar
+        self._model_args = (None, None)  # (args, kwargs) of the last run()
+        # What a particle kernel's run leaves: its flat draws (L, N, draw_dim), this rank's
+        # share of them, their site values (L, N, ...) and each particle's diagnostics.
+        self._flat = self._local_flat = None
+        self._draws = None
+        self._chain_diagnostics = None
+
+    # -- the only names of pyro.infer.MCMC's private state this class keeps ----------------
+    # ArviZ (``arviz.from_pyro``) reads the model arguments of the run from
+    # ``mcmc._args`` / ``mcmc._kwargs``, pyro.infer.MCMC's private fields: Pyro has no public
+    # accessor for them. They are read-only views of this class's own record.
+    @property
+    def _args(self):
+        return self._model_args[0]
+
+    @property
+    def _kwargs(self):
+        return self._model_args[1]
 
     @property
     def _total_steps(self):
@@ -172,9 +219,15 @@ class MCMC(pyro.infer.MCMC):
 
     def run(self, *args, **kwargs) -> None:
         """Run the sampler; see :meth:`pyro.infer.MCMC.run`."""
-        if not isinstance(self.kernel, ParticleKernel):
-            return super().run(*args, **kwargs)
-        self._args, self._kwargs = args, kwargs
+        self._model_args = (args, kwargs)
+        if self._pyro_mcmc is not None:
+            # Through public attributes only: a transforms dict set on this object before
+            # the run is used, and the one Pyro infers is shown here after it.
+            self._pyro_mcmc.transforms = self.transforms
+            self._pyro_mcmc.disable_validation = self.disable_validation
+            self._pyro_mcmc.run(*args, **kwargs)
+            self.transforms = self._pyro_mcmc.transforms
+            return
         if self._initial_params is not None:
             self.kernel.initial_params = self._initial_params
         with pyro.validation_enabled(not self.disable_validation):
@@ -187,9 +240,9 @@ class MCMC(pyro.infer.MCMC):
         Continue the run saved at ``checkpoint_path``. Pass the same model arguments as
         to :meth:`run`; the draws equal those of an uninterrupted run with the same seed.
         """
-        if not isinstance(self.kernel, ParticleKernel) or self.checkpoint_path is None:
+        if self._pyro_mcmc is not None or self.checkpoint_path is None:
             raise ValueError("resume() needs a particle kernel and a checkpoint_path")
-        self._args, self._kwargs = args, kwargs
+        self._model_args = (args, kwargs)
         # Set up first: in a sharded run the set-up is collective, and the file to read is
         # this rank's.
         with pyro.validation_enabled(not self.disable_validation):
@@ -261,7 +314,7 @@ class MCMC(pyro.infer.MCMC):
         the kernel's current state (no new warm-up, the same thinning). The draws are
         those a single run with the larger ``num_samples`` would have made.
         """
-        if not isinstance(self.kernel, ParticleKernel) or getattr(self, "_flat", None) is None:
+        if self._flat is None:
             raise ValueError("extend() continues a finished run of a particle kernel: run() first")
         num_samples = check_int(num_samples, "num_samples", low=1)
         start = self._total_steps
@@ -404,38 +457,65 @@ class MCMC(pyro.infer.MCMC):
             merged[name] = stats if name not in merged else merged[name].merge(stats)
         return {name: stats.get() for name, stats in merged.items()}
 
-    def summary(self, prob=0.9):
-        """See :meth:`pyro.infer.MCMC.summary`; counts the divergent particles of a diverged run."""
-        if isinstance(self.kernel, ParticleKernel) and getattr(self, "_flat", None) is not None:
-            if self._statistics is not None:
-                raise ValueError(
-                    "this MCMC kept streaming statistics, not draws: use get_statistics()"
-                )
-            if self._flat.shape[1] == 0:
-                error = self.kernel.divergence
-                why = (
-                    f"the run diverged at step {error.step}, before the first kept draw"
-                    if error is not None
-                    else "the run kept none"
-                )
-                raise ValueError(
-                    f"summary() needs draws, and {why} (warmup_steps={self.warmup_steps}). "
-                    "Reduce the step size, or see SamplerDivergenceError for the sites concerned."
-                )
-        return super().summary(prob=prob)
-
     def get_samples(
         self, num_samples: int | None = None, group_by_chain: bool = False
     ) -> dict[str, torch.Tensor]:
         """See :meth:`pyro.infer.MCMC.get_samples`; unavailable with ``statistics``."""
         if self._statistics is not None:
             raise ValueError("this MCMC kept streaming statistics, not draws: use get_statistics()")
-        if isinstance(self.kernel, ParticleKernel) and self._samples is None:
+        if self._pyro_mcmc is not None:
+            return self._pyro_mcmc.get_samples(
+                num_samples=num_samples, group_by_chain=group_by_chain
+            )
+        if self._draws is None:
             raise ValueError(
                 "get_samples(): no draws yet; run() has not been called, or it failed while "
                 "setting up the kernel (before its first step)"
             )
-        return super().get_samples(num_samples=num_samples, group_by_chain=group_by_chain)
+        return select_samples(self._draws, num_samples, group_by_chain)
+
+    def diagnostics(self) -> dict:
+        """
+        See :meth:`pyro.infer.MCMC.diagnostics`: ``n_eff`` and ``r_hat`` of each site across
+        the particles, and each particle's kernel diagnostics keyed ``"chain {i}"``
+        (``divergences`` marks the last kept draw of a particle that diverged).
+        """
+        if self._pyro_mcmc is not None:
+            return self._pyro_mcmc.diagnostics()
+        diagnostics = chain_diagnostics(self._kept_draws("diagnostics"))
+        for name in self._chain_diagnostics[0]:
+            diagnostics[name] = {
+                f"chain {i}": chain[name] for i, chain in enumerate(self._chain_diagnostics)
+            }
+        return diagnostics
+
+    def summary(self, prob: float = 0.9) -> None:
+        """See :meth:`pyro.infer.MCMC.summary`; counts the divergent particles of a diverged run."""
+        if self._pyro_mcmc is not None:
+            return self._pyro_mcmc.summary(prob=prob)
+        print_summary(self._kept_draws("summary"), prob=prob)
+        if "divergences" in self._chain_diagnostics[0]:
+            count = sum(len(chain["divergences"]) for chain in self._chain_diagnostics)
+            print(f"Number of divergences: {count}")
+
+    def _kept_draws(self, method):
+        """The draws ``(L, N, ...)`` that :meth:`summary` and :meth:`diagnostics` describe."""
+        if self._statistics is not None:
+            raise ValueError("this MCMC kept streaming statistics, not draws: use get_statistics()")
+        if self._draws is None:
+            raise ValueError(f"{method}() needs draws: run() first")
+        if self._flat.shape[1] == 0:
+            error = self.kernel.divergence
+            why = (
+                f"the run diverged at step {error.step}, before the first kept draw"
+                if error is not None
+                else "the run kept none"
+            )
+            raise ValueError(
+                f"{method}() needs draws, and {why} (warmup_steps={self.warmup_steps}). "
+                "Reduce the step size, or see SamplerDivergenceError for the sites concerned."
+            )
+        return self._draws
 
     def _restore_statistics(self, saved):
         if saved is None:
@@ -447,7 +527,7 @@ class MCMC(pyro.infer.MCMC):
     def _fingerprint(self):
         """What a checkpoint must match to resume: the sampler, its particles and the data."""
         kernel = self.kernel
-        leaves = torch.utils._pytree.tree_leaves((self._args, self._kwargs))
+        leaves = torch.utils._pytree.tree_leaves(self._model_args)
         return {
             "kernel": type(kernel).__name__,
             "num_particles": kernel.num_particles,
@@ -534,15 +614,17 @@ class MCMC(pyro.infer.MCMC):
                 merged.stats.update(stats)
             self._statistics = merged
         self._flat = flat
-        self._samples = self.kernel.constrain_draws(flat)
+        self._draws = self.kernel.constrain_draws(flat)
+        # The draws are site values already: no transform is left to apply (the public
+        # attributes of AbstractMCMC, as pyro.infer.MCMC has them after a run).
         self.transforms = {}
         self.num_chains = num_particles
         # A diverged run marks, for each particle that diverged, its last kept draw: the
         # divergent transition left that state (Pyro and ArviZ index divergences by draw).
         error, num_kept = self.kernel.divergence, flat.shape[1]
-        self._diagnostics = []
+        self._chain_diagnostics = []
         for particle in range(num_particles):
             diagnostics = dict(self.kernel.diagnostics())
             if error is not None and particle in error.particles and num_kept:
                 diagnostics["divergences"] = [num_kept - 1]
-            self._diagnostics.append(diagnostics)
+            self._chain_diagnostics.append(diagnostics)
