@@ -110,7 +110,18 @@ def spike_slab_exact(X, y):
     return (posterior[:, None] * models).sum(0)
 
 
-@pytest.mark.parametrize("moves", ["gibbs", "mh-flip", "mh-swap"])
+# 700 steps of 16 particles, about 30 s of CPU per move. The default run keeps mh-swap, the
+# move nothing else there samples with; gibbs and mh-flip are in the integration run
+# (`make test-integration`, CI), since test_mixture_assignments_match_enumeration and
+# test_categorical_site_moves_through_all_values check them against exact answers already.
+@pytest.mark.parametrize(
+    "moves",
+    [
+        pytest.param("gibbs", marks=pytest.mark.integration),
+        pytest.param("mh-flip", marks=pytest.mark.integration),
+        "mh-swap",
+    ],
+)
 def test_spike_and_slab_inclusion_matches_all_256_models(moves):
     X, y = spike_slab_data()
     exact = spike_slab_exact(X, y)

@@ -72,7 +72,17 @@ def run(kernel, x, num_samples, warmup_steps, **kwargs):
     return mcmc
 
 
-@pytest.mark.parametrize("subsample_size", [None, 100], ids=["full_batch", "minibatch"])
+# Each stationary-law check below that runs 1,000+ steps of 50-100 particles with the full
+# 1,000-point likelihood (10-13 s of CPU each) is in the integration run (`make
+# test-integration`, CI). The default run keeps the minibatch case of this test, the
+# gamma, Dirichlet and SGLD+R checks.
+@pytest.mark.parametrize(
+    "subsample_size",
+    [
+        pytest.param(None, id="full_batch", marks=pytest.mark.integration),
+        pytest.param(100, id="minibatch"),
+    ],
+)
 def test_sgld_stationary_moments(device, subsample_size):
     x = make_data(device)
     mean, precision = exact_posterior(x)
@@ -95,6 +105,7 @@ def test_sgld_stationary_moments(device, subsample_size):
         assert abs(target_var * precision - 1) < 0.06
 
 
+@pytest.mark.integration  # see test_sgld_stationary_moments
 def test_sgld_small_step_matches_exact_posterior_covariance(device):
     x = make_data(device)
     mean, precision = exact_posterior(x)
@@ -112,6 +123,7 @@ def test_sgld_small_step_matches_exact_posterior_covariance(device):
     assert correlation.abs() < 4 / math.sqrt(float(effective_sample_size(samples).min()))
 
 
+@pytest.mark.integration  # see test_sgld_stationary_moments
 def test_sghmc_stationary_moments(device):
     x = make_data(device)
     mean, precision = exact_posterior(x)
@@ -128,6 +140,7 @@ def test_sghmc_stationary_moments(device):
     assert ((got_var - target_var).abs() < 4 * var_se).all()
 
 
+@pytest.mark.integration  # see test_sgld_stationary_moments
 def test_adam_sgld_stationary_moments_with_frozen_mass(device):
     x = make_data(device)
     mean, precision = exact_posterior(x)

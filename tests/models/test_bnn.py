@@ -194,6 +194,20 @@ def test_sgld_posterior_predictive_agrees_with_nuts():
         assert ratio.min() > 0.67 and ratio.max() < 1.5, (repulsion, sd, ref_sd)
 
 
+def test_nuts_draws_pass_through_mcmc_to_the_predictive():
+    # The default run's check of pyro_ext's MCMC with a Pyro kernel (NUTS) on the network
+    # (test_sgld_posterior_predictive_agrees_with_nuts, in the integration run, compares
+    # its answer with SGLD's).
+    x, y = _toy_regression()
+    net = BayesianMLP(1, hidden=(3,), activation="tanh")
+    mcmc = MCMC(pyro.infer.NUTS(net, max_tree_depth=3), num_samples=4, warmup_steps=4)
+    mcmc.run(x, y)
+    samples = mcmc.get_samples()
+    assert samples["layers.0.weight"].shape == (4, 3, 1) and samples["precision"].shape == (4,)
+    mean, sd = predictive_moments(net, samples, torch.linspace(-3, 3, 7).unsqueeze(-1))
+    assert mean.shape == sd.shape == (7,) and torch.isfinite(mean).all() and (sd > 0).all()
+
+
 def _network_output(net, values, x):
     h = x
     for i in range(len(net.layers)):

@@ -437,6 +437,10 @@ def test_recovery_sgld():
     assert inc["avg_rain"] < 0.3
 
 
+# In the integration run (`make test-integration`, CI): a recovery on the full 234-week
+# simulation, 300 SVI steps of 4 particles (about a minute). The default run keeps
+# test_vis_fit_reports_its_draws_as_pseudo_chains, the same fit path on a short series.
+@pytest.mark.integration
 def test_recovery_vis():
     # fit(method="vis"): an AutoNormal refined by 5 Adam-preconditioned Langevin steps
     # (on the narrow spike: a guide cannot hold the point mass's indicators).
@@ -457,6 +461,30 @@ def test_recovery_vis():
     assert abs(c["delta"]["mean"] - d.truth["delta"]) < 3 * c["delta"]["sd"] + 0.05
     z = (c["q"]["mean"] - d.truth["q"].double()).abs() / c["q"]["sd"]
     assert (z < 3.5).all()
+
+
+def test_vis_fit_reports_its_draws_as_pseudo_chains(short_data):
+    # The default run's check of fit(method="vis") (test_recovery_vis, in the integration
+    # run, checks what it recovers): the refined guide's draws come back as num_particles
+    # pseudo-chains of num_samples draws each, in every summary.
+    d = short_data
+    m = RetailBSTS(variant="RF", selection="ssvs", noise="gaussian", seasonal_harmonics=1)
+    m.fit(
+        d.sales,
+        d.spend,
+        d.covariates,
+        method="vis",
+        seed=0,
+        num_steps=20,
+        num_samples=5,
+        num_particles=2,
+    )
+    assert m._chains["delta"].shape == (2, 5) and m.samples["delta"].shape == (10,)
+    assert m.samples["q"].shape == (10, 5) and m.samples["beta"].shape == (10, 7)
+    c = m.coefficients()
+    assert c["q"]["mean"].shape == (5,) and c["beta"]["mean"].shape == (7,)
+    assert all(torch.isfinite(c[n]["mean"]).all() for n in ("delta", "q", "beta", "sigma_obs"))
+    assert set(m.rhat()) == set(m.static_sites())
 
 
 def test_vis_divergence_is_reported(short_data):

@@ -37,6 +37,9 @@ def _set_up(noise, p_missing=(), variant="RF", expected_model_size=2, weeks=80, 
     return m, (y, u, X), values
 
 
+# The three tests that read this fit (200 steps of 4 particles on 104 weeks, about 30 s of CPU)
+# are in the integration run (`make test-integration`, CI); the default run keeps
+# test_point_mass_draws_are_exactly_zero_where_excluded, on a short fit.
 @pytest.fixture(scope="module")
 def point_mass_fit():
     d = simulate_retail(num_weeks=104, seed=21, noise="gaussian")
@@ -72,6 +75,7 @@ def test_collapsed_likelihood_equals_kalman_with_regression_states(noise):
         assert torch.allclose(collapsed, kalman, rtol=1e-9, atol=1e-8)
 
 
+@pytest.mark.integration  # reads point_mass_fit (see there)
 def test_collapsed_gibbs_move_matches_enumeration(point_mass_fit):
     # theta fixed at a posterior draw: the indicator scan's stationary law is
     # p(gamma | theta, y), here enumerated over all 2^7 models with the Kalman likelihood
@@ -109,6 +113,7 @@ def test_collapsed_gibbs_move_matches_enumeration(point_mass_fit):
     assert (frequency - exact).abs().max() < 0.03, (frequency, exact)
 
 
+@pytest.mark.integration  # reads point_mass_fit (see there)
 def test_point_mass_is_the_default_and_reports_indicator_draws(point_mass_fit):
     m, d = point_mass_fit
     assert m.selection == "point_mass" and m.discrete_sites == ["gamma"]
@@ -126,6 +131,7 @@ def test_point_mass_is_the_default_and_reports_indicator_draws(point_mass_fit):
     assert m.channel_inclusion_probabilities().tolist() == [1.0] * 5
 
 
+@pytest.mark.integration  # a recovery; reads point_mass_fit (see there)
 def test_point_mass_finds_the_strong_covariate_and_drops_random_walks(point_mass_fit):
     m, d = point_mass_fit
     inclusion = dict(zip(d.covariate_names, m.inclusion_probabilities().tolist()))
@@ -136,6 +142,10 @@ def test_point_mass_finds_the_strong_covariate_and_drops_random_walks(point_mass
     assert forecast.shape[1] == 4 and torch.isfinite(forecast).all()
 
 
+# In the integration run (`make test-integration`, CI): an end-to-end fit judged by its
+# R-hat (about 13 s of CPU); test_bsts.py::test_variants_and_pi fits variant RA in the
+# default run.
+@pytest.mark.integration
 def test_variant_ra_moves_channel_indicators_too():
     d = simulate_retail(num_weeks=60, seed=4, noise="gaussian")
     m = RetailBSTS(variant="RA", expected_model_size=3, noise="gaussian", seasonal_harmonics=1)
@@ -147,6 +157,33 @@ def test_variant_ra_moves_channel_indicators_too():
     assert (m.samples["q"][m.samples["gamma_q"] == 0] == 0).all()
     assert (m.samples["q"][m.samples["gamma_q"] == 1] != 0).all()
     assert float(max(r.max() for r in m.rhat().values())) < 1.5
+
+
+def test_point_mass_draws_are_exactly_zero_where_excluded():
+    # The default run's check of the point-mass draws (the tests on point_mass_fit are in
+    # the integration run): beta is exactly 0 where gamma excludes a covariate and nonzero
+    # elsewhere, in the samples and in coefficient_draws; inclusion is gamma's mean.
+    d = simulate_retail(num_weeks=40, seed=2, noise="gaussian")
+    m = RetailBSTS(variant="RF", expected_model_size=2, noise="gaussian", seasonal_harmonics=0)
+    m.fit(
+        d.sales,
+        d.spend,
+        d.covariates,
+        num_samples=10,
+        warmup_steps=5,
+        num_particles=2,
+        map_init_steps=1,
+        rhat_target=None,
+    )
+    assert m.selection == "point_mass" and m.discrete_sites == ["gamma"]
+    gamma, beta = m.samples["gamma"], m.samples["beta"]
+    assert gamma.shape == beta.shape == (20, 7)
+    assert set(gamma.unique().tolist()) == {0.0, 1.0}  # both, so that the next line bites
+    assert (beta[gamma == 0] == 0).all() and (beta[gamma == 1] != 0).all()
+    assert torch.equal(m.inclusion_probabilities(), gamma.mean(0))
+    draws = m.coefficient_draws()
+    assert torch.equal(draws["beta"] == 0, gamma == 0)
+    assert m.channel_inclusion_probabilities().tolist() == [1.0] * 5
 
 
 def test_forced_covariates_need_no_indicators():

@@ -45,6 +45,9 @@ def test_refined_mean_proposal_is_a_valid_proposal(device):
     assert torch.allclose(estimate, _quadrature_log_likelihood(vae, x), atol=0.05)
 
 
+# In the integration run (`make test-integration`, CI): 150 SVI steps of 20 particles and a
+# 2,000-sample importance estimate (about 17 s of CPU).
+@pytest.mark.integration
 def test_elbo_is_below_the_importance_estimate():
     torch.manual_seed(1)
     x = (torch.rand(64, 12) < 0.3).float()
@@ -57,6 +60,28 @@ def test_elbo_is_below_the_importance_estimate():
     assert -first / x.shape[0] < elbo  # training improves the bound
     log_likelihood = vae.log_likelihood(x, num_samples=2000).mean()
     assert elbo <= log_likelihood + 0.05
+
+
+def test_model_and_guide_share_the_subsample_and_train():
+    # The default run's check of VAE.model and VAE.guide under SVI
+    # (test_elbo_is_below_the_importance_estimate, in the integration run, trains them).
+    x = (torch.rand(16, 12) < 0.3).float()
+    vae = VAE(x_dim=12, z_dim=2, hidden=8)
+    guide = pyro.poutine.trace(vae.guide).get_trace(x, subsample_size=5)
+    model = pyro.poutine.trace(pyro.poutine.replay(vae.model, trace=guide)).get_trace(
+        x, subsample_size=5
+    )
+    idx = guide.nodes["data"]["value"]
+    assert guide.nodes["z"]["value"].shape == (5, 2) and idx.shape == (5,)
+    assert torch.equal(model.nodes["data"]["value"], idx)
+    assert torch.equal(model.nodes["x"]["value"], x[idx]) and model.nodes["x"]["is_observed"]
+    assert torch.equal(model.nodes["z"]["value"], guide.nodes["z"]["value"])
+    svi = SVI(vae.model, vae.guide, pyro.optim.Adam({"lr": 1e-2}), Trace_ELBO())
+    before = {name: p.detach().clone() for name, p in pyro.get_param_store().named_parameters()}
+    assert math.isfinite(svi.step(x, subsample_size=5))
+    after = dict(pyro.get_param_store().named_parameters())
+    assert {n.split("$$$")[0] for n in after} == {"encoder", "decoder"}
+    assert all(not torch.equal(before[n], after[n]) for n in before)
 
 
 def test_cvae_classifier_learns_class_patterns():

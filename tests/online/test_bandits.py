@@ -30,6 +30,9 @@ def _slope(cumulative, start, end):
     return float((x * y).sum() / x.square().sum())
 
 
+# In the integration run (`make test-integration`, CI): the 5,000-step reproduction
+# (about 20 s of CPU); test_gaussian_bandit_policies keeps Thompson sampling in the default run.
+@pytest.mark.integration
 def test_thompson_bernoulli_regret_is_sublinear():
     # The test: 10-armed Bernoulli bandit, Thompson sampling with a diagonal BONG
     # belief over the per-arm logits, 5,000 steps.
