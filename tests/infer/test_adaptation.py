@@ -124,8 +124,11 @@ def test_noise_estimate_is_the_minibatch_gradient_variance(device):
     "make_kernel",
     [
         lambda model: SGLD(model, num_particles=20),
-        lambda model: SGHMC(model, num_particles=20),
-        lambda model: AdamSGLD(model, num_particles=20),
+        # 5 s each: the momentum kernels' cases run in the integration run.
+        pytest.param(lambda model: SGHMC(model, num_particles=20), marks=pytest.mark.integration),
+        pytest.param(
+            lambda model: AdamSGLD(model, num_particles=20), marks=pytest.mark.integration
+        ),
     ],
     ids=["sgld", "sghmc", "adam"],
 )

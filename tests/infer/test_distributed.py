@@ -299,6 +299,10 @@ def assert_close(actual, expected):
 
 
 # -- tests -----------------------------------------------------------------------------------
+# Seven sharded configurations and two extra runs on each rank (about 40 s): in the
+# integration run. The default run keeps sharded == single-process through the default
+# step, checkpoint-resume and extend tests below.
+@pytest.mark.integration
 def test_two_ranks_run_the_single_process_chain(tmp_path):
     results = spawn(tmp_path, "scenario_equal")
     for rank in range(WORLD_SIZE):

@@ -299,7 +299,11 @@ def test_checkpoint_resume_gives_identical_draws(tmp_path, kernel_class):
     assert torch.equal(resumed.get_samples()["w"], reference.get_samples()["w"])
 
 
-@pytest.mark.parametrize("jit_compile", [False, "trace", True])
+# The inductor-compiled case compiles for 10 s: in the integration run; the traced graph
+# (the same step, not compiled) stays in the default run.
+@pytest.mark.parametrize(
+    "jit_compile", [False, "trace", pytest.param(True, marks=pytest.mark.integration)]
+)
 def test_a_factorisation_failing_inside_the_model_is_a_divergence_with_the_step(jit_compile):
     # A variance run to 0 makes the model's covariance singular and its Cholesky raise.
     # That is a divergence at that step, the draws so far kept, not a raw LinAlgError; a

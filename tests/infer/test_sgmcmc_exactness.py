@@ -210,6 +210,9 @@ def test_dirichlet_posterior_on_the_simplex(device):
     assert ((got_mean - exact_mean).abs() < 4 * mean_se + 0.01).all()
 
 
+# 10 s of long runs: in the integration run (the calibration tests check SGLD+R's
+# stationary law in the default run, and the demo chapter prints this comparison).
+@pytest.mark.integration
 def test_sgld_r_recovers_the_spread_that_svgd_underestimates():
     # Thesis section 2.3.1: 2-D N(0, I), L = 6 particles started from N([3, 3], 0.25 I).
     def model():
