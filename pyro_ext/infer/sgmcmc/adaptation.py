@@ -41,6 +41,8 @@ import math
 import pyro
 import torch
 
+from .repulsion import stein_coupling
+
 __all__ = ["StepSizeAdaptation", "bias_bounded_step_size", "stationary_variance_error"]
 
 
@@ -254,8 +256,6 @@ class StepSizeAdaptation:
         self.noise_variance = self._running(self.noise_variance, noise)
         self._since_restart += 1
         if repulsion is not None:
-            from .repulsion import stein_coupling
-
             every_particle = z if shard is None or shard.mode != "particles" else shard.gather(z)
             with torch.no_grad():
                 matrix = stein_coupling(repulsion, every_particle, False).matrix
