@@ -13,6 +13,7 @@ independent given everything else (mixture assignments in a data plate) are all 
 that one pass.
 """
 
+import contextlib
 import math
 import warnings
 from collections.abc import Mapping
@@ -198,8 +199,16 @@ class Gibbs(ParticleKernel):
         self.kernel = kernel
         self.discrete_sites = tuple(discrete_sites)
         self.moves = moves
+        if kernel.divergence_check_every not in (None, 1):
+            raise ValueError(
+                f"the inner kernel has divergence_check_every={kernel.divergence_check_every}; "
+                "inside Gibbs every compiled step is verified before the discrete move reads "
+                "the particles (a rewind would leave the discrete values ahead of the "
+                "continuous ones). Leave it at None or 1."
+            )
         kernel.discrete_sites = self.discrete_sites
         kernel.max_support_size = self.max_support_size
+        kernel.divergence_check_every = 1
         self.num_particles = kernel.num_particles
         self._initial_discrete = None
         self._discrete = None
@@ -381,9 +390,6 @@ class Gibbs(ParticleKernel):
     def setup(self, warmup_steps: int, *args, **kwargs) -> None:
         kernel = self.kernel
         kernel.setup(warmup_steps, *args, **kwargs)
-        # The discrete move reads the particles: every compiled step is verified first,
-        # so a rewind never leaves the discrete values behind the continuous ones.
-        kernel._check_every = 1
         potential = kernel.potential
         for name in self.discrete_sites:
             if self._moves[name] == "mh-swap":
@@ -396,7 +402,6 @@ class Gibbs(ParticleKernel):
                     )
         self._full_subsamples = self._all_indices()
         self._discrete = self._start_values()
-        potential.conditioned = self._discrete
         self._step = 0
         self._last_params = None
         self._proposals = self._accepted = 0
@@ -468,7 +473,7 @@ class Gibbs(ParticleKernel):
                 continuous = params.continuous
         if self._step % self.every == 0:
             try:
-                self._sweep()
+                self._sweep(self.kernel.particles.detach())
             except torch.linalg.LinAlgError as error:
                 self.kernel.divergence = SamplerDivergenceError.from_model_error(
                     self._step, self.num_particles, error
@@ -476,11 +481,11 @@ class Gibbs(ParticleKernel):
                 raise self.kernel.divergence from error
         # Where the gradient step starts: the kernel's particles, or the values a caller
         # put in their place (which the kernel continues from).
-        if continuous is self.kernel._last_params:
+        if continuous is self.kernel.last_params:
             z = self.kernel.particles.detach()
         else:
             z = self.potential.flatten(continuous, self.kernel.num_local_particles).detach()
-        continuous = self.kernel.sample(continuous)
+        continuous = self.kernel.sample(continuous, conditioned=self._discrete)
         if self.divergence_threshold is not None and self.kernel.rewound_to is None:
             self._check_step(z, self.kernel.particles.detach())
         self._step += 1
@@ -539,14 +544,17 @@ class Gibbs(ParticleKernel):
             if bool(finite[particles].all())
             else "a non-finite log density or gradient after the step"
         )
-        step = self.kernel._step - 1
+        step = self.kernel.num_steps - 1
         self.kernel.divergence = SamplerDivergenceError(
             step, sites, particles, reason=f"{what}, in site(s) {', '.join(map(repr, sites))},"
         )
         raise self.kernel.divergence
 
-    def _log_joint(self, z, conditioned):
-        """The full-data log joint of particles ``z`` with discrete values ``conditioned``."""
+    def log_joint(self, z: torch.Tensor, conditioned: dict) -> torch.Tensor:
+        """The full-data log joint ``(L,)`` of flat particles ``z`` ``(L, D)`` with the
+        discrete sites at ``conditioned`` ``{site: (L, ...)}``: the mean of the
+        minibatches' scaled log joints when the model subsamples (what every move targets).
+        """
         log_density_all = self.potential.log_density_all
         if not self._full_subsamples:
             return log_density_all(z, {}, conditioned=conditioned)
@@ -555,8 +563,44 @@ class Gibbs(ParticleKernel):
             total = total + log_density_all(z, chunk, conditioned=conditioned)
         return total / len(self._full_subsamples)
 
-    def _sweep(self):
-        z = self.kernel.particles.detach()
+    @property
+    def discrete_values(self) -> dict[str, torch.Tensor]:
+        """The discrete sites' current per-particle values ``{site: (L, ...)}`` (a copy)."""
+        return dict(self._discrete)
+
+    @contextlib.contextmanager
+    def _values_at(self, discrete):
+        # The moves read and write self._discrete: run them on other values, then restore.
+        saved = self._discrete
+        self._discrete = dict(saved if discrete is None else discrete)
+        try:
+            yield
+        finally:
+            self._discrete = saved
+
+    def sweep(self, z: torch.Tensor, discrete: dict | None = None) -> dict[str, torch.Tensor]:
+        """
+        One sweep of the discrete moves at flat continuous particles ``z`` ``(B, D)`` from
+        the discrete values ``discrete`` ``{site: (B, ...)}`` (default: the current ones);
+        returns the new values and leaves the kernel's own untouched (what :meth:`sample`
+        does before each gradient step, for a caller who checks or reuses the moves).
+        """
+        with self._values_at(discrete):
+            self._sweep(z.detach())
+            return dict(self._discrete)
+
+    def full_conditionals(self, name: str, z: torch.Tensor, discrete: dict | None = None):
+        """
+        The exact full conditionals of every element of discrete site ``name`` at flat
+        particles ``z`` ``(B, D)``, the other sites at ``discrete`` (default: the current
+        values), as unnormalised log probabilities ``(B, E, V)`` over the site's support
+        (elements flattened); ``None`` when the elements are not conditionally independent
+        (the site is then swept element by element).
+        """
+        with self._values_at(discrete), torch.no_grad(), pyro.validation_enabled(False):
+            return self._block_logits(name, z.detach())
+
+    def _sweep(self, z):
         with torch.no_grad(), pyro.validation_enabled(False):
             current = None
             for name in self.discrete_sites:
@@ -570,7 +614,6 @@ class Gibbs(ParticleKernel):
                     current = None
                 else:
                     current = self._metropolis_site(name, move, z, current)
-        self.potential.conditioned = self._discrete
         if self._proposals:
             self.acceptance_rate = self._accepted / self._proposals
 
@@ -608,7 +651,7 @@ class Gibbs(ParticleKernel):
         stuck = ~torch.isfinite(logits).any(-1).all(-1)  # an element with no possible value
         if bool(stuck.any()):
             raise SamplerDivergenceError(
-                self.kernel._step, [name], stuck.nonzero().flatten().tolist()
+                self.kernel.num_steps, [name], stuck.nonzero().flatten().tolist()
             )
         choice = torch.distributions.Categorical(logits=logits).sample()  # (L, E)
         self._discrete[name] = support[choice].reshape((z.shape[0],) + site.shape)
@@ -740,12 +783,12 @@ class Gibbs(ParticleKernel):
             candidates = elements.unsqueeze(0).repeat(num_values, 1, 1)  # (V, L, E)
             candidates[:, :, element] = support.unsqueeze(-1)
             conditioned[name] = candidates.reshape((num_values * num_particles,) + site.shape)
-            log_joint = self._log_joint(z_all, conditioned).reshape(num_values, num_particles).T
+            log_joint = self.log_joint(z_all, conditioned).reshape(num_values, num_particles).T
             log_joint = torch.nan_to_num(log_joint, nan=-torch.inf, posinf=-torch.inf)
             stuck = ~torch.isfinite(log_joint).any(-1)
             if bool(stuck.any()):
                 raise SamplerDivergenceError(
-                    self.kernel._step, [name], stuck.nonzero().flatten().tolist()
+                    self.kernel.num_steps, [name], stuck.nonzero().flatten().tolist()
                 )
             choice = torch.distributions.Categorical(logits=log_joint).sample()
             elements = candidates[choice, particles]
@@ -773,7 +816,7 @@ class Gibbs(ParticleKernel):
         elements = self._discrete[name].reshape(num_particles, -1)
         num_elements = elements.shape[1]
         if current is None:
-            current = self._log_joint(z, self._discrete)
+            current = self.log_joint(z, self._discrete)
         particles = torch.arange(num_particles, device=z.device)
         for proposal_index in range(num_elements):
             index = (elements.unsqueeze(-1) == support).to(torch.long).argmax(-1)  # (L, E)
@@ -788,7 +831,7 @@ class Gibbs(ParticleKernel):
                 proposal = support[self._flip_or_swap(index)]
             conditioned = dict(self._discrete)
             conditioned[name] = proposal.reshape((num_particles,) + site.shape)
-            proposed = self._log_joint(z, conditioned)
+            proposed = self.log_joint(z, conditioned)
             log_ratio = torch.nan_to_num(proposed - current, nan=-torch.inf)
             accept = torch.rand_like(current).log() < log_ratio
             elements = torch.where(accept.unsqueeze(-1), proposal, elements)
@@ -843,7 +886,6 @@ class Gibbs(ParticleKernel):
         self.kernel.load_state_dict(state_dict["kernel"])
         self._step = state_dict["step"]
         self._discrete = dict(state_dict["discrete"])
-        self.potential.conditioned = self._discrete
         self._proposals, self._accepted = state_dict["proposals"], state_dict["accepted"]
         self._vectorised.update(state_dict.get("vectorised", {}))
         self._why_swept.update(state_dict.get("why_swept", {}))

@@ -346,7 +346,7 @@ def test_global_discrete_site_with_a_subsampled_likelihood_uses_all_data():
             .log_prob_sum()
             for m in mu
         ]
-        assert torch.allclose(kernel._log_joint(z, discrete), torch.stack(full), rtol=1e-5)
+        assert torch.allclose(kernel.log_joint(z, discrete), torch.stack(full), rtol=1e-5)
 
     with pytest.raises(ValueError, match="not a multiple of its subsample_size=30"):
         _run(Gibbs(SGLD(shift_model, step_size=1e-3), "gamma"), y, 30)
@@ -426,8 +426,7 @@ def test_assignments_are_drawn_at_once_from_their_exact_conditionals(device):
     y = Y_REPLICATED.to(device)
     kernel = _set_up(Gibbs(SGLD(replicated_mixture, step_size=1e-3, num_particles=3), "c"), y)
     z = kernel.kernel.particles.detach()
-    with torch.no_grad(), pyro.validation_enabled(False):
-        logits = kernel._block_logits("c", z)
+    logits = kernel.full_conditionals("c", z)
     assert logits.shape == (3, 5, 3) and kernel.vectorised_sites == ("c",)
     values = kernel.potential.constrain(z)
     for particle in range(3):
@@ -435,7 +434,7 @@ def test_assignments_are_drawn_at_once_from_their_exact_conditionals(device):
             replicated_mixture,
             {name: value[particle] for name, value in values.items()},
             "c",
-            kernel._discrete["c"][particle],
+            kernel.discrete_values["c"][particle],
             y,
         )
         assert torch.allclose(logits[particle].softmax(-1), exact, rtol=1e-9, atol=1e-12)
@@ -444,12 +443,12 @@ def test_assignments_are_drawn_at_once_from_their_exact_conditionals(device):
     pyro.set_rng_seed(0)
     counts = torch.zeros(3, 5, 3, dtype=torch.float64)
     copies, num_draws = 500, 2000
-    kernel._discrete["c"] = kernel._discrete["c"].repeat(copies, 1)
-    with torch.no_grad(), pyro.validation_enabled(False):
-        for _ in range(num_draws // copies):
-            assert kernel._gibbs_block("c", z.repeat(copies, 1))
-            draws = torch.nn.functional.one_hot(kernel._discrete["c"].cpu(), 3)
-            counts += draws.reshape(copies, 3, 5, 3).sum(0).double()
+    discrete = {"c": kernel.discrete_values["c"].repeat(copies, 1)}
+    for _ in range(num_draws // copies):
+        discrete = kernel.sweep(z.repeat(copies, 1), discrete)
+        assert kernel.vectorised_sites == ("c",)  # drawn at once, not swept
+        draws = torch.nn.functional.one_hot(discrete["c"].cpu(), 3)
+        counts += draws.reshape(copies, 3, 5, 3).sum(0).double()
     expected = num_draws * logits.softmax(-1).cpu()
     keep = expected > 5  # cells with too few expected draws leave the statistic
     statistic = ((counts - expected)[keep] ** 2 / expected[keep]).sum()

@@ -52,3 +52,27 @@ def test_sgmcmc_keeps_re_exporting_the_potential_names():
     assert sgmcmc.SamplerDivergenceError is errors.SamplerDivergenceError
     for name in potential_package.__all__:
         assert hasattr(potential_package, name)
+
+
+def switch_model(y):
+    mu = pyro.sample("mu", dist.Normal(torch.zeros(2), 1.0).to_event(1))
+    gamma = pyro.sample("gamma", dist.Bernoulli(0.5))
+    with pyro.plate("data", len(y)):
+        pyro.sample("obs", dist.Normal(mu[gamma.long()], 1.0), obs=y)
+
+
+def test_discrete_values_are_a_call_argument_never_an_attribute():
+    # What a Gibbs move holds fixed is passed to every evaluation (issue 31): the
+    # potential keeps no values of its discrete sites, so no caller writes into it.
+    y = torch.tensor([0.3, -1.2, 2.0])
+    potential = ParticlePotential(model=switch_model, model_args=(y,), discrete_sites=["gamma"])
+    assert not hasattr(potential, "conditioned")
+    z = torch.tensor([[1.0, -1.0], [0.5, 2.0]])
+    with pytest.raises(ValueError, match=r"conditioned has no values for .*\['gamma'\]"):
+        potential.log_density_and_grad(z, {})
+    gamma = torch.tensor([0.0, 1.0])
+    got, _ = potential.log_density_and_grad(z, {}, {"gamma": gamma})
+    for particle in range(2):
+        values = {"mu": z[particle], "gamma": gamma[particle]}
+        trace = pyro.poutine.trace(pyro.poutine.condition(switch_model, values)).get_trace(y)
+        assert torch.allclose(got[particle], trace.log_prob_sum())

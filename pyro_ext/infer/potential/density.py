@@ -157,7 +157,9 @@ class ParticlePotential:
         warning that names the vmap error. :attr:`vectorize` then tells which ran.
     :param discrete_sites: names of discrete latent sites that another move updates
         (:class:`~pyro_ext.infer.Gibbs`): they are left out of the flat coordinates, and
-        every evaluation conditions them on per-particle values, :attr:`conditioned`.
+        every evaluation conditions them on the per-particle values its caller passes as
+        ``conditioned`` (the potential holds no values of its own, so no caller writes
+        into it).
     :param int max_support_size: the most values a discrete site's elements may take
         (each is enumerated by a Gibbs move).
     :param bool check_data: check the observed data at setup and on :meth:`set_data`
@@ -187,9 +189,6 @@ class ParticlePotential:
         self.max_support_size = max_support_size
         #: name -> :class:`DiscreteSite` of the sites in ``discrete_sites``
         self.discrete_layout: dict[str, DiscreteSite] = {}
-        #: per-particle values ``(L, *site shape)`` of the discrete sites, which every
-        #: evaluation conditions on (set by the move that updates them); ``None`` without
-        self.conditioned: dict[str, torch.Tensor] | None = None
         self.model = model
         self.model_args = tuple(model_args)
         self.model_kwargs = {} if model_kwargs is None else dict(model_kwargs)
@@ -345,9 +344,18 @@ class ParticlePotential:
         batch_ndim = value.dim() - fn.event_dim
         return DiscreteSite(tuple(value.shape), value.shape[:batch_ndim], support, value.dtype)
 
-    def conditioned_at(self, particle: int) -> dict[str, torch.Tensor]:
-        """The discrete sites' values of one particle (empty without discrete sites)."""
-        return {name: v[particle] for name, v in (self.conditioned or {}).items()}
+    def conditioning(self, conditioned) -> dict[str, torch.Tensor]:
+        """``conditioned`` (``None``: none) checked to hold every discrete site: an
+        evaluation without them would draw them from the model instead."""
+        conditioned = {} if conditioned is None else conditioned
+        missing = [name for name in self.discrete_layout if name not in conditioned]
+        if missing:
+            raise ValueError(
+                f"conditioned has no values for the discrete site(s) {missing}; the potential "
+                "of a model with discrete sites is evaluated at given values of them "
+                "(Gibbs passes its current ones)"
+            )
+        return conditioned
 
     @staticmethod
     def _shapes(args, kwargs):
@@ -557,13 +565,11 @@ class ParticlePotential:
         """
         Log joint plus log-Jacobian at one flat unconstrained particle ``z`` of shape (D,),
         on the model arguments ``args``/``kwargs`` (default: the current data), with the
-        discrete sites at ``conditioned`` (that particle's values; default: particle 0 of
-        :attr:`conditioned`).
+        discrete sites at ``conditioned`` (that particle's values; needed when the model has
+        discrete sites).
         """
         values, log_jacobian = self._constrain(z)
-        if conditioned is None:
-            conditioned = self.conditioned_at(0)
-        values.update(conditioned)
+        values.update(self.conditioning(conditioned))
         with LogJointMessenger(values, subsamples, exclude=self.exclude_log_prob) as joint:
             self.run_model(args, kwargs)
         return joint.log_joint + log_jacobian
@@ -578,9 +584,7 @@ class ParticlePotential:
         """
         num_particles, nesting = z.shape[0], self.max_plate_nesting
         values, log_jacobian = self._constrain(z)
-        if conditioned is None:
-            conditioned = self.conditioned or {}
-        values.update(conditioned)
+        values.update(self.conditioning(conditioned))
         batch_shapes = {name: s.batch_shape for name, s in self.layout.items()}
         batch_shapes.update({name: s.batch_shape for name, s in self.discrete_layout.items()})
         for name, batch_shape in batch_shapes.items():
@@ -611,7 +615,7 @@ class ParticlePotential:
                     s.transform.log_abs_det_jacobian(unconstrained, values[name])
                 ).all():
                     bad.append(name)
-            values.update(self.conditioned_at(0) if conditioned is None else conditioned)
+            values.update(self.conditioning(conditioned))
             with pyro.poutine.trace() as tracer, LogJointMessenger(values, subsamples, block=False):
                 self.run_model(None, None)
             for name, site in tracer.trace.nodes.items():
@@ -631,12 +635,11 @@ class ParticlePotential:
         """
         Log densities ``(L,)`` at particles ``z`` ``(L, D)``: one particle runs the model
         directly, several are vectorised as :attr:`vectorize` says. The discrete sites take
-        the per-particle values ``conditioned`` ``{site: (L, ...)}`` (default:
-        :attr:`conditioned`). Differentiable; the caller disables value checks (they
-        branch on tensor values).
+        the per-particle values ``conditioned`` ``{site: (L, ...)}`` (needed when the model
+        has discrete sites). Differentiable; the caller disables value checks (they branch
+        on tensor values).
         """
-        if conditioned is None:
-            conditioned = self.conditioned or {}
+        conditioned = self.conditioning(conditioned)
         if z.shape[0] == 1:
             single = {name: value[0] for name, value in conditioned.items()}
             return self.log_density(z[0], subsamples, args, kwargs, single).reshape(1)
@@ -668,9 +671,10 @@ class ParticlePotential:
             self.vectorize = "plate"
         return log_density
 
-    def log_density_and_grad(self, z: torch.Tensor, subsamples=None):
+    def log_density_and_grad(self, z: torch.Tensor, subsamples=None, conditioned=None):
         """
-        Log densities ``(L,)`` and their gradients ``(L, D)`` at particles ``z`` ``(L, D)``.
+        Log densities ``(L,)`` and their gradients ``(L, D)`` at particles ``z`` ``(L, D)``,
+        the discrete sites (if any) at the per-particle values ``conditioned``.
 
         A single particle runs the model directly. Several run it once: under
         :func:`torch.func.vmap` (the model sees per-particle values of their usual shape)
@@ -681,6 +685,6 @@ class ParticlePotential:
         z = z.detach().requires_grad_(True)
         # Distribution argument checks branch on tensor values, which vmap cannot trace.
         with torch.enable_grad(), pyro.validation_enabled(False):
-            log_density = self.log_density_all(z, subsamples)
+            log_density = self.log_density_all(z, subsamples, conditioned=conditioned)
             (grad,) = torch.autograd.grad(log_density.sum(), z)
         return log_density.detach(), grad

@@ -197,20 +197,21 @@ class StepSizeAdaptation:
         self.restart()
         self._settling = True
 
-    def start(self, potential, z, mass=None, repulsion=None, shard=None):
+    def start(self, potential, z, mass=None, repulsion=None, shard=None, conditioned=None):
         """The :attr:`initial_iterations` at the starting particles: the directions converge
         over the first half, the estimates are the average of the second half."""
         for iteration in range(self.initial_iterations):
             if iteration == self.initial_iterations // 2:
                 self.restart()
-            self.observe(potential, z, mass, repulsion, shard)
+            self.observe(potential, z, mass, repulsion, shard, conditioned)
         return self.step_size
 
-    def observe(self, potential, z, mass=None, repulsion=None, shard=None):
+    def observe(self, potential, z, mass=None, repulsion=None, shard=None, conditioned=None):
         """
         One power iteration at particles ``z`` ``(L, D)`` (this rank's, when sharded) with
         two fresh minibatches, and the step size it gives. ``mass`` is AdamSGLD's diagonal
-        mass ``(L, D)`` (the estimates are then in its preconditioned coordinates).
+        mass ``(L, D)`` (the estimates are then in its preconditioned coordinates);
+        ``conditioned`` the discrete sites' per-particle values (inside Gibbs).
         """
         z = z.detach()
         if self.curvature_direction is None:
@@ -232,10 +233,10 @@ class StepSizeAdaptation:
             first, second = (shard.subsamples(potential, z.device) for _ in range(2))
         with torch.enable_grad(), pyro.validation_enabled(False):
             leaf = z.requires_grad_(True)
-            log_density = potential.log_density_all(leaf, first)
+            log_density = potential.log_density_all(leaf, first, conditioned=conditioned)
             (grad,) = torch.autograd.grad(log_density.sum(), leaf, create_graph=True)
             (hessian_probe,) = torch.autograd.grad((grad * probe).sum(), leaf)
-        _, other_grad = potential.log_density_and_grad(z, second)
+        _, other_grad = potential.log_density_and_grad(z, second, conditioned)
         # H of the potential -log p: the Hessian-vector product of log p, negated.
         product, difference = -hessian_probe, grad.detach() - other_grad
         if shard is not None and shard.mode == "data":

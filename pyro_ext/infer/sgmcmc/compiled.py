@@ -275,10 +275,11 @@ class CompiledStep:
         if self.potential.vectorize is None and state.z.shape[0] > 1:
             # vectorize="auto": settle vmap or plate eagerly, so that the trace holds only
             # the path taken (no dead nodes of a failed vmap attempt).
+            after_state = inputs[len(state) + 3 :]
+            subsamples = dict(zip(subsample_names, after_state))
+            conditioned = dict(zip(discrete_names, after_state[len(subsample_names) :]))
             with torch.no_grad(), pyro.validation_enabled(False):
-                self.potential.log_density_all(
-                    state.z, dict(zip(subsample_names, inputs[len(state) + 3 :]))
-                )
+                self.potential.log_density_all(state.z, subsamples, conditioned=conditioned)
         step = self._pure_step(state_type, data_spec, subsample_names, discrete_names, leaves)
         started = time.perf_counter()
         with pyro.validation_enabled(False), _without_sample_checks(), warnings.catch_warnings():
@@ -352,9 +353,12 @@ class CompiledStep:
             ) from error
 
     # -- calling ---------------------------------------------------------------------------
-    def __call__(self, state, noise, step_size, adapt, subsamples, args, kwargs) -> StepOutput:
+    def __call__(
+        self, state, noise, step_size, adapt, subsamples, conditioned, args, kwargs
+    ) -> StepOutput:
+        """One step from ``state``; ``conditioned`` holds the discrete sites' per-particle
+        values (empty without discrete sites), inputs of the graph like the data."""
         last = self._last
-        conditioned = self.potential.conditioned or {}
         if last is not None and last[0] is args and last[1] is kwargs:
             # The same arguments as last step (no set_data since): same shapes, same graph.
             _, _, key, fn, data_tensors, subsample_names = last

@@ -288,6 +288,9 @@ class SGMCMCKernel(ParticleKernel):
         self._warmup_steps = 0
         self._last_params = None
         self._last_log_density = None
+        # The discrete sites' per-particle values of the current step (from sample's
+        # ``conditioned``: Gibbs passes them); empty without discrete sites.
+        self._conditioned = {}
         #: :class:`StepStart` of the last step when it ran eagerly, else ``None`` (compiled)
         self.step_start = None
         self._current_step_size = None
@@ -318,8 +321,8 @@ class SGMCMCKernel(ParticleKernel):
         # Every rank of a sharded run draws all L particles (and momenta) from the shared
         # random stream, so that its rows are those of the single-process run.
         self.shard = resolve_shard(self.shard_mode, self.num_particles, z.device, self.potential)
-        # With step_size=None the first sample() estimates the step, once a compound kernel
-        # (Gibbs) has conditioned the potential on its discrete sites.
+        # With step_size=None the first sample() estimates the step, at the discrete sites'
+        # values a compound kernel (Gibbs) passes to it.
         self.step_size_adaptation = None if self.step_size is not None else self._adaptation()
         state = self._init_state(z.clone())
         if self.shard is not None:
@@ -339,6 +342,7 @@ class SGMCMCKernel(ParticleKernel):
             state = self.shard.local_state(state)
         self._state = state
         self._last_params = None
+        self._conditioned = {}
         self._compiled = None
         self._verification.reset()
         self.rewound_to = None
@@ -417,6 +421,17 @@ class SGMCMCKernel(ParticleKernel):
         self._initial_params = params
 
     @property
+    def num_steps(self) -> int:
+        """Steps taken since :meth:`setup` (warm-up included)."""
+        return self._step
+
+    @property
+    def last_params(self):
+        """What the last :meth:`sample` returned (``None`` before the first step): a caller
+        that passes it back continues the chain; other values replace the particles."""
+        return self._last_params
+
+    @property
     def particles(self) -> torch.Tensor:
         """This process's current flat unconstrained particles, ``(L, D)`` (``(L / R, D)``
         when sharded over ``R`` ranks)."""
@@ -467,13 +482,15 @@ class SGMCMCKernel(ParticleKernel):
         z = self._state.z
         if adaptation.step_size is None:
             mass = self.adaptation_mass(self._state, z)
-            adaptation.start(self.potential, z, mass, self.repulsion, self.shard)
+            adaptation.start(self.potential, z, mass, self.repulsion, self.shard, self._conditioned)
         elif 0 < self._step < self._warmup_steps and self._step % adaptation.every == 0:
             if self._step >= self._warmup_steps // 2 and not adaptation.settling:
                 # The step that is kept rests on every estimate of warm-up's second half.
                 adaptation.settle()
             mass = self.adaptation_mass(self._state, z)
-            adaptation.observe(self.potential, z, mass, self.repulsion, self.shard)
+            adaptation.observe(
+                self.potential, z, mass, self.repulsion, self.shard, self._conditioned
+            )
 
     def _update(self, state, grad, step_size, noise, coupling, adapt):
         """
@@ -542,7 +559,9 @@ class SGMCMCKernel(ParticleKernel):
     def _gradient(self, z, subsamples):
         """The eager step's gradient: the potential's, kept as :attr:`step_start`."""
         try:
-            log_density, grad = self.potential.log_density_and_grad(z, subsamples)
+            log_density, grad = self.potential.log_density_and_grad(
+                z, subsamples, self._conditioned
+            )
         except torch.linalg.LinAlgError as error:
             # A factorisation inside the model failed at the particles' values (a
             # covariance that lost positive definiteness as a scale ran to 0).
@@ -563,6 +582,7 @@ class SGMCMCKernel(ParticleKernel):
                 step_size_t,
                 adapt_t,
                 subsamples,
+                self._conditioned,
                 self.potential.model_args,
                 self.potential.model_kwargs,
             )
@@ -586,7 +606,14 @@ class SGMCMCKernel(ParticleKernel):
         self._check_finite(info.ok, info.log_density, info.grad, state.z, subsamples)
         return state, info.log_density
 
-    def sample(self, params):
+    def sample(self, params, conditioned=None):
+        """
+        One step from ``params`` (the last step's output, or values a caller put in their
+        place). ``conditioned``: per-particle values ``{site: (L, ...)}`` of the model's
+        discrete sites, which this step holds fixed (:class:`~pyro_ext.infer.Gibbs` passes
+        its current ones); needed when the kernel was given ``discrete_sites``.
+        """
+        self._conditioned = self.potential.conditioning(conditioned)
         deferred_checks = self._deferred_checks
         verification = self._verification
         if params is not self._last_params:
@@ -649,7 +676,7 @@ class SGMCMCKernel(ParticleKernel):
                 self.potential.nonfinite_sites(
                     self._state.z[particles[0]],
                     subsamples,
-                    self.potential.conditioned_at(particles[0]),
+                    {name: value[particles[0]] for name, value in self._conditioned.items()},
                 )
             )
         if self.shard is not None:
@@ -830,10 +857,10 @@ class AdamSGLD(SGMCMCKernel):
         if int(state.count) == 0:
             shard = self.shard
             if shard is None:
-                grad = self.potential.log_density_and_grad(z)[1]
+                grad = self.potential.log_density_and_grad(z, None, self._conditioned)[1]
             else:
                 subsamples = shard.subsamples(self.potential, z.device)
-                grad = self.potential.log_density_and_grad(z, subsamples)[1]
+                grad = self.potential.log_density_and_grad(z, subsamples, self._conditioned)[1]
                 if shard.mode == "data":
                     grad = shard.mean(grad)
             return grad.abs() + self.eps
