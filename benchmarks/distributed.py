@@ -5,8 +5,10 @@ GPUs.
 
 Models: the Bayesian MLPs of ``sgmcmc_speed.py``: 8-50-1 on UCI kin8nm (D = 501,
 minibatch 100, Gaussian likelihood) and 784-400-400-10 on MNIST (D = 478,410, minibatch
-128). Kernel: ``SGLD``, independent particles or ``repulsion="rbf"`` (SGLD+R), eager or
-``jit_compile=True``.
+128). Kernels: ``SGLD``, independent particles or ``repulsion="rbf"`` (SGLD+R), eager or
+``jit_compile=True``; ``SGHMC`` with ``repulsion="rbf"`` (SGHMC+R), eager. The repulsive
+samplers run sharded by rows of the kernel matrix (each rank its ``L / R`` rows of the
+drift and of the correlated noise, see ``pyro_ext.infer.sgmcmc.distributed``).
 
 - **strong scaling**: ``L`` fixed, split over ``R`` ranks (``shard="particles"``);
 - **weak scaling**: ``L / R`` particles per rank fixed;
@@ -55,7 +57,7 @@ import torch.multiprocessing as mp  # noqa: E402
 from _common import spread  # noqa: E402
 
 from pyro_ext.datasets import load_mnist, load_uci, standardize_split  # noqa: E402
-from pyro_ext.infer import MCMC, SGLD  # noqa: E402
+from pyro_ext.infer import MCMC, SGHMC, SGLD  # noqa: E402
 from pyro_ext.infer.sgmcmc import distributed  # noqa: E402
 
 RESULTS = REPO / "benchmarks" / "results" / "distributed.md"
@@ -128,7 +130,7 @@ class _CommTimer:
 
 
 def run_config(rank, world_size, config, budget):
-    problem, num_particles, shard, repulsion, jit_compile = config
+    problem, num_particles, shard, repulsion, jit_compile, sampler = config
     hidden, batch, step_size = PROBLEMS[problem]
     if shard == "data":
         batch //= world_size
@@ -145,7 +147,7 @@ def run_config(rank, world_size, config, budget):
         comm.append(timer.seconds)
 
     pyro.set_rng_seed(0)
-    kernel = SGLD(
+    kernel = {"SGLD": SGLD, "SGHMC": SGHMC}[sampler](
         lambda x, y: mlp_model(x, y, hidden, batch, classify),
         step_size=step_size,
         num_particles=num_particles,
@@ -216,43 +218,62 @@ def plan(quick):
     for problem in problems:
         jits = [False] if (quick or problem == "mnist") else [False, True]
         for jit in jits:
-            for repulsion in (None, "rbf"):
+            samplers = [("SGLD", None), ("SGLD", "rbf")] + ([("SGHMC", "rbf")] if not jit else [])
+            for sampler, repulsion in samplers:
                 for world_size in (1, 2):
-                    rows.append(("strong", world_size, (problem, 16, "particles", repulsion, jit)))
+                    config = (problem, 16, "particles", repulsion, jit, sampler)
+                    rows.append(("strong", world_size, config))
                 # The machine's own parallelism: two unrelated single-process runs at once.
-                rows.append(("control", 2, (problem, 32, None, repulsion, jit)))
-                rows.append(("weak", 2, (problem, 32, "particles", repulsion, jit)))
-                rows.append(("data", 2, (problem, 16, "data", repulsion, jit)))
+                rows.append(("control", 2, (problem, 32, None, repulsion, jit, sampler)))
+                rows.append(("weak", 2, (problem, 32, "particles", repulsion, jit, sampler)))
+                rows.append(("data", 2, (problem, 16, "data", repulsion, jit, sampler)))
     return rows
 
 
 def arithmetic_table():
-    """Bytes per step per rank of the collectives, and their time at two link speeds."""
+    """Bytes per step per rank of the collectives, their time at two link speeds, and the
+    repulsive update's arithmetic per rank, replicated (the old sharding) and by rows."""
     links = {"NVLink 4 (450 GB/s)": 450e9, "100 Gb/s Ethernet (12.5 GB/s)": 12.5e9}
     rows = []
     for problem in ("kin8nm", "mnist"):
         d = num_weights(problem)
         for gpus in (8, 64):
             num_particles = 8 * gpus
-            for what, fields, factor in (
-                ("particles, independent", None, None),
-                ("particles, SGLD+R (z, grad)", 2, 1),
-                ("particles, SGHMC+R (z, v, grad)", 3, 1),
-                ("data, L particles (grad all_reduce)", 1, 2),
+            # (what, gathered (L, D) fields, collective factor, L x L products of the update)
+            for what, fields, factor, products in (
+                ("particles, independent", None, None, 0),
+                # squared distances, K (grad - s), chol(K) noise
+                ("particles, SGLD+R (z, grad; rows of sq)", 2, 1, 3),
+                # squared distances, K (grad - s), K v
+                ("particles, SGHMC+R (z, grad, v; rows of sq)", 3, 1, 3),
+                ("data, L particles (grad all_reduce)", 1, 2, 0),
             ):
                 if fields is None:
                     volume = 4.0  # one finiteness flag
                 else:
                     # Ring all_gather moves (R-1)/R of the gathered tensor through each rank;
-                    # ring all_reduce twice that. float32.
-                    volume = factor * (gpus - 1) / gpus * num_particles * d * fields * 4.0
+                    # ring all_reduce twice that. float32. The row-sharded samplers also
+                    # gather the L x L squared distances.
+                    gathered = num_particles * d * fields
+                    if products:
+                        gathered += num_particles**2
+                    volume = factor * (gpus - 1) / gpus * gathered * 4.0
                 times = [f"{1e3 * volume / bandwidth:,.3f}" for bandwidth in links.values()]
-                rows.append(
-                    [TITLES[problem], gpus, num_particles, what, f"{volume / 1e6:,.3f}"] + times
+                # 2 L^2 D flops per L x L x D product; every rank did all of them before
+                flops = 2.0 * products * num_particles**2 * d
+                arithmetic = (
+                    f"{flops / 1e9:,.1f} / {flops / gpus / 1e9:,.2f}" if products else "n/a"
                 )
-    header = ["model", "GPUs R", "L (8 per GPU)", "sharding", "MB per step per rank"] + [
-        f"ms at {name}" for name in links
-    ]
+                rows.append(
+                    [TITLES[problem], gpus, num_particles, what, f"{volume / 1e6:,.3f}"]
+                    + times
+                    + [arithmetic]
+                )
+    header = (
+        ["model", "GPUs R", "L (8 per GPU)", "sharding", "MB per step per rank"]
+        + [f"ms at {name}" for name in links]
+        + ["update GFLOP per rank: replicated / by rows"]
+    )
     return markdown(header, rows)
 
 
@@ -270,9 +291,9 @@ def main():
         if key not in results:
             results[key] = launch(world_size, config, budget)
         step_ms, comm_ms, compile_s = results[key]
-        problem, num_particles, shard, repulsion, jit = config
+        problem, num_particles, shard, repulsion, jit, sampler = config
         per_rank = num_particles // world_size if scaling in ("weak", "control") else num_particles
-        baseline_config = (problem, per_rank, "particles", repulsion, jit)
+        baseline_config = (problem, per_rank, "particles", repulsion, jit, sampler)
         baseline_key = (1, baseline_config)
         if baseline_key not in results:
             results[baseline_key] = launch(1, baseline_config, budget)
@@ -289,7 +310,7 @@ def main():
                 world_size,
                 num_particles,
                 num_particles // world_size if shard != "data" else num_particles,
-                "SGLD+R" if repulsion else "SGLD",
+                sampler + ("+R" if repulsion else ""),
                 "compile" if jit else "eager",
                 spread(step_ms, fmt="{:,.1f}"),
                 f"{ratio:.2f}×",
@@ -321,8 +342,9 @@ def main():
         "sharded run's. Control: two unrelated single-process runs of L / 2 particles at "
         "once, no process group: what this machine's two cores give two processes that "
         "never communicate, the ceiling of the weak-scaling rows. Comm: rank 0's time in "
-        "the collectives per step, waiting for the other rank included (eager only). No "
-        "GPU was available for this run: there are no NCCL rows."
+        "the collectives per step, waiting for the other rank included (eager only). The "
+        "repulsive rows are sharded by rows of the kernel matrix. No GPU was available for "
+        "this run: there are no NCCL rows."
     )
     arithmetic = (
         "## Communication arithmetic for 8 and 64 GPUs\n\n"

@@ -406,3 +406,33 @@ def test_extend_and_draws_device_on_two_ranks_give_the_single_process_draws(tmp_
     assert expected["w"].shape == (NUM_PARTICLES, 15, 3)
     for rank in range(WORLD_SIZE):
         assert_close(results[rank], expected)
+
+
+# -- the row-sharded coupling's algebra, in one process ---------------------------------------
+@pytest.mark.parametrize("bandwidth", [None, 0.7])
+def test_a_ranks_rows_of_the_coupling_are_the_whole_couplings_rows(device, bandwidth):
+    # What each rank computes from its rows (issue 34): the drift, K v / L and the
+    # correlated noise are the single-process coupling's rows, to round-off.
+    from pyro_ext.infer.sgmcmc.distributed import RowCoupling
+    from pyro_ext.infer.sgmcmc.repulsion import RBFKernel
+
+    generator = torch.Generator().manual_seed(0)
+    z, grad, velocity, noise = (
+        torch.randn(8, 5, generator=generator, dtype=torch.float64).to(device) for _ in range(4)
+    )
+    kernel = RBFKernel(bandwidth)
+    whole = kernel.coupling(z)
+    for rows in (slice(0, 4), slice(4, 8)):
+        sq_rows = kernel.squared_distance_rows(z, rows)
+        sq = kernel._squared_distances(z)
+        assert torch.allclose(sq_rows, sq[rows], atol=1e-12)
+        h, a, b = kernel.bandwidth_and_pair(sq)
+        matrix = torch.exp(-sq / h)
+        term = None if bandwidth else kernel.bandwidth_term(matrix[rows], sq_rows, h, a, b, z)
+        part = RowCoupling(
+            matrix, 2.0 / h * z, term, rows, grad, noise, gather=lambda v, rows=rows: velocity
+        )
+        assert torch.allclose(part.drift(grad[rows]), whole.drift(grad)[rows], atol=1e-12)
+        assert torch.allclose(part.repulsion, whole.repulsion[rows], atol=1e-12)
+        assert torch.allclose(part.couple(velocity[rows]), whole.couple(velocity)[rows])
+        assert torch.allclose(part.correlate(noise[rows]), whole.correlate(noise)[rows])

@@ -9,14 +9,16 @@ work over the group's ``R`` ranks in one of two ways (``shard=`` of
 ``"particles"`` (the default under a process group of more than one rank)
     Each rank holds ``L / R`` of the ``L`` particles and evaluates their gradients.
     Independent particles exchange nothing but one finiteness flag per step. The
-    repulsive samplers (thesis eq. 2.7-2.8) need every particle's position and gradient
-    for the kernel matrix ``K``: one ``all_gather`` per step of the ranks' sampler states
-    and gradients (``O(L D)`` numbers; the finiteness flag rides along), after which every
-    rank forms ``K`` and applies the whole update and keeps its own rows. That update is
-    replicated, not sharded: ``O(L^2 D)`` arithmetic and a few passes over ``(L, D)``
-    tensors on every rank, which for a large network at large ``L`` costs as much as the
-    gradients it shares (``benchmarks/results/distributed.md``). The sharded ranks gain
-    memory for the model evaluations and the gradients' time, not the update's.
+    repulsive samplers (thesis eq. 2.7-2.8) with the :class:`~.repulsion.RBFKernel` are
+    sharded by rows of the kernel matrix ``K``: one ``all_gather`` per step of the
+    particles' positions and gradients (``O(L D)`` numbers), then each rank computes only
+    its ``L / R`` rows of the squared distances (``O(L^2 D / R)``), gathers those rows
+    (``L^2`` numbers) to form ``K`` and the median bandwidth, and applies its rows of the
+    drift ``K (grad - s) + rowsum(K) s`` plus the bandwidth term, and of the correlated
+    noise (the ``L x L`` Cholesky factor is replicated, its rows times the noise are not):
+    ``O(L^2 D / R)`` arithmetic per rank (:class:`RowCoupling`). The momentum samplers
+    gather their new velocities once more for ``K v / L``. Other Stein kernels gather the
+    whole state and apply the update on every rank (replicated, ``O(L^2 D)`` each).
 
 ``"data"``
     Every rank holds all ``L`` particles and evaluates them on its share of the
@@ -41,6 +43,7 @@ without exiting is caught by the process group's own ``timeout`` (an argument of
 """
 
 import hashlib
+import math
 import pickle
 
 import torch
@@ -48,6 +51,7 @@ import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 
 from ...ops.validation import check_choice
+from .repulsion import Coupling, RBFKernel, noise_factor, shifted_drift
 
 #: the values ``shard`` takes
 SHARD_MODES = ("auto", "particles", "data", None)
@@ -111,6 +115,65 @@ def _tensor_digest(tensor: torch.Tensor) -> str:
     return hashlib.sha256(data).hexdigest()[:16]
 
 
+class RowCoupling(Coupling):
+    """
+    A rank's rows of the :class:`~.repulsion.Coupling` of a sharded run: what the update
+    functions of :mod:`~.updates` read (:meth:`drift`, :meth:`couple`, :meth:`correlate`)
+    for this rank's ``n = L / R`` particles, each ``O(n L D)``.
+
+    :ivar matrix: the whole ``(L, L)`` kernel matrix (``O(L^2)``, for the Cholesky factor).
+    :ivar rows: this rank's rows, a ``slice``.
+    :ivar shift: ``s = 2 z / h`` of every particle, ``(L, D)``.
+    :ivar bandwidth_term: this rank's rows of the bandwidth term ``(n, D)``, or ``None``.
+    :ivar every_grad: every particle's gradient ``(L, D)``.
+    :ivar every_noise: the whole run's standard normal noise ``(L, D)``: the correlated
+        noise of a row mixes every particle's.
+    :ivar gather: the collective that gathers the ranks' rows (for :meth:`couple`).
+    """
+
+    __slots__ = ("rows", "every_grad", "every_noise", "gather")
+
+    def __init__(
+        self, matrix, shift, bandwidth_term, rows, every_grad, every_noise, gather, tries=6
+    ):
+        super().__init__(matrix, cholesky_tries=tries, shift=shift, bandwidth_term=bandwidth_term)
+        self.rows, self.every_grad, self.every_noise, self.gather = (
+            rows,
+            every_grad,
+            every_noise,
+            gather,
+        )
+
+    @property
+    def repulsion(self) -> torch.Tensor:
+        matrix = self.matrix[self.rows]
+        repulsion = matrix.sum(-1, keepdim=True) * self.shift[self.rows] - matrix @ self.shift
+        if self.bandwidth_term is not None:
+            repulsion = repulsion + self.bandwidth_term
+        return repulsion
+
+    def drift(self, grad: torch.Tensor) -> torch.Tensor:
+        """This rank's rows of the drift, from every particle's gradient (``grad`` holds
+        this rank's rows, the same values)."""
+        rows, shift = self.rows, self.shift
+        return shifted_drift(
+            self.matrix[rows], shift[rows], shift, self.every_grad, self.bandwidth_term
+        )
+
+    def couple(self, velocity: torch.Tensor) -> torch.Tensor:
+        """This rank's rows of ``K v / L``: the ranks' velocities ``(n, D)`` gathered."""
+        return self.matrix[self.rows] @ self.gather(velocity) / self.matrix.shape[0]
+
+    def correlate(self, noise: torch.Tensor) -> torch.Tensor:
+        """This rank's rows of the correlated noise ``chol(K) eta / sqrt(L)`` (``noise``
+        holds this rank's rows of ``eta``; the row mixes every particle's)."""
+        factor = noise_factor(self.matrix, self.cholesky_tries)
+        return factor[self.rows] @ self.every_noise / math.sqrt(self.matrix.shape[0])
+
+    def _replace(self, **changes):
+        raise TypeError("a RowCoupling is built per step by Shard.row_coupling; not replaced")
+
+
 class Shard:
     """
     This process's share of a sharded SG-MCMC run, and the collectives that join the shares.
@@ -159,6 +222,39 @@ class Shard:
         """Whether a 0-dim boolean ``flag`` holds on every rank."""
         counts = funcol.all_reduce(flag.to(torch.int32).reshape(1), "sum", self.group)
         return funcol.wait_tensor(counts)[0] == self.world_size
+
+    def shards_rows(self, repulsion) -> bool:
+        """Whether a coupled update runs on this rank's rows of the kernel matrix
+        (:class:`RowCoupling`): particle sharding with the RBF kernel."""
+        return self.mode == "particles" and isinstance(repulsion, RBFKernel)
+
+    def row_coupling(self, kernel, z, grad, noise, bandwidth_gradient=True, tries=None):
+        """
+        This rank's :class:`RowCoupling` at its particles ``z`` and gradients ``grad``
+        ``(n, D)``: one ``all_gather`` of positions and gradients, this rank's rows of the
+        squared distances, one ``all_gather`` of those rows (``L^2`` numbers) for the
+        median bandwidth and the Cholesky factor. ``noise`` is the whole run's ``(L, D)``.
+        """
+        width = z.shape[-1]
+        every = self.gather(torch.cat([z, grad], dim=1))
+        every_z, every_grad = every[:, :width], every[:, width:]
+        sq_rows = kernel.squared_distance_rows(every_z, self.rows)
+        sq = self.gather(sq_rows)
+        h, a, b = kernel.bandwidth_and_pair(sq.detach())
+        matrix = torch.exp(-sq / h)
+        bandwidth_term = None
+        if kernel.bandwidth is None and bandwidth_gradient:
+            bandwidth_term = kernel.bandwidth_term(matrix[self.rows], sq_rows, h, a, b, every_z)
+        return RowCoupling(
+            matrix,
+            (2.0 / h) * every_z,
+            bandwidth_term,
+            self.rows,
+            every_grad,
+            noise,
+            self.gather,
+            6 if tries is None else tries,
+        )
 
     def gather_state(self, state, grad, log_density):
         """The whole run's sampler state, gradients and log densities from the ranks' rows,

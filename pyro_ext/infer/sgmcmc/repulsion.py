@@ -63,6 +63,22 @@ class Coupling:
                 self._repulsion = self._repulsion + self.bandwidth_term
         return self._repulsion
 
+    def drift(self, grad: torch.Tensor) -> torch.Tensor:
+        """The drift ``(K grad + repulsion) / L`` of eq. (2.5) at the gradients ``grad``
+        ``(L, D)`` of the particles."""
+        if self.shift is not None:
+            shift = self.shift
+            return shifted_drift(self.matrix, shift, shift, grad, self.bandwidth_term)
+        return (self.matrix @ grad + self.repulsion) / grad.shape[0]
+
+    def couple(self, velocity: torch.Tensor) -> torch.Tensor:
+        """``K velocity / L``: the momentum samplers' coupled position update."""
+        return self.matrix @ velocity / velocity.shape[0]
+
+    def correlate(self, noise: torch.Tensor) -> torch.Tensor:
+        """Standard normal ``noise`` ``(L, D)`` mapped to ``N(0, K (x) I_D / L)``."""
+        return coupled_noise(self, noise)
+
     def _replace(self, **changes):
         """A copy with some fields changed, as a ``NamedTuple``'s ``_replace``."""
         fields = {
@@ -80,6 +96,22 @@ class Coupling:
             fields["bandwidth_term"] = None  # part of that repulsion
         fields.update(changes)
         return Coupling(**fields)
+
+
+def shifted_drift(matrix, shift_rows, shift, grad, bandwidth_term=None):
+    """
+    Rows of the drift ``(K (grad - s) + rowsum(K) s + bandwidth term) / L`` from those rows
+    of the kernel matrix ``matrix`` ``(n, L)``, of the shift ``shift_rows`` ``(n, D)`` and of
+    the bandwidth term, and every particle's ``shift`` and ``grad`` ``(L, D)``: one product
+    by ``K`` (see :attr:`Coupling.shift`); the ``1 / L`` scales the small factors, and addmm
+    adds in place of a separate pass.
+    """
+    num_particles = grad.shape[0]
+    scaled = matrix / num_particles
+    offset = scaled.sum(-1, keepdim=True) * shift_rows
+    if bandwidth_term is not None:
+        offset = offset + bandwidth_term / num_particles
+    return torch.addmm(offset, scaled, grad - shift)
 
 
 class RBFKernel(SteinKernel):
@@ -127,6 +159,44 @@ class RBFKernel(SteinKernel):
         eye = torch.eye(sq.shape[-1], dtype=torch.bool, device=sq.device)
         return sq.masked_fill(eye, 0.0)
 
+    def squared_distance_rows(self, z: torch.Tensor, rows: slice) -> torch.Tensor:
+        """Rows ``rows`` of the squared distances of :meth:`_squared_distances`, ``(|rows|,
+        L)``, in ``O(|rows| L D)``: a rank's share of the kernel matrix (the rest of the
+        whole matrix is ``O(L^2)`` once the ranks' rows are gathered)."""
+        sq_norms = torch.linalg.vector_norm(z, dim=-1).square()
+        block = z[rows]
+        sq = (sq_norms[rows].unsqueeze(-1) + sq_norms.unsqueeze(-2) - 2.0 * block @ z.T).clamp_min(
+            0.0
+        )
+        own = torch.arange(rows.start, rows.stop, device=z.device)
+        diagonal = own.unsqueeze(-1) == torch.arange(z.shape[0], device=z.device)
+        return sq.masked_fill(diagonal, 0.0)
+
+    def bandwidth_and_pair(self, sq: torch.Tensor):
+        """The bandwidth ``h`` at squared distances ``sq`` ``(L, L)`` and, for the median
+        heuristic, the pair ``(a, b)`` whose distance it is (``None, None`` for a fixed
+        bandwidth)."""
+        if self.bandwidth is not None:
+            return self._bandwidth(sq), None, None
+        return self._median_pair(sq)
+
+    def bandwidth_term(self, matrix_rows, sq_rows, h, a, b, z) -> torch.Tensor:
+        """
+        Rows of the repulsion's bandwidth term ``sum_j dK_ij/dh grad_{z_j} h`` (see
+        :meth:`coupling`) from the same rows of the kernel matrix and squared distances
+        ``(n, L)``, the median pair ``(a, b)`` and all the particles ``z`` ``(L, D)``.
+        """
+        # dK_ij/dh = K_ij |z_i - z_j|^2 / h^2, and only z_a and z_b move h, in opposite
+        # directions, so the term is rank one. (Where h fell back to 1, z_a = z_b and the
+        # direction below vanishes, as it should: h is constant there.) index_select with
+        # the pair as a tensor reads nothing on the host, so the step traces.
+        pair = torch.stack([a, b])  # (2,)
+        weight = (matrix_rows * sq_rows / h.square()).index_select(1, pair)  # (n, 2)
+        moved = weight[:, :1] - weight[:, 1:]
+        ends = z.index_select(0, pair)
+        direction = (2.0 / math.log(z.shape[0] + 1)) * (ends[:1] - ends[1:])  # (1, D)
+        return moved * direction
+
     def _median_pair(self, sq):
         """The median heuristic's bandwidth and the pair ``(a, b)`` whose distance it is."""
         num_particles = sq.shape[0]
@@ -165,23 +235,10 @@ class RBFKernel(SteinKernel):
         """
         sq = self._squared_distances(z)
         bandwidth_term = None
-        if self.bandwidth is not None:
-            h = self._bandwidth(sq.detach())
-        else:
-            h, a, b = self._median_pair(sq.detach())
+        h, a, b = self.bandwidth_and_pair(sq.detach())
         matrix = torch.exp(-sq / h)
         if self.bandwidth is None and bandwidth_gradient:
-            # sum_j dK_ij/dh grad_{z_j} h with dK_ij/dh = K_ij |z_i - z_j|^2 / h^2: only z_a
-            # and z_b move h, in opposite directions, so the term is rank one. (Where h fell
-            # back to 1, z_a = z_b and the direction below vanishes, as it should: h is
-            # constant there.) index_select with the pair as a tensor reads nothing on the
-            # host, so the step traces.
-            pair = torch.stack([a, b])  # (2,)
-            weight = (matrix * sq / h.square()).index_select(1, pair)  # (L, 2)
-            moved = weight[:, :1] - weight[:, 1:]
-            ends = z.index_select(0, pair)
-            direction = (2.0 / math.log(z.shape[0] + 1)) * (ends[:1] - ends[1:])  # (1, D)
-            bandwidth_term = moved * direction
+            bandwidth_term = self.bandwidth_term(matrix, sq, h, a, b, z)
         # sum_j k_ij (2/h)(z_i - z_j) = rowsum(K) s - K s with s = 2 z / h, without forming
         # the (L, L, D) differences; read (and computed) only when asked for.
         return Coupling(matrix, shift=(2.0 / h) * z, bandwidth_term=bandwidth_term)
@@ -217,27 +274,34 @@ def stein_coupling(
     return Coupling(matrix, repulsion)
 
 
+def noise_factor(matrix: torch.Tensor, cholesky_tries: int = 6) -> torch.Tensor:
+    """
+    The lower Cholesky factor of the kernel matrix ``K`` ``(L, L)`` plus the smallest
+    jitter that factorises, of ``cholesky_tries`` (each ten times the last); NaN where a
+    traced factorisation (one try) failed, or the particles overflowed, so that the update
+    turns non-finite and the kernel reports a divergence at this step.
+    """
+    num_particles = matrix.shape[0]
+    eye = torch.eye(num_particles, dtype=matrix.dtype, device=matrix.device)
+    # The RBF Gram matrix is positive semi-definite but often numerically singular.
+    jitter = 1e-6 if matrix.dtype == torch.float64 else 1e-4
+    for _ in range(cholesky_tries):
+        chol, info = torch.linalg.cholesky_ex(matrix + jitter * eye)
+        if cholesky_tries == 1:
+            # Traced: no branch on the result; a failure turns the update non-finite.
+            return torch.where(info == 0, chol, math.nan)
+        if not info.any():
+            return chol
+        jitter *= 10.0
+    if not torch.isfinite(matrix).all():
+        return torch.full_like(matrix, math.nan)
+    raise RuntimeError("the particle kernel matrix is not positive semi-definite")
+
+
 def coupled_noise(coupling: Coupling, noise: torch.Tensor) -> torch.Tensor:
     """
     Map standard normal ``noise`` ``(L, D)`` to ``N(0, K (x) I_D / L)``, the noise
     covariance of eq. (2.7) up to the factor ``2 eps``.
     """
-    matrix = coupling.matrix
-    num_particles = matrix.shape[0]
-    eye = torch.eye(num_particles, dtype=matrix.dtype, device=matrix.device)
-    # The RBF Gram matrix is positive semi-definite but often numerically singular.
-    jitter = 1e-6 if matrix.dtype == torch.float64 else 1e-4
-    for _ in range(coupling.cholesky_tries):
-        chol, info = torch.linalg.cholesky_ex(matrix + jitter * eye)
-        coupled = chol @ noise / math.sqrt(num_particles)
-        if coupling.cholesky_tries == 1:
-            # Traced: no branch on the result; a failure turns the update non-finite.
-            return torch.where(info == 0, coupled, math.nan)
-        if not info.any():
-            return coupled
-        jitter *= 10.0
-    if not torch.isfinite(matrix).all():
-        # Overflowing particles: let the update turn non-finite, so that the kernel
-        # reports a divergence at this step rather than a linear-algebra error.
-        return torch.full_like(noise, math.nan)
-    raise RuntimeError("the particle kernel matrix is not positive semi-definite")
+    chol = noise_factor(coupling.matrix, coupling.cholesky_tries)
+    return chol @ noise / math.sqrt(coupling.matrix.shape[0])

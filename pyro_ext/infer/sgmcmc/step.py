@@ -60,6 +60,13 @@ def transition(
     non-finite gradient makes the new particles non-finite too).
     """
     coupled = repulsion is not None
+    if coupled and shard is not None and shard.shards_rows(repulsion):
+        # This rank's rows of the kernel matrix, drift and noise (see RowCoupling): the
+        # update runs on this rank's particles only.
+        coupling = shard.row_coupling(repulsion, state.z, grad, noise, bandwidth_gradient, tries)
+        new_state = update(state, grad, step_size, shard.local(noise), coupling)
+        ok = shard.all_true(torch.isfinite(log_density.sum() + new_state.z.sum()))
+        return new_state, StepInfo(log_density, grad, ok)
     if shard is not None:
         state, grad, log_density, noise = shard.enter(state, grad, log_density, noise, coupled)
     coupling = None

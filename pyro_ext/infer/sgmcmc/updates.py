@@ -27,7 +27,7 @@ from typing import NamedTuple
 import torch
 
 from ...ops.validation import check_choice
-from .repulsion import Coupling, coupled_noise
+from .repulsion import Coupling
 
 
 def _sqrt(value):
@@ -37,25 +37,12 @@ def _sqrt(value):
 
 def drift(grad: torch.Tensor, coupling: Coupling | None) -> torch.Tensor:
     """The drift ``D_K grad + Gamma_K`` of eq. (2.5); ``grad`` itself without coupling."""
-    if coupling is None:
-        return grad
-    if coupling.shift is not None:
-        # (K (grad - s) + rowsum(K) s + bandwidth term) / L, with one product by K (see
-        # Coupling.shift); the 1 / L scales the small factors, and addmm adds in place of a
-        # separate pass.
-        num_particles = grad.shape[0]
-        shift, scaled = coupling.shift, coupling.matrix / num_particles
-        offset = scaled.sum(-1, keepdim=True) * shift
-        if coupling.bandwidth_term is not None:
-            offset = offset + coupling.bandwidth_term / num_particles
-        return torch.addmm(offset, scaled, grad - shift)
-    return (coupling.matrix @ grad + coupling.repulsion) / grad.shape[0]
+    # The coupling computes it: a sharded run's coupling holds only its rank's rows.
+    return grad if coupling is None else coupling.drift(grad)
 
 
 def _couple(velocity: torch.Tensor, coupling: Coupling | None) -> torch.Tensor:
-    if coupling is None:
-        return velocity
-    return coupling.matrix @ velocity / velocity.shape[0]
+    return velocity if coupling is None else coupling.couple(velocity)
 
 
 class PositionState(NamedTuple):
@@ -76,7 +63,7 @@ def sgld_update(z, grad, step_size, noise, coupling=None, temperature=1.0):
     if temperature == 0:
         return new_z
     if coupling is not None:
-        noise = coupled_noise(coupling, noise)
+        noise = coupling.correlate(noise)
     return new_z + _sqrt(2.0 * step_size * temperature) * noise
 
 
