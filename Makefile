@@ -7,7 +7,7 @@ PIP := $(PY) -m pip install --disable-pip-version-check -q -c constraints.txt
 SHARED_DATA := $(abspath ../shared/data)
 export PYRO_EXT_DATA ?= $(if $(wildcard $(SHARED_DATA)),$(SHARED_DATA),)
 
-.PHONY: demo test test-integration test-all test-slow bench lint format docs clean
+.PHONY: demo test test-integration test-all test-slow bench gpu-check lint format docs clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -70,6 +70,14 @@ test-all: test test-integration
 
 test-slow: $(VENV)/.installed-test
 	$(PY) -m pytest -n 2 -q -m slow; rc=$$?; if [ $$rc -eq 5 ]; then exit 0; fi; exit $$rc
+
+# The CUDA check (README, "Running on CUDA"): the device-fixture tests on CUDA and the
+# benchmarks' CUDA rows in at most 8 minutes, written to benchmarks/results/cuda.md; it stops
+# at the first broken capability. It runs with the Python that has CUDA torch (GPU_PYTHON),
+# not the CPU venv, and installs nothing.
+GPU_PYTHON ?= $(PYTHON)
+gpu-check:
+	$(GPU_PYTHON) benchmarks/gpu_check.py --device cuda
 
 bench: $(VENV)/.installed
 	for script in benchmarks/[!_]*.py; do $(PY) $$script || exit 1; done

@@ -19,7 +19,7 @@ Each configuration is launched as ``R`` processes (``torch.multiprocessing``, sp
 gloo process group; ``R = 1`` is the plain single-process kernel (no process group), the
 baseline of the ratios. Per-step times are read by rank 0 from ``MCMC``'s ``hook_fn``
 after warm-up steps (which hold the compilation): median / mean / p90 / max in ms.
-"comm" is the time rank 0 spends in the kernel's collectives per step (eager runs only: a
+"comm" is the time rank 0 spends blocked in the kernel's collectives per step (eager runs only: a
 compiled step has them inside its graph), measured by wrapping
 :class:`~pyro_ext.infer.sgmcmc.distributed.Shard`'s collectives; it includes waiting for
 the slower rank. This machine has two cores, so ``R = 2`` is the most it can show.
@@ -117,7 +117,8 @@ class _CommTimer:
         self.seconds = 0.0
 
     def install(self):
-        for name in ("gather", "mean", "all_true"):
+        # Time blocked in collectives: a started gather is waited for in ``wait``.
+        for name in ("wait", "mean", "all_true"):
             original = getattr(distributed.Shard, name)
 
             def timed(shard, tensor, _original=original):

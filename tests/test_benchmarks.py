@@ -11,7 +11,13 @@ import pytest
 # End-to-end runs: `make test-integration` (CI runs it after `make test`).
 pytestmark = pytest.mark.integration
 
-BENCHMARKS = sorted((Path(__file__).resolve().parents[1] / "benchmarks").glob("[!_]*.py"))
+# gpu_check.py's smoke mode has its own end-to-end test, with its stages' checks
+# (tests/test_gpu_check.py): it runs once.
+BENCHMARKS = sorted(
+    path
+    for path in (Path(__file__).resolve().parents[1] / "benchmarks").glob("[!_]*.py")
+    if path.stem != "gpu_check"
+)
 
 
 def check_online_bandits(text):

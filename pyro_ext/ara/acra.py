@@ -22,9 +22,19 @@ from pyro.distributions import TorchDistribution
 from pyro.infer.importance import vectorized_importance_weights
 from torch.distributions import constraints
 
-from ..ops.validation import check_choice, check_int, check_real
+from ..ops.validation import check_choice, check_int, check_real, check_real_tensor
 from .naive_bayes import BernoulliNaiveBayes, check_binary
-from .words import attack_candidates, check_budget, originating_instances
+from .words import (
+    _EXACT_COUNT_TERMS,
+    MAX_ENUMERATION,
+    _attack_candidates,
+    _check_candidates,
+    check_budget,
+    check_enumeration,
+    check_max_enumeration,
+    count_subsets,
+    originating_instances,
+)
 
 __all__ = [
     "ACRA",
@@ -33,6 +43,7 @@ __all__ = [
     "attack_mc_probs",
     "attack_prob_bounds",
     "beta_concentrations",
+    "count_acra_candidates",
 ]
 
 METHODS = ("bounded", "exact", "mc", "sequential", "importance")
@@ -161,13 +172,66 @@ def _log_argmin_probs(chosen, alpha, beta, logit, row, num_rows):
 
 def _candidate_sets(originals, n, insert):
     """Flat attack candidates of every original row, with the row index of each."""
-    sets = [attack_candidates(x, n, insert) for x in originals]
+    sets = [_attack_candidates(x, n, insert) for x in originals]
     sizes = torch.tensor([c.shape[0] for c in sets], device=originals.device)
     row = torch.repeat_interleave(torch.arange(len(sets), device=originals.device), sizes)
     return torch.cat(sets), row, sizes
 
 
-def attack_log_probs(x_prime, originals, logit_fn, n, var, insert=True):
+def count_acra_candidates(num_present, num_absent, n, limit=None):
+    """
+    The attack candidates that ACRA scores for one observed row with ``num_present`` words
+    present and ``num_absent`` absent: for each originating instance (``k <= n`` present
+    words deleted, :math:`\\binom{num\\_present}{k}` of them) every instance an ``n``-word
+    insertion reaches from it, :math:`\\sum_{k \\le n} \\binom{p}{k} \\sum_{j \\le n}
+    \\binom{a + k}{j}`. It bounds the work of every method of :class:`ACRA` (``"bounded"``
+    tables and pairs are smaller; ``"mc"`` draws ``num_mc`` Beta variables per candidate).
+    Counting stops once the sum exceeds ``limit``.
+    """
+    total = 0
+    for k in range(min(n, num_present) + 1):
+        total += math.comb(num_present, k) * count_subsets(num_absent + k, n, limit)
+        if limit is not None and total > limit:
+            break
+    return total
+
+
+def _float_rows(x):
+    """0/1 rows of an integer or bool dtype as floating point (the quadrature writes
+    ``-inf`` log-probabilities, and means, into tensors of the rows' dtype)."""
+    return x if x.is_floating_point() else x.to(torch.get_default_dtype())
+
+
+def _check_rows(x, name, dims):
+    check_binary(x, name)
+    if x.dim() != dims:
+        shape = "a single row of shape (D,)" if dims == 1 else "shape (N, D)"
+        raise ValueError(f"{name} must be {shape}, got {tuple(x.shape)}")
+    return _float_rows(x)
+
+
+def _check_attack_arguments(x_prime, originals, logit_fn, n, var, insert, max_enumeration):
+    """The checks of the public quadrature and Monte Carlo functions, before any work."""
+    x_prime = _check_rows(x_prime, "x_prime", 1)
+    originals = _check_rows(originals, "originals", 2)
+    if originals.shape[-1] != x_prime.shape[-1]:
+        raise ValueError(
+            f"originals must have the {x_prime.shape[-1]} features of x_prime, got "
+            f"{originals.shape[-1]}"
+        )
+    if not callable(logit_fn):
+        raise TypeError(
+            f"logit_fn must be a callable (M, D) -> (M,), got {type(logit_fn).__name__}"
+        )
+    n = check_budget(n, x_prime.shape[-1])
+    var = check_var(var)
+    _check_candidates(originals, n, insert, check_max_enumeration(max_enumeration), "originals")
+    return x_prime, originals.to(x_prime.dtype), n, var
+
+
+def attack_log_probs(
+    x_prime, originals, logit_fn, n, var, insert=True, *, max_enumeration=MAX_ENUMERATION
+):
     """
     Exact :math:`\\log p_C(x' \\mid x, y_1)` (the limit of eq. 3.12) for one observed
     ``x_prime`` and each row ``x`` of ``originals``, by quadrature.
@@ -175,15 +239,50 @@ def attack_log_probs(x_prime, originals, logit_fn, n, var, insert=True):
     :param torch.Tensor x_prime: Observed row ``(D,)``.
     :param torch.Tensor originals: Candidate originating rows ``(B, D)``.
     :param callable logit_fn: Maps ``(M, D)`` rows to the log-odds of :math:`r(z)`.
-    :returns: Tensor ``(B,)``, dtype and device of ``originals``; ``-inf`` where ``x_prime``
-        is not reachable from ``x``.
+    :param int max_enumeration: Most candidates one row of ``originals`` may have (see
+        :func:`~pyro_ext.ara.words.attack_candidates`), checked before any is built.
+    :returns: Tensor ``(B,)``, dtype (floating point) and device of ``originals``; ``-inf``
+        where ``x_prime`` is not reachable from ``x``.
     """
+    x_prime, originals, n, var = _check_attack_arguments(
+        x_prime, originals, logit_fn, n, var, insert, max_enumeration
+    )
+    return _attack_log_probs(x_prime, originals, logit_fn, n, var, insert)
+
+
+def _check_logits(logit, what="logit_fn"):
+    """Log-odds as a float64 tensor without NaN (a NaN Beta mean makes every probability
+    NaN), checked once per vectorised call."""
+    try:
+        logit = torch.as_tensor(logit)
+    except (TypeError, ValueError, RuntimeError):
+        raise TypeError(
+            f"{what} must return a tensor of log-odds, got {type(logit).__name__}"
+        ) from None
+    logit = logit.double()
+    nan = torch.isnan(logit)
+    if nan.any():
+        raise ValueError(
+            f"{what} returned NaN log-odds (first at candidate row "
+            f"{int(nan.reshape(-1).nonzero()[0, 0])}); the attacker model needs numbers"
+        )
+    return logit
+
+
+def _attack_log_probs(x_prime, originals, logit_fn, n, var, insert=True, what="logit_fn"):
+    """:func:`attack_log_probs` without the checks; ``what`` names ``logit_fn`` in errors."""
     unique, inverse = torch.unique(originals, dim=0, return_inverse=True)
     candidates, row, _ = _candidate_sets(unique, n, insert)
     is_star = (candidates == x_prime).all(-1)
-    logit = torch.as_tensor(logit_fn(candidates)).double().clamp(*LOGIT_RANGE)
+    logit = _check_logits(logit_fn(candidates), what)
+    if logit.shape != (candidates.shape[0],):
+        raise ValueError(
+            f"{what} must return one log-odds per row, shape ({candidates.shape[0]},), "
+            f"got {tuple(logit.shape)}"
+        )
+    logit = logit.clamp(*LOGIT_RANGE)
     alpha, beta = beta_concentrations(logit, var)
-    chosen = beta_concentrations(torch.as_tensor(logit_fn(x_prime.unsqueeze(0))), var)
+    chosen = beta_concentrations(_check_logits(logit_fn(x_prime.unsqueeze(0)), what), var)
     others = _numpy(~is_star)
     result = _log_argmin_probs(
         (_numpy(chosen[0])[0], _numpy(chosen[1])[0]),
@@ -277,6 +376,7 @@ class _AttackBounds:
         added, self.sizes = _subset_table(zeros.size, n)[1:]
         # The chosen candidate's log-odds as attack_log_probs computes them.
         logit_star = torch.as_tensor(logit_fn(x_prime.unsqueeze(0)))
+        _check_logits(logit_star)
         eps = torch.finfo(logit_star.dtype).eps if logit_star.is_floating_point() else 0.0
         logit_star = float(logit_star[0])
         if weights is not None:
@@ -318,6 +418,7 @@ class _AttackBounds:
         for start in range(0, len(deleted), chunk):
             z = x_prime - minus[start : start + chunk, None, :-1] + plus[None, :, :-1]
             logits = torch.as_tensor(logit_fn(z.reshape(-1, num_features)))
+            _check_logits(logits)
             rows.append(_numpy(logits).astype(np.float64).reshape(-1, len(added)))
         return np.concatenate(rows)
 
@@ -397,7 +498,16 @@ def _logsumexp(x):
     return np.log(np.exp(x - top).sum(-1)) + top[..., 0]
 
 
-def attack_prob_bounds(x_prime, logit_fn, n, var, step=BOUND_STEPS[0], weights=None):
+def attack_prob_bounds(
+    x_prime,
+    logit_fn,
+    n,
+    var,
+    step=BOUND_STEPS[0],
+    weights=None,
+    *,
+    max_enumeration=MAX_ENUMERATION,
+):
     """
     Guaranteed bounds on :func:`attack_log_probs` ``(x_prime, originating_instances(x_prime,
     n), ...)``, the quadrature value of :math:`p_C(x' \\mid x, y_1)` for every ``x`` that an
@@ -419,27 +529,69 @@ def attack_prob_bounds(x_prime, logit_fn, n, var, step=BOUND_STEPS[0], weights=N
     :param torch.Tensor weights: Optional ``(D,)``: the change of the log-odds when a word is
         added, for a classifier whose log-odds are affine in the words (naive Bayes); the
         competitors' log-odds then come without calling ``logit_fn`` on each of them.
+    :param int max_enumeration: Most candidates allowed, counted as by
+        :func:`count_acra_candidates` (which bounds the tables built here).
     :returns: ``(lower, upper)``, float64 tensors ``(M,)`` on the device of ``x_prime``.
     """
-    check_binary(x_prime)
-    if x_prime.dim() != 1:
-        raise ValueError(f"x_prime must be a single row of shape (D,), got {tuple(x_prime.shape)}")
+    x_prime = _check_rows(x_prime, "x_prime", 1)
     n = check_budget(n, x_prime.shape[-1])
     var = check_var(var)
     step = check_real(step, "step", 0, low_open=True)
+    if not callable(logit_fn):
+        raise TypeError(
+            f"logit_fn must be a callable (M, D) -> (M,), got {type(logit_fn).__name__}"
+        )
+    if weights is not None:
+        weights = check_real_tensor(weights, "weights")
+        if weights.shape != x_prime.shape:
+            raise ValueError(
+                f"weights must have shape {tuple(x_prime.shape)} (one per word), got "
+                f"{tuple(weights.shape)}"
+            )
+        if not torch.isfinite(weights).all():
+            raise ValueError("weights must be finite")
+    present = int(x_prime.sum())
+    max_enumeration = check_max_enumeration(max_enumeration)
+    count = count_acra_candidates(present, x_prime.shape[-1] - present, n, max_enumeration)
+    check_enumeration(
+        count, max_enumeration, f"attack_prob_bounds with n={n} on x_prime", "lower n"
+    )
     bounds = _AttackBounds(x_prime, logit_fn, n, var, weights).at(step)
     return tuple(torch.as_tensor(b, device=x_prime.device) for b in bounds)
 
 
-def attack_mc_probs(x_prime, originals, logit_fn, n, var, num_samples, insert=True):
+def attack_mc_probs(
+    x_prime,
+    originals,
+    logit_fn,
+    n,
+    var,
+    num_samples,
+    insert=True,
+    *,
+    max_enumeration=MAX_ENUMERATION,
+):
     """
     The Monte Carlo estimate (3.12) of :math:`p_C(x' \\mid x, y_1)`: the share of ``num_samples``
     draws of :math:`(P^A_z)_z` whose argmin is ``x_prime``, and its standard error.
 
-    :returns: ``(estimate, stderr)``, tensors ``(B,)`` like ``originals``.
+    :param int max_enumeration: As for :func:`attack_log_probs`; the draws number
+        ``num_samples`` per candidate.
+    :returns: ``(estimate, stderr)``, tensors ``(B,)`` like ``originals`` (floating point).
     """
+    x_prime, originals, n, var = _check_attack_arguments(
+        x_prime, originals, logit_fn, n, var, insert, max_enumeration
+    )
+    num_samples = check_int(num_samples, "num_samples", low=1)
+    return _attack_mc_probs(x_prime, originals, logit_fn, n, var, num_samples, insert)
+
+
+def _attack_mc_probs(
+    x_prime, originals, logit_fn, n, var, num_samples, insert=True, what="logit_fn"
+):
+    """:func:`attack_mc_probs` without the checks; ``what`` names ``logit_fn`` in errors."""
     candidates, row, sizes = _candidate_sets(originals, n, insert)
-    alpha, beta = beta_concentrations(torch.as_tensor(logit_fn(candidates)), var)
+    alpha, beta = beta_concentrations(_check_logits(logit_fn(candidates), what), var)
     is_star = (candidates == x_prime).all(-1)
     # Pad each row's candidates to a rectangle; padded P's are +inf and never the argmin.
     width = int(sizes.max())
@@ -483,6 +635,9 @@ class RandomWordInsertionAttack(TorchDistribution):
     :param callable predict_logit: Alternative to ``predict_proba`` returning log-odds, which
         keeps precision where :math:`r(z)` rounds to 0 or 1.
     :param bool insert: Word insertion (``True``) or deletion (``False``).
+    :param int max_enumeration: Most candidates one row of ``x`` may have (default
+        :data:`~pyro_ext.ara.words.MAX_ENUMERATION`): every method enumerates them, so a
+        larger count is refused here, before any work.
     """
 
     arg_constraints = {}
@@ -497,18 +652,32 @@ class RandomWordInsertionAttack(TorchDistribution):
         *,
         predict_logit=None,
         insert=True,
+        max_enumeration=MAX_ENUMERATION,
         validate_args=None,
     ):
         check_binary(x)
         if x.dim() < 1:
             raise ValueError("x must have a feature dimension")
-        check_budget(n, x.shape[-1])
-        check_var(var)
+        n = check_budget(n, x.shape[-1])
+        var = check_var(var)
         if (predict_proba is None) == (predict_logit is None):
             raise ValueError("give exactly one of predict_proba and predict_logit")
+        for name, fn in (("predict_proba", predict_proba), ("predict_logit", predict_logit)):
+            if fn is not None and not callable(fn):
+                raise TypeError(
+                    f"{name} must be a callable (M, D) -> (M,), got {type(fn).__name__}"
+                )
+        if not isinstance(insert, bool):
+            raise TypeError(f"insert must be a bool, got {type(insert).__name__}")
+        self.max_enumeration = check_max_enumeration(max_enumeration)
+        _check_candidates(x, n, insert, self.max_enumeration)
         self.x, self.n, self.var, self.insert = x, n, var, insert
         self.predict_proba, self.predict_logit = predict_proba, predict_logit
         super().__init__(x.shape[:-1], x.shape[-1:], validate_args=validate_args)
+
+    @property
+    def _logit_name(self):
+        return "predict_logit" if self.predict_logit is not None else "predict_proba"
 
     def _logit(self, z):
         if self.predict_logit is not None:
@@ -524,14 +693,16 @@ class RandomWordInsertionAttack(TorchDistribution):
             self.var,
             predict_logit=self.predict_logit,
             insert=self.insert,
+            max_enumeration=self.max_enumeration,
             validate_args=self._validate_args if _instance is None else None,
         )
 
     def sample(self, sample_shape=torch.Size()):
         rows = []
         for x in self.x.reshape(-1, self.x.shape[-1]):
-            candidates = attack_candidates(x, self.n, self.insert)
-            alpha, beta = beta_concentrations(self._logit(candidates), self.var)
+            candidates = _attack_candidates(x, self.n, self.insert)
+            logit = _check_logits(self._logit(candidates), self._logit_name)
+            alpha, beta = beta_concentrations(logit, self.var)
             rows.append(candidates[dist.Beta(alpha, beta).sample(sample_shape).argmin(-1)])
         return torch.stack(rows, -2).reshape(self._extended_shape(sample_shape))
 
@@ -555,7 +726,9 @@ class RandomWordInsertionAttack(TorchDistribution):
         (log_prob,) = self._per_observation(
             value,
             lambda x_prime, x: (
-                attack_log_probs(x_prime, x, self._logit, self.n, self.var, self.insert),
+                _attack_log_probs(
+                    x_prime, x, self._logit, self.n, self.var, self.insert, self._logit_name
+                ),
             ),
             1,
         )
@@ -572,8 +745,15 @@ class RandomWordInsertionAttack(TorchDistribution):
         return tuple(
             self._per_observation(
                 x_prime,
-                lambda v, x: attack_mc_probs(
-                    v, x, self._logit, self.n, self.var, num_samples, self.insert
+                lambda v, x: _attack_mc_probs(
+                    v,
+                    x,
+                    self._logit,
+                    self.n,
+                    self.var,
+                    num_samples,
+                    self.insert,
+                    self._logit_name,
                 ),
                 2,
             )
@@ -636,6 +816,21 @@ class ACRA:
     :param int num_proposals: Importance samples per observed row (``method="importance"``).
     :param float proba_tol: Absolute error allowed to :meth:`predict_proba` with
         ``method="bounded"``, in (0, 1).
+    :param int max_enumeration: Most attack candidates one observed row may need, counted
+        by :func:`count_acra_candidates` (an upper bound on the work of every method) before
+        any is built; a row beyond it is refused with ``ValueError``, as an exact answer
+        would take hours or never come (n = 20 insertions into 40 absent words: 6.2e11).
+        ``"bounded"`` still decides such a row when the trivial bounds
+        :math:`0 \\le p_x \\le 1` settle it, which costs only its originating instances
+        (counted too), and refuses it otherwise.
+        The default, :data:`~pyro_ext.ara.words.MAX_ENUMERATION` = ``10**6``, covers every
+        row of the thesis' n <= 2 attacks on Spambase's 54 words (at most 1.65e5) and keeps
+        the worst admitted row of ``"exact"`` to seconds (3-20 s per 1e6 candidates on one
+        CPU core); ``"mc"`` draws ``num_mc`` Beta variables per candidate on top.
+
+    The classifier's ``log_joint`` is checked on the observed rows of every call (a
+    floating-point tensor of shape ``(N, 2)``, finite), and on every later batch of
+    candidates for NaN, so a broken classifier raises instead of deciding silently.
     """
 
     def __init__(
@@ -648,34 +843,79 @@ class ACRA:
         method="bounded",
         num_proposals=100,
         proba_tol=1e-6,
+        max_enumeration=MAX_ENUMERATION,
     ):
         if not callable(getattr(generative_classifier, "log_joint", None)):
-            raise ValueError("generative_classifier must provide log_joint(x) -> (..., 2)")
+            raise TypeError(
+                "generative_classifier must provide a method log_joint(x) -> (..., 2), such as "
+                f"BernoulliNaiveBayes; got {type(generative_classifier).__name__}"
+            )
         n = check_int(n, "attacker budget n", low=0)
         var = check_var(var)
         num_mc = check_int(num_mc, "num_mc", low=1)
         num_proposals = check_int(num_proposals, "num_proposals", low=1)
         check_choice(method, "method", METHODS)
         proba_tol = check_real(proba_tol, "proba_tol", 0, 1, low_open=True, high_open=True)
-        utility = torch.eye(2) if utility is None else torch.as_tensor(utility)
+        self.max_enumeration = check_max_enumeration(max_enumeration)
+        try:
+            utility = torch.eye(2) if utility is None else torch.as_tensor(utility)
+        except (TypeError, ValueError, RuntimeError):
+            raise TypeError(
+                f"utility must be a (2, 2) matrix of numbers, got {type(utility).__name__}"
+            ) from None
+        if utility.is_complex() or utility.dtype == torch.bool:
+            raise TypeError(f"utility must hold real numbers, got dtype {utility.dtype}")
         if utility.shape != (2, 2) or not torch.isfinite(utility).all():
-            raise ValueError("utility must be a finite (2, 2) matrix")
+            raise ValueError(
+                f"utility must be a finite (2, 2) matrix, got shape {tuple(utility.shape)}"
+                + ("" if utility.shape != (2, 2) else " with non-finite entries")
+            )
         self.classifier = generative_classifier
         self.n, self.var, self.num_mc, self.method = n, var, num_mc, method
         self.num_proposals, self.proba_tol = num_proposals, proba_tol
         self.utility = utility.double()
 
-    def _logit(self, z):
+    def _log_joint(self, z):
+        """The classifier's ``log_joint(z)``, checked once per call: a floating-point tensor
+        ``z.shape[:-1] + (2,)`` without NaN (a scan as cheap as the call itself)."""
         log_joint = self.classifier.log_joint(z)
+        expected = tuple(z.shape[:-1]) + (2,)
+        what = "generative_classifier.log_joint"
+        if not torch.is_tensor(log_joint):
+            raise TypeError(
+                f"{what} must return a tensor of shape {expected} (log p(x, y) for y = 0, 1), "
+                f"got {type(log_joint).__name__}"
+            )
+        if not log_joint.is_floating_point():
+            raise TypeError(f"{what} must return floating-point values, got {log_joint.dtype}")
+        if tuple(log_joint.shape) != expected:
+            raise ValueError(
+                f"{what} must return shape {expected}, one log p(x, y) per row and each of the "
+                f"2 classes, got {tuple(log_joint.shape)}"
+            )
+        nan = torch.isnan(log_joint)
+        if nan.any():
+            row = int(nan.reshape(-1, 2).any(-1).nonzero()[0, 0])
+            raise ValueError(f"{what} returned NaN (first at row {row} of its input {expected})")
+        return log_joint
+
+    def _logit(self, z):
+        log_joint = self._log_joint(z)
         return log_joint[..., 1] - log_joint[..., 0]
 
     def attacker(self, x):
         """The attacker model :math:`p_C(x' \\mid x, y_1)` for original rows ``x``."""
-        return RandomWordInsertionAttack(x, n=self.n, var=self.var, predict_logit=self._logit)
+        return RandomWordInsertionAttack(
+            x,
+            n=self.n,
+            var=self.var,
+            predict_logit=self._logit,
+            max_enumeration=self.max_enumeration,
+        )
 
     def _originals(self, x_observed):
-        originals = originating_instances(x_observed, self.n)
-        return originals, self.classifier.log_joint(originals)[:, 1]
+        originals = originating_instances(x_observed, self.n, max_enumeration=self.max_enumeration)
+        return originals, self._log_joint(originals)[:, 1]
 
     def model(self, x_observed):
         """
@@ -707,12 +947,12 @@ class ACRA:
         if method == "sequential":
             return self._log_malicious_sequential(x_observed, originals, log_joint, log_innocent)
         if method == "mc":
-            estimate, _ = attack_mc_probs(
+            estimate, _ = _attack_mc_probs(
                 x_observed, originals, self._logit, self.n, self.var, self.num_mc
             )
             log_attack = estimate.log()
         else:
-            log_attack = attack_log_probs(x_observed, originals, self._logit, self.n, self.var)
+            log_attack = _attack_log_probs(x_observed, originals, self._logit, self.n, self.var)
         return (log_joint + log_attack).logsumexp(0)
 
     def _log_malicious_sequential(self, x_observed, originals, log_joint, log_innocent):
@@ -732,7 +972,7 @@ class ACRA:
         total, start, size = 0.0, 0, 1
         while start < len(mass):
             stop = min(start + size, len(mass))
-            log_attack = attack_log_probs(
+            log_attack = _attack_log_probs(
                 x_observed, originals[start:stop], self._logit, self.n, self.var
             )
             total += float((mass[start:stop] * log_attack.double().exp()).sum())
@@ -756,15 +996,61 @@ class ACRA:
         log_odds = nb.feature_log_prob - nb.feature_log1m_prob
         return log_odds[1] - log_odds[0]
 
-    def _rows(self, x_observed):
-        check_binary(x_observed)
-        if x_observed.dim() != 2:
-            raise ValueError(f"x must have shape (N, D), got {tuple(x_observed.shape)}")
-        check_budget(self.n, x_observed.shape[-1])
-        return x_observed
+    def _rows(self, x_observed, bounded=False):
+        """
+        The checks of every entry point, before any enumeration: binary rows ``(N, D)`` (an
+        integer or bool dtype becomes floating point), the budget ``n``, the work of each row
+        against ``max_enumeration``, and the classifier's ``log_joint`` on the rows.
+
+        With ``bounded``, a row whose full count is over the budget but whose originating
+        instances fit is let through, flagged in the returned list: ``method="bounded"``
+        decides it if the trivial bounds :math:`0 \\le p_x \\le 1` settle it (cost: the
+        originating instances) and refuses it otherwise (:meth:`_refuse`).
+        :returns: ``(x, over)``, ``over[i]`` the refusal of row ``i`` or ``None``.
+        """
+        x_observed = _check_rows(x_observed, "x", 2)
+        n = check_budget(self.n, x_observed.shape[-1])
+        num_features = x_observed.shape[-1]
+        present = x_observed.sum(-1).long()
+        over = [None] * x_observed.shape[0]
+        for count in torch.unique(present).tolist():
+            work = count_acra_candidates(count, num_features - count, n, self.max_enumeration)
+            if work <= self.max_enumeration:
+                continue
+            rows = (present == count).nonzero()[:, 0].tolist()
+            # The exact count for the message, unless its sum is itself long.
+            exact = (min(n, count) + 1) * (n + 1) <= _EXACT_COUNT_TERMS
+            if exact:
+                work = count_acra_candidates(count, num_features - count, n)
+            refusal = functools.partial(
+                check_enumeration,
+                work,
+                self.max_enumeration,
+                f"ACRA with n={n} on x row {rows[0]} ({count} words present, "
+                f"{num_features - count} absent)",
+                "lower n (the sum of eq. 3.8 runs over every n-word insertion)",
+                exact,
+            )
+            if not bounded or count_subsets(count, n, self.max_enumeration) > (
+                self.max_enumeration
+            ):
+                refusal()
+            for row in rows:
+                over[row] = refusal
+        if x_observed.shape[0]:
+            log_joint = self._log_joint(x_observed)
+            finite = torch.isfinite(log_joint)
+            if not finite.all():
+                row, col = (int(i) for i in (~finite).nonzero()[0])
+                raise ValueError(
+                    "generative_classifier.log_joint must be finite on the observed rows, got "
+                    f"{float(log_joint[row, col])} for row {row} of x and class {col}: the "
+                    "defender's decision weighs p(x, y) of both classes"
+                )
+        return x_observed, over
 
     def _exact_row(self, x_prime, method="exact"):
-        log_innocent = self.classifier.log_joint(x_prime)[0]
+        log_innocent = self._log_joint(x_prime)[0]
         originals, log_joint = self._originals(x_prime)
         log_malicious = self._log_malicious(x_prime, originals, log_joint, log_innocent, method)
         return torch.stack([log_innocent, log_malicious.to(log_innocent)])
@@ -775,17 +1061,21 @@ class ACRA:
             return 1e-9
         return max(1e-9, 2000 * torch.finfo(x_observed.dtype).eps)
 
-    def _bounded(self, x_prime, settled):
+    def _bounded(self, x_prime, settled, refusal=None):
         """
         Bounds ``(innocent, low, high)`` on the evidence of one row, ``p_C(x', y_0)`` and
         :math:`S`, both scaled by a common factor, refined until ``settled(innocent, low,
-        high)`` holds; ``None`` if it never does (see ``method="bounded"``).
+        high)`` holds; ``None`` if it never does (see ``method="bounded"``). A row over the
+        enumeration budget calls ``refusal`` (which raises) where the trivial bounds
+        ``[0, 1]`` do not settle it, before any competitor is enumerated.
         """
-        log_innocent = float(self.classifier.log_joint(x_prime)[0])
+        log_innocent = float(self._log_joint(x_prime)[0])
         originals, log_joint = self._originals(x_prime)
         log_joint = _numpy(log_joint).astype(np.float64)
         shift = max(float(sc.logsumexp(log_joint)), log_innocent)
         if not math.isfinite(shift):
+            if refusal is not None:
+                refusal()
             return None
         mass, innocent = np.exp(log_joint - shift), math.exp(log_innocent - shift)
         lower, upper = np.zeros_like(mass), np.ones_like(mass)
@@ -797,6 +1087,8 @@ class ACRA:
         result = check()
         if result is not None:
             return result
+        if refusal is not None:
+            refusal()
         bounds = _AttackBounds(x_prime, self._logit, self.n, self.var, self._weights())
         for step in BOUND_STEPS:
             low, high = bounds.at(step)
@@ -809,7 +1101,7 @@ class ACRA:
         while pending.any():
             gap = np.where(pending, mass * (upper - lower), -1.0)
             pick = np.argsort(-gap, kind="stable")[: min(size, int(pending.sum()))]
-            log_attack = attack_log_probs(
+            log_attack = _attack_log_probs(
                 x_prime, originals[torch.as_tensor(pick, device=originals.device)],
                 self._logit, self.n, self.var,
             )  # fmt: skip
@@ -833,7 +1125,7 @@ class ACRA:
         :returns: :math:`\\log p_C(y) + \\log p_C(X' = x' \\mid y)` for ``y = 0, 1``, ``(N, 2)``;
             with ``method="bounded"`` that of ``"exact"``.
         """
-        self._rows(x_observed)
+        x_observed, _ = self._rows(x_observed)
         method = "exact" if self.method == "bounded" else self.method
         rows = [self._exact_row(x_prime, method) for x_prime in x_observed]
         return torch.stack(rows) if rows else x_observed.new_zeros((0, 2))
@@ -846,7 +1138,7 @@ class ACRA:
         """
         if self.method != "bounded":
             return self.log_evidence(x_observed).softmax(-1)[:, 1]
-        self._rows(x_observed)
+        x_observed, over = self._rows(x_observed, bounded=True)
         tol = self.proba_tol
 
         def posterior(innocent, total):
@@ -856,8 +1148,8 @@ class ACRA:
             return posterior(innocent, high) - posterior(innocent, low) <= 2 * tol
 
         probs = []
-        for x_prime in x_observed:
-            result = self._bounded(x_prime, settled)
+        for x_prime, refusal in zip(x_observed, over):
+            result = self._bounded(x_prime, settled, refusal)
             if result is None:
                 probs.append(float(self._exact_row(x_prime).softmax(-1)[1]))
             else:
@@ -872,7 +1164,7 @@ class ACRA:
         """
         if self.method != "bounded":
             return self._decide(self.log_evidence(x_observed))
-        self._rows(x_observed)
+        x_observed, over = self._rows(x_observed, bounded=True)
         c1, c0, scale = self._gain()
         scale *= self._rounding(x_observed)
 
@@ -882,8 +1174,8 @@ class ACRA:
             return min(gains) > margin or max(gains) < -margin
 
         decisions = []
-        for x_prime in x_observed:
-            result = self._bounded(x_prime, settled)
+        for x_prime, refusal in zip(x_observed, over):
+            result = self._bounded(x_prime, settled, refusal)
             if result is None:
                 decisions.append(int(self._decide(self._exact_row(x_prime).unsqueeze(0))[0]))
             else:

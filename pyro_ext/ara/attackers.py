@@ -34,6 +34,10 @@ __all__ = ["AttackMixture", "LangevinAttacker", "langevin_attack"]
 
 _LOSSES = ("ce", "cw", "dlr")
 _NORMS = ("linf", "l2")
+# Most iterations of eq. (3.14) one attack may run: the thesis draws T ~ Poisson with a
+# mean of a few, and a million forward/backward passes is already hours for a real network;
+# a Poisson draw without max_steps is clamped here, and a larger count given is refused.
+MAX_STEPS = 10**6
 
 
 def _per_example(values, x):
@@ -67,8 +71,9 @@ def langevin_attack(
     :param torch.Tensor x: inputs ``(N, ...)``.
     :param torch.Tensor y: integer labels ``(N,)``.
     :param torch.Tensor eps: per-example step sizes ``(N,)``.
-    :param torch.Tensor steps: per-example numbers of iterations ``(N,)``; the batch runs
-        ``max(steps)`` iterations, each example moving during its first ``steps[i]``.
+    :param torch.Tensor steps: per-example numbers of iterations ``(N,)``, integers in
+        ``[0, MAX_STEPS]``; the batch runs ``max(steps)`` iterations, each example moving
+        during its first ``steps[i]``.
     :param float noise_scale: multiplies the noise variance ``2 eps`` of eq. (3.14).
     :param str loss: ``"ce"``, ``"cw"`` or ``"dlr"``, see
         :func:`~pyro_ext.ara.attacks.attack_loss`.
@@ -100,6 +105,19 @@ def _check_langevin_arguments(x, eps, steps, noise_scale, norm):
             raise ValueError(
                 f"{name} must have shape ({num},) (or one value for all), got {tuple(value.shape)}"
             )
+    if steps.is_complex() or steps.dtype == torch.bool:
+        raise TypeError(f"steps must hold integer numbers of iterations, got dtype {steps.dtype}")
+    flat_steps = steps.reshape(-1)
+    # Whole numbers, float dtypes included (steps.max() sets the loop's length).
+    bad_steps = ~(
+        (flat_steps >= 0) & (flat_steps <= MAX_STEPS) & (flat_steps == flat_steps.floor())
+    )
+    if flat_steps.numel() and bool(bad_steps.any()):
+        i = int(bad_steps.nonzero()[0, 0])
+        raise ValueError(
+            f"steps must hold whole numbers of iterations in [0, {MAX_STEPS}] (MAX_STEPS bounds "
+            f"the loop), got steps[{i}] = {flat_steps[i].item()}"
+        )
     flat = eps.reshape(-1).to(x.dtype if x.is_floating_point() else torch.get_default_dtype())
     bad = ~(torch.isfinite(flat) & (flat >= 0))
     if bool(bad.any()):
@@ -160,7 +178,9 @@ class LangevinAttacker(TorchDistribution):
     :param tuple eps_concentration: Beta ``(a, b)``.
     :param int steps: :math:`T_0`, the number of iterations (the minimum when random).
     :param float steps_rate: Poisson rate :math:`\lambda` of the extra iterations.
-    :param int max_steps: cap on :math:`T`, bounding the cost of a draw; ``None`` for none.
+    :param int max_steps: cap on :math:`T`, bounding the cost of a draw; ``None`` for
+        :data:`MAX_STEPS` (``10**6``), the most ``steps``, ``steps_rate`` and ``max_steps``
+        may be.
     :param float noise_scale: multiplies the noise variance ``2 eps`` of eq. (3.14).
     :param str loss: the loss ascended, ``"ce"``, ``"cw"`` or ``"dlr"``.
     :param str norm: ``"linf"`` (sign steps) or ``"l2"`` (normalised gradient steps).
@@ -193,7 +213,9 @@ class LangevinAttacker(TorchDistribution):
         validate_args=None,
     ):
         if not callable(predict_logits):
-            raise ValueError("predict_logits must be a callable x -> logits")
+            raise TypeError(
+                f"predict_logits must be a callable x -> logits, got {type(predict_logits).__name__}"
+            )
         if not torch.is_tensor(x) or x.dim() < 2 or not x.is_floating_point():
             raise ValueError("x must be a floating-point tensor of shape (N, ...)")
         if not torch.is_tensor(y) or tuple(y.shape) != (x.shape[0],):
@@ -217,6 +239,17 @@ class LangevinAttacker(TorchDistribution):
         steps_rate = check_real(steps_rate, "steps_rate", low=0)
         if max_steps is not None:
             max_steps = check_int(max_steps, "max_steps", low=max(steps, 1))
+        if steps == 0 and steps_rate == 0:
+            raise ValueError(
+                "steps=0 with steps_rate=0 is an attacker that never moves x: give steps >= 1 "
+                "or a steps_rate > 0 (T = steps + Poisson(steps_rate))"
+            )
+        for name, value in (("steps", steps), ("steps_rate", steps_rate), ("max_steps", max_steps)):
+            if value is not None and value > MAX_STEPS:
+                raise ValueError(
+                    f"{name} must be at most MAX_STEPS = {MAX_STEPS} (it bounds the loop of "
+                    f"eq. 3.14), got {value}"
+                )
         noise_scale = check_real(noise_scale, "noise_scale", low=0)
         check_choice(loss, "loss", _LOSSES)
         check_choice(norm, "norm", _NORMS)
@@ -267,8 +300,8 @@ class LangevinAttacker(TorchDistribution):
         if options["steps_rate"] > 0:
             extra = torch.poisson(self.x.new_full(shape, options["steps_rate"]))
             steps = steps + extra.long()
-        if options["max_steps"] is not None:
-            steps = steps.clamp(max=options["max_steps"])
+        # Without max_steps, MAX_STEPS still bounds a Poisson draw's loop.
+        steps = steps.clamp(max=options["max_steps"] or MAX_STEPS)
         return eps, steps
 
     def sample(self, sample_shape=torch.Size()):
@@ -328,7 +361,10 @@ class AttackMixture(TorchDistribution):
         first = attackers[0]
         for attacker in attackers:
             if not hasattr(attacker, "subset"):
-                raise ValueError(f"{type(attacker).__name__} has no subset(index) method")
+                raise TypeError(
+                    f"attackers must hold attacker models with a subset(index) method, such "
+                    f"as LangevinAttacker; got {type(attacker).__name__}"
+                )
             if (
                 attacker.batch_shape != first.batch_shape
                 or attacker.event_shape != first.event_shape
@@ -341,10 +377,12 @@ class AttackMixture(TorchDistribution):
         probs = torch.as_tensor(probs, dtype=first.x.dtype, device=first.x.device)
         if (
             probs.shape != (len(attackers),)
-            or not bool((probs >= 0).all())
+            or not bool((probs >= 0).all() & torch.isfinite(probs).all())
             or not float(probs.sum()) > 0
         ):
-            raise ValueError(f"probs must hold {len(attackers)} non-negative weights, not all zero")
+            raise ValueError(
+                f"probs must hold {len(attackers)} finite non-negative weights, not all zero"
+            )
         self.attackers = attackers
         self.probs = probs / probs.sum()
         self.clip = first.clip

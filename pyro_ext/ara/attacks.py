@@ -47,6 +47,14 @@ def attack_loss(logits, y, loss="ce"):
     :rtype: torch.Tensor
     """
     check_choice(loss, "loss", _LOSSES)
+    for name, value in (("logits", logits), ("y", y)):
+        if not torch.is_tensor(value):
+            raise TypeError(f"{name} must be a tensor, got {type(value).__name__}")
+    if logits.dim() != 2 or tuple(y.shape) != tuple(logits.shape[:1]):
+        raise ValueError(
+            f"logits must have shape (N, C) and y shape (N,), got logits {tuple(logits.shape)} "
+            f"and y {tuple(y.shape)}: predict_logits must return one row of logits per example"
+        )
     num_classes = logits.shape[-1]
     if y.numel() and (int(y.min()) < 0 or int(y.max()) >= num_classes):
         raise ValueError(f"y has labels outside [0, {num_classes})")
@@ -76,6 +84,12 @@ def predictive_logits(predict_logits_fns):
     fns = tuple(predict_logits_fns)
     if not fns:
         raise ValueError("predict_logits_fns must contain at least one callable")
+    for i, fn in enumerate(fns):
+        if not callable(fn):
+            raise TypeError(
+                f"predict_logits_fns must hold callables x -> logits, got "
+                f"{type(fn).__name__} at index {i}"
+            )
 
     def logits(x):
         log_probs = torch.stack([fn(x).log_softmax(-1) for fn in fns])
@@ -99,6 +113,15 @@ def project_l1_ball(v, radius):
     :param float radius: the radius :math:`r \ge 0`.
     :rtype: torch.Tensor
     """
+    radius = check_real(radius, "radius", low=0)
+    if not torch.is_tensor(v) or not v.is_floating_point():
+        raise TypeError(
+            f"v must be a floating-point tensor of shape (N, ...), got {type(v).__name__}"
+        )
+    if v.dim() < 2:
+        raise ValueError(
+            f"v must have shape (N, ...) with one row per example, got {tuple(v.shape)}"
+        )
     flat = v.flatten(1)
     u = flat.abs().sort(dim=1, descending=True).values
     cumsum = u.cumsum(1) - radius
@@ -118,12 +141,28 @@ def _clamp(x, clip):
     return x if clip is None else x.clamp(*clip)
 
 
-def _check_inputs(x, y, eps, clip, loss, eot_samples):
+def _check_inputs(x, y, eps, clip, loss, eot_samples, predict_logits=len):
+    if not callable(predict_logits):
+        raise TypeError(
+            f"predict_logits must be a callable x -> (N, C) logits, got "
+            f"{type(predict_logits).__name__}"
+        )
+    if clip is not None:
+        try:
+            low, high = (check_real(c, "clip bound") for c in clip)
+        except (TypeError, ValueError):
+            raise TypeError(
+                f"clip must be None or a pair (low, high) of finite numbers, got {clip!r}"
+            ) from None
+        if not low < high:
+            raise ValueError(f"clip must be None or a pair with low < high, got {tuple(clip)}")
     check_real(eps, "eps", low=0)
     check_choice(loss, "loss", _LOSSES)
     check_int(eot_samples, "eot_samples", low=1)
     if not (torch.is_tensor(x) and x.is_floating_point() and x.dim() >= 2):
         raise ValueError("x must be a floating point tensor of shape (N, ...) with ndim >= 2")
+    if not x.shape[0]:
+        raise ValueError("x holds no examples: give at least one row to attack")
     if bool(torch.isnan(x).any()):
         raise ValueError("x contains NaN values")
     if clip is not None:
@@ -245,7 +284,7 @@ def fgsm(predict_logits, x, y, eps, clip=(0, 1), loss="ce", eot_samples=1):
     :returns: detached adversarial inputs, same shape, dtype and device as ``x``.
     :rtype: torch.Tensor
     """
-    _check_inputs(x, y, eps, clip, loss, eot_samples)
+    _check_inputs(x, y, eps, clip, loss, eot_samples, predict_logits)
     grad, value, _ = _input_grad(predict_logits, x, y, loss, eot_samples)
     _check_attack_values(value, grad)
     return _clamp(x.detach() + eps * grad.sign(), clip)
@@ -308,7 +347,7 @@ def pgd(
     :returns: detached adversarial inputs, same shape, dtype and device as ``x``.
     :rtype: torch.Tensor
     """
-    _check_inputs(x, y, eps, clip, loss, eot_samples)
+    _check_inputs(x, y, eps, clip, loss, eot_samples, predict_logits)
     check_int(steps, "steps", low=1)
     check_positive(step_size, "step_size")
     check_choice(norm, "norm", _NORMS)

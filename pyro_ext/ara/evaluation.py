@@ -11,7 +11,7 @@ from typing import NamedTuple
 
 import torch
 
-from ..ops.validation import check_int
+from ..ops.validation import check_int, check_real
 
 __all__ = [
     "SecurityCurve",
@@ -66,7 +66,12 @@ def security_evaluation_curve(defense, attack, epsilons, x, y, num_repeats=1, ba
     :param int batch_size: rows attacked at a time, to bound memory; all by default.
     :rtype: SecurityCurve
     """
-    epsilons = torch.as_tensor(epsilons, dtype=torch.float64).cpu()
+    try:
+        epsilons = torch.as_tensor(epsilons, dtype=torch.float64).cpu()
+    except (TypeError, ValueError, RuntimeError):
+        raise TypeError(
+            f"epsilons must be a 1-D sequence of numbers, got {type(epsilons).__name__}"
+        ) from None
     if epsilons.dim() != 1 or not epsilons.numel():
         raise ValueError(f"epsilons must be a non-empty 1-D sequence, got shape {epsilons.shape}")
     if not bool(torch.isfinite(epsilons).all() and (epsilons >= 0).all()):
@@ -84,6 +89,8 @@ def security_evaluation_curve(defense, attack, epsilons, x, y, num_repeats=1, ba
     if y.shape != x.shape[:1]:
         raise ValueError(f"y must have shape ({x.shape[0]},), got {tuple(y.shape)}")
     num_rows = x.shape[0]
+    if not num_rows:
+        raise ValueError("x holds no examples: an accuracy needs at least one row")
     # Labels are checked once here and against the number of classes at the first
     # prediction: a label no class can match would silently count as an error.
     label_range = None
@@ -119,6 +126,14 @@ def security_evaluation_curve(defense, attack, epsilons, x, y, num_repeats=1, ba
     return SecurityCurve(epsilons.to(dtype), accuracy.mean(-1).to(dtype), sd.to(dtype))
 
 
+def _check_curve(curve, name):
+    if not isinstance(curve, SecurityCurve):
+        raise TypeError(
+            f"{name} must be a SecurityCurve (from security_evaluation_curve), got "
+            f"{type(curve).__name__}"
+        )
+
+
 def _report(problems, strict):
     if strict and problems:
         raise ValueError("\n".join(problems))
@@ -146,6 +161,9 @@ def check_security_curve(curve, tolerance=0.0, large_eps_accuracy=None, strict=F
     :returns: human-readable problems; empty when the curve passes.
     :rtype: list[str]
     """
+    _check_curve(curve, "curve")
+    tolerance = check_real(tolerance, "tolerance")
+    large_eps_accuracy = check_real(large_eps_accuracy, "large_eps_accuracy", 0, 1, allow_none=True)
     eps, acc = curve.epsilons.tolist(), curve.accuracy.tolist()
     problems = [
         f"accuracy increases from {acc[i]:.4f} at eps={eps[i]:g} to {acc[i + 1]:.4f} at "
@@ -177,6 +195,9 @@ def check_attack_strength(weak, strong, tolerance=0.0, strict=False):
     :returns: human-readable problems; empty when the check passes.
     :rtype: list[str]
     """
+    _check_curve(weak, "weak")
+    _check_curve(strong, "strong")
+    tolerance = check_real(tolerance, "tolerance")
     if not torch.equal(weak.epsilons, strong.epsilons):
         raise ValueError("weak and strong curves must share the same epsilons")
     problems = [
@@ -198,11 +219,14 @@ def plot_security_curves(curves, ax=None, **kwargs):
     :param kwargs: passed to :meth:`matplotlib.axes.Axes.errorbar`.
     :returns: the axes.
     """
+    if not isinstance(curves, dict):
+        raise TypeError(f"curves must be a dict name -> SecurityCurve, got {type(curves).__name__}")
     if ax is None:
         import matplotlib.pyplot as plt
 
         ax = plt.gca()
     for name, curve in curves.items():
+        _check_curve(curve, f"curves[{name!r}]")
         ax.errorbar(curve.epsilons, curve.accuracy, yerr=curve.accuracy_sd, label=name, **kwargs)
     ax.set_xlabel("ε")
     ax.set_ylabel("accuracy")

@@ -7,22 +7,48 @@ from ..ops.validation import check_positive
 __all__ = ["BernoulliNaiveBayes", "check_binary", "check_labels"]
 
 
+def _first(mask):
+    """The index of the first ``True`` of ``mask``, as a tuple of ints."""
+    return tuple(int(i) for i in mask.nonzero()[0])
+
+
 def check_binary(x, name="x"):
-    """Raise ``ValueError`` unless ``x`` holds only 0/1 word-presence indicators."""
+    """
+    Raise unless ``x`` holds only 0/1 word-presence indicators: ``TypeError`` for a
+    non-tensor or a complex tensor, ``ValueError`` naming the first other value (NaN too).
+    """
     if not torch.is_tensor(x):
-        raise ValueError(f"{name} must be a tensor, got {type(x).__name__}")
-    if x.numel() and not ((x == 0) | (x == 1)).all():
-        raise ValueError(f"{name} must be binary (0/1) word-presence features")
+        raise TypeError(
+            f"{name} must be a tensor of 0/1 word-presence features, got {type(x).__name__}"
+        )
+    if x.is_complex():
+        raise TypeError(f"{name} must be a real tensor of 0/1 features, got dtype {x.dtype}")
+    bad = (x != 0) & (x != 1)
+    if x.numel() and bad.any():
+        index = _first(bad)
+        raise ValueError(
+            f"{name} must be binary (0/1) word-presence features, got {x[index].item()} at "
+            f"{name}[{', '.join(map(str, index))}]"
+        )
 
 
 def check_labels(y, num_rows):
-    """Raise ``ValueError`` unless ``y`` is a vector of ``num_rows`` labels in {0, 1}."""
-    if not torch.is_tensor(y) or y.dim() != 1:
-        raise ValueError("y must be a 1-d tensor of labels in {0, 1}")
+    """Raise unless ``y`` is a vector of ``num_rows`` labels in {0, 1}: ``TypeError`` for a
+    non-tensor, ``ValueError`` naming the first wrong label."""
+    if not torch.is_tensor(y):
+        raise TypeError(f"y must be a 1-d tensor of labels in {{0, 1}}, got {type(y).__name__}")
+    if y.dim() != 1:
+        raise ValueError(
+            f"y must be a 1-d tensor of labels in {{0, 1}}, got shape {tuple(y.shape)}"
+        )
     if y.shape[0] != num_rows:
         raise ValueError(f"x and y must have matching rows, got {num_rows} and {y.shape[0]}")
-    if y.numel() and not ((y == 0) | (y == 1)).all():
-        raise ValueError("y labels must be in {0, 1}")
+    if y.is_complex():
+        raise TypeError(f"y labels must be real numbers in {{0, 1}}, got dtype {y.dtype}")
+    bad = (y != 0) & (y != 1)
+    if y.numel() and bad.any():
+        (index,) = _first(bad)
+        raise ValueError(f"y labels must be in {{0, 1}}, got {y[index].item()} at y[{index}]")
 
 
 class BernoulliNaiveBayes:
@@ -76,6 +102,8 @@ class BernoulliNaiveBayes:
         if self.log_prior is None:
             raise ValueError("BernoulliNaiveBayes is not fitted: call fit(x, y) first")
         check_binary(x)
+        if x.dim() < 1:
+            raise ValueError("x must have a feature dimension, shape (..., D), got a 0-d tensor")
         if x.shape[-1] != self.feature_log_prob.shape[-1]:
             raise ValueError(
                 f"x has {x.shape[-1]} features, the classifier {self.feature_log_prob.shape[-1]}"

@@ -25,7 +25,7 @@ from pyro.poutine.messenger import Messenger
 
 from pyro_ext.infer.sgmcmc import get_kernel
 
-from ..ops.validation import check_int, check_positive, check_real
+from ..ops.validation import check_choice, check_int, check_positive, check_real
 from .attacks import pgd, predictive_logits
 
 __all__ = ["ARATrainer", "AdversarialTrainer", "init_fan_in"]
@@ -66,7 +66,7 @@ def _check_data(x, y, num_classes=None):
         )
     if num_classes is not None and (int(y.min()) < 0 or int(y.max()) >= num_classes):
         raise ValueError(
-            f"labels must lie in [0, {num_classes}), got range [{int(y.min())}, {int(y.max())}]"
+            f"y labels must lie in [0, {num_classes}), got range [{int(y.min())}, {int(y.max())}]"
         )
 
 
@@ -350,6 +350,7 @@ class AdversarialTrainer:
         if attack_step_size is None:
             attack_step_size = 2.5 * self.eps / self.steps if self.eps > 0 else 1.0
         self.attack_step_size = check_positive(attack_step_size, "attack_step_size")
+        check_choice(norm, "norm", ("linf", "l2", "l1"))
         self.norm, self.clip, self.random_start = norm, clip, random_start
         self.clean_fraction = check_real(clean_fraction, "clean_fraction", 0, 1)
         self.batch_size = check_int(batch_size, "batch_size", low=1)
@@ -399,7 +400,15 @@ class AdversarialTrainer:
         if attacking and (float(x.min()) < self.clip[0] or float(x.max()) > self.clip[1]):
             raise ValueError(f"x lies outside the attack's domain clip={tuple(self.clip)}")
         with torch.no_grad():
-            _check_data(x, y, self.net(x[:1]).shape[-1])
+            try:
+                num_classes = self.net(x[:1]).shape[-1]
+            except RuntimeError as error:
+                # A shape mismatch inside the network: say which argument it comes from.
+                raise ValueError(
+                    f"net cannot take x of shape {tuple(x.shape)} (one row: {error}); x must "
+                    "have the network's input shape (N, ...)"
+                ) from None
+            _check_data(x, y, num_classes)
         self.net.train()
         for _ in range(epochs):
             start = time.perf_counter()

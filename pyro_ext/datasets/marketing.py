@@ -105,6 +105,11 @@ def load_prophet_holidays(country=None):
         order.
     :rtype: list
     """
+    if country is not None and not isinstance(country, str):
+        raise TypeError(
+            f"country must be None or an ISO alpha-2 code such as 'US', got "
+            f"{type(country).__name__}"
+        )
     with open(
         get_data_path("mmm/dt_prophet_holidays.csv", verify=True), newline="", encoding="utf-8"
     ) as f:

@@ -6,7 +6,7 @@ import numpy as np
 import torch
 
 from ..ops.validation import check_choice
-from .utils import as_long, float_dtype, get_data_path
+from .utils import as_long, check_device, check_flag, float_dtype, get_data_path
 
 _IMAGES_MAGIC = 2051
 _LABELS_MAGIC = 2049
@@ -47,6 +47,9 @@ def _read_idx(path, magic):
 
 def _load(folder, split, device, dtype, binarize, flatten):
     dtype = float_dtype(dtype)
+    check_device(device)
+    check_flag(binarize, "binarize")
+    check_flag(flatten, "flatten")
     prefix = _prefix(split)
     images = _read_idx(
         get_data_path(f"{folder}/{prefix}-images-idx3-ubyte.gz", verify=True), _IMAGES_MAGIC

@@ -6,7 +6,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from ..ops.validation import check_choice, check_int
+from ..ops.validation import check_choice, check_int, first_nonfinite
 from .utils import as_float, float_dtype, get_data_path
 
 _NUM_SPLITS = {
@@ -109,6 +109,24 @@ def standardize_split(split):
         standardized scale map back as ``f * y_std + y_mean``.
     :rtype: tuple(UCISplit, torch.Tensor, torch.Tensor)
     """
+
+    if not isinstance(split, UCISplit):
+        raise TypeError(f"split must be a UCISplit from load_uci, got {type(split).__name__}")
+    for field in ("x_train", "y_train", "x_test", "y_test"):
+        value = getattr(split, field)
+        if not isinstance(value, torch.Tensor) or not value.is_floating_point():
+            raise TypeError(f"split.{field} must be a floating-point tensor, got {value!r:.80}")
+        index = first_nonfinite(value)
+        if index is not None:
+            raise ValueError(
+                f"split.{field} must be finite: split.{field}[{', '.join(map(str, index))}] is "
+                f"{float(value[index])}"
+            )
+    if split.x_train.shape[0] == 0:
+        raise ValueError(
+            "split.x_train is empty: standardizing needs the mean and sd of at least one "
+            "training row"
+        )
 
     def stats(t):
         mean = t.mean(0)

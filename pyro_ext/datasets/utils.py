@@ -169,14 +169,27 @@ def _download(rel, url, target):
             os.remove(tmp)
 
 
-#: Files whose checksum matched, keyed by ``(rel, path, size, mtime_ns, expected digest)``:
-#: a file is hashed again only when it is replaced or modified, so repeated loads stay cheap.
+#: Files whose checksum matched, keyed by ``(rel, path, inode, size, mtime_ns, ctime_ns,
+#: expected digest)``: a file is hashed again only when it is replaced or modified, so repeated
+#: loads stay cheap.
 _VERIFIED = set()
 
 
 def _stat_key(rel, path):
+    # The size and mtime alone miss a file rewritten at the same size whose mtime was set
+    # back (os.utime, ``touch -r``, an archive extracted with its times). The status-change
+    # time cannot be set by a user: every write or utime moves it on; the inode tells a file
+    # replaced by another (a copy, a rename over it) whose times happen to agree.
     stat = os.stat(path)
-    return rel, str(Path(path).resolve()), stat.st_size, stat.st_mtime_ns, _expected_digest(rel)
+    return (
+        rel,
+        str(Path(path).resolve()),
+        stat.st_ino,
+        stat.st_size,
+        stat.st_mtime_ns,
+        stat.st_ctime_ns,
+        _expected_digest(rel),
+    )
 
 
 def _fix_hint(rel, path):
@@ -200,7 +213,7 @@ def _fix_hint(rel, path):
 
 
 def _verify(rel, path):
-    """Check ``path`` against the published checksum of ``rel`` (cached by size and mtime)."""
+    """Check ``path`` against the published checksum of ``rel`` (cached by :func:`_stat_key`)."""
     expected = _expected_digest(rel)
     if expected is None:
         return
@@ -226,8 +239,9 @@ def get_data_path(relative_path, verify=False):
     downloaded from its canonical public URL into the cache. Downloads are checked against the
     published sha256 (md5 for the Fashion-MNIST images); files found locally are checked when
     ``verify=True``, as every loader of this package does. A successful check is remembered
-    for the file's path, size and modification time, so a file is hashed again only after it
-    changes.
+    for the file's path, inode, size, modification and status-change times, so a file is
+    hashed again only after it changes (a rewrite whose modification time was set back
+    included: its status-change time moves on).
 
     :param relative_path: Path relative to the data root, e.g. ``"uci/yacht/data/data.txt"``.
     :type relative_path: str or os.PathLike
@@ -239,6 +253,8 @@ def get_data_path(relative_path, verify=False):
         wrong checksum. A bad download is deleted.
     """
     rel = _relative(relative_path)
+    if not isinstance(verify, bool):
+        raise TypeError(f"verify must be a bool, got {verify!r}")
     root = os.environ.get(DATA_ENV_VAR)
     candidates = [Path(root) / rel] if root else []
     cached = cache_dir() / rel
@@ -274,19 +290,52 @@ def get_data_path(relative_path, verify=False):
 
 
 def float_dtype(dtype):
-    """Return ``dtype``, or the default dtype if ``None``; raise unless it is floating point."""
+    """Return ``dtype``, or the default dtype if ``None``; raise unless it is floating point
+    (:class:`TypeError` for something that is not a ``torch.dtype``, :class:`ValueError` for
+    an integer or complex one)."""
     if dtype is None:
         return torch.get_default_dtype()
-    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+    if not isinstance(dtype, torch.dtype):
+        raise TypeError(
+            f"dtype must be a floating point torch.dtype (e.g. torch.float32) or None, got "
+            f"{dtype!r} ({type(dtype).__name__})"
+        )
+    if not dtype.is_floating_point:
         raise ValueError(f"dtype must be a floating point torch.dtype, got {dtype!r}")
     return dtype
 
 
+def check_device(device):
+    """``device`` (``None``, a ``torch.device``, a string such as ``"cpu"`` or an index) as
+    given, or a clear error naming it instead of torch's parse error."""
+    if device is None or isinstance(device, torch.device):
+        return device
+    if isinstance(device, bool) or not isinstance(device, (str, int)):
+        raise TypeError(
+            f"device must be None, a torch.device, a string such as 'cpu' or 'cuda:0', or a "
+            f"device index, got {type(device).__name__}"
+        )
+    try:
+        torch.device(device)
+    except RuntimeError as error:
+        raise ValueError(
+            f"device must name a device such as 'cpu' or 'cuda:0', got {device!r} ({error})"
+        ) from None
+    return device
+
+
+def check_flag(value, name):
+    """A ``bool`` argument: a truthy string or number would be taken silently."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool, got {value!r}")
+    return value
+
+
 def as_float(array, dtype, device):
     """Convert an array to a tensor of floating ``dtype`` (``None``: the default) on ``device``."""
-    return torch.as_tensor(np.asarray(array), dtype=float_dtype(dtype), device=device)
+    return torch.as_tensor(np.asarray(array), dtype=float_dtype(dtype), device=check_device(device))
 
 
 def as_long(array, device):
     """Convert a numpy array of integers to a ``torch.long`` tensor on ``device``."""
-    return torch.as_tensor(np.asarray(array, dtype=np.int64), device=device)
+    return torch.as_tensor(np.asarray(array, dtype=np.int64), device=check_device(device))

@@ -12,7 +12,6 @@ touches.
 """
 
 import copy
-import hashlib
 import os
 import pickle
 import warnings
@@ -28,6 +27,7 @@ from pyro.ops import streaming, welford
 from pyro.ops.streaming import StatsOfDict
 
 from ..ops.validation import check_int
+from . import checkpoint as ckpt
 from .errors import SamplerDivergenceError
 from .sgmcmc.distributed import RankFailedError, is_collective_failure
 from .sgmcmc.kernels import ParticleKernel
@@ -45,8 +45,20 @@ CHECKPOINT_GLOBALS = [
 ]
 
 
-def _sha256(tensor):
-    return hashlib.sha256(tensor.detach().cpu().contiguous().numpy().tobytes()).hexdigest()
+#: The entries of a checkpoint, with the types they must have.
+CHECKPOINT_ENTRIES = {
+    "format": int,
+    "step": int,
+    "config": (list, tuple),
+    "fingerprint": dict,
+    "data": dict,
+    "kernel": dict,
+    "draws": torch.Tensor,
+    "statistics": (dict, type(None)),
+    "cpu_rng": torch.Tensor,
+    "cuda_rng": (list, tuple, type(None)),
+    "checksums": dict,
+}
 
 
 class MCMC(AbstractMCMC):
@@ -69,9 +81,9 @@ class MCMC(AbstractMCMC):
       collected before it stay available through :meth:`get_samples`;
     - with ``checkpoint_path`` the state is written every ``checkpoint_every`` steps and
       :meth:`resume` continues an interrupted run to the same draws it would have made. A
-      checkpoint is loaded without running code (``torch.load(weights_only=True)``), its
-      draws carry a checksum, and a checkpoint of another kernel, particle count or data
-      set is refused;
+      checkpoint is loaded without running code (``torch.load(weights_only=True)``), every
+      entry of it carries a checksum, and a checkpoint of another run (another kernel or
+      kernel setting, particle count, model or data set) is refused, naming what differs;
     - :meth:`extend` continues a finished run for more draws (e.g. until ``r_hat`` is
       small enough) without a second warm-up.
     - in a :mod:`torch.distributed` process group (a script launched with ``torchrun``) a
@@ -195,6 +207,9 @@ class MCMC(AbstractMCMC):
         self._hook_fn = hook_fn
         self._disable_progbar = disable_progbar
         self._model_args = (None, None)  # (args, kwargs) of the last run()
+        # (fingerprint, data digest) of the current run, computed once at its set-up when
+        # it writes or reads checkpoints (hashing the data is not a per-step cost).
+        self._run_identity = None
         # What a particle kernel's run leaves: its flat draws (L, N, draw_dim), this rank's
         # share of them, their site values (L, N, ...) and each particle's diagnostics.
         self._flat = self._local_flat = None
@@ -232,25 +247,46 @@ class MCMC(AbstractMCMC):
             self.kernel.initial_params = self._initial_params
         with pyro.validation_enabled(not self.disable_validation):
             self.kernel.setup(self.warmup_steps, *args, **kwargs)
+        self._run_identity = None if self.checkpoint_path is None else self._identity()
         self._statistics = copy.deepcopy(self._initial_statistics)
         self._run_particles(start=0, draws=[])
 
-    def resume(self, *args, **kwargs) -> None:
+    def resume(self, *args, allow_new_data: bool = False, **kwargs) -> None:
         """
         Continue the run saved at ``checkpoint_path``. Pass the same model arguments as
         to :meth:`run`; the draws equal those of an uninterrupted run with the same seed.
+
+        The checkpoint must be one of this run: every entry matches its checksum, and the
+        kernel (its class, particles, step-size schedule, repulsion, temperature and other
+        hyper-parameters, shard layout), the model (each sample site's name, distribution,
+        support, shapes, observed or not) and the model arguments (the SHA-256 of every
+        tensor, the ``repr`` of anything else) are those it was written with. Otherwise a
+        ``ValueError`` (a ``TypeError`` for an entry of the wrong type) names what differs;
+        restart the run with :meth:`run`.
+
+        :param bool allow_new_data: continue on purpose on other model arguments than the
+            checkpoint's (e.g. a data set that grew): the arguments, their shapes and the
+            observed sites' shapes are then not compared; the latent sites still must
+            match. (A keyword of ``resume`` itself: a model keyword argument of that name
+            cannot be passed through it.)
         """
         if self._pyro_mcmc is not None or self.checkpoint_path is None:
             raise ValueError("resume() needs a particle kernel and a checkpoint_path")
+        if not isinstance(allow_new_data, bool):
+            raise TypeError(
+                f"allow_new_data must be True or False, got {type(allow_new_data).__name__}"
+            )
         self._model_args = (args, kwargs)
         # Set up first: in a sharded run the set-up is collective, and the file to read is
         # this rank's.
         with pyro.validation_enabled(not self.disable_validation):
             self.kernel.setup(self.warmup_steps, *args, **kwargs)
+        self._run_identity = self._identity()
         try:
             checkpoint = self._load_checkpoint()
+            self._check_checkpoint(checkpoint, allow_new_data)
             failure = None
-        except (ValueError, FileNotFoundError) as error:
+        except (ValueError, TypeError, FileNotFoundError) as error:
             checkpoint, failure = None, error
         shard = self.kernel.shard
         if shard is not None:
@@ -273,31 +309,123 @@ class MCMC(AbstractMCMC):
                 )
         if failure is not None:
             raise failure
-        self._check_checkpoint(checkpoint)
         self.kernel.load_state_dict(checkpoint["kernel"])
         torch.set_rng_state(checkpoint["cpu_rng"])
         if checkpoint["cuda_rng"] is not None:
             torch.cuda.set_rng_state_all(checkpoint["cuda_rng"])
         self._statistics = self._restore_statistics(checkpoint.get("statistics"))
-        self._run_particles(start=checkpoint["step"], draws=list(checkpoint["draws"]))
+        self._run_particles(start=checkpoint["step"], draws=list(checkpoint["draws"].unbind(0)))
 
-    def _check_checkpoint(self, checkpoint):
+    def _check_checkpoint(self, checkpoint, allow_new_data=False):
+        """Refuse a checkpoint of another run, or one whose entries a set-up kernel cannot
+        take (checked here, so that the kernel never meets a malformed state)."""
+        where = f"checkpoint_path={self.checkpoint_file!r}"
+        restart = "; the file was modified or damaged: restart the run"
         config = (self.warmup_steps, self.num_samples, self.thinning)
-        if tuple(checkpoint["config"]) != config:
+        saved_config = tuple(checkpoint["config"])
+        integers = all(isinstance(v, int) and not isinstance(v, bool) for v in saved_config)
+        if not integers or saved_config != config:
             raise ValueError(
-                f"checkpoint was written with (warmup_steps, num_samples, thinning)="
-                f"{tuple(checkpoint['config'])}, this MCMC has {config}"
+                f"{where}: checkpoint['config'] says it was written with (warmup_steps, "
+                f"num_samples, thinning)={saved_config}, this MCMC has {config}: resume with "
+                "the run's settings, or restart the run"
             )
-        if (checkpoint.get("statistics") is None) != (self._statistics is None):
-            raise ValueError("the checkpoint and this MCMC disagree on keeping draws or statistics")
-        saved, now = checkpoint["fingerprint"], self._fingerprint()
-        different = [key for key in now if saved.get(key) != now[key]]
+        step, total = checkpoint["step"], self._total_steps
+        if not 0 <= step <= total:
+            raise ValueError(
+                f"{where}: checkpoint['step']={step} lies outside [0, {total}], the steps of a run "
+                f"with (warmup_steps, num_samples, thinning)={config}" + restart
+            )
+        if (checkpoint["statistics"] is None) != (self._statistics is None):
+            raise ValueError(
+                f"{where}: the checkpoint and this MCMC disagree on keeping draws or statistics "
+                f"(checkpoint['statistics'] is {'None' if checkpoint['statistics'] is None else 'set'}, "
+                f"this MCMC's statistics= is {'None' if self._statistics is None else 'set'}): "
+                "resume with the run's statistics option, or restart the run"
+            )
+        fingerprint, data = self._run_identity
+        saved, now = checkpoint["fingerprint"], dict(fingerprint)
+        saved_data, now_data = checkpoint["data"], data
+        if allow_new_data:
+            # Other data on purpose: what depends on the data (its shapes, the observed
+            # sites' shapes) may change; the latent sites, which the state holds, may not.
+            saved = dict(saved)
+            for items in (saved, now):
+                items.pop("data shapes", None)
+                for key, value in list(items.items()):
+                    if isinstance(value, dict) and value.get("observed"):
+                        items[key] = {
+                            k: v
+                            for k, v in value.items()
+                            if k not in ("batch_shape", "event_shape")
+                        }
+            saved_data = now_data
+        different = ckpt.differences(saved, now) + ckpt.data_differences(saved_data, now_data)
         if different:
+            data_only = not ckpt.differences(saved, now)
             raise ValueError(
-                f"checkpoint_path={self.checkpoint_path!r} was written by a different run: "
-                + "; ".join(f"{key} was {saved.get(key)!r}, is {now[key]!r}" for key in different)
-                + ". Resume with the kernel, particles and model arguments of the run that wrote it."
+                f"{where} was written by a different run (each item: was = in the checkpoint, "
+                "is = in this run): "
+                + "; ".join(different)
+                + ". Resume with the kernel, its settings, the particles, the model and the "
+                "model arguments of the run that wrote it, or start afresh with run()"
+                + (
+                    "; to continue on other data on purpose, pass resume(..., allow_new_data=True)"
+                    if data_only
+                    else ""
+                )
+                + "."
             )
+        kernel = self.kernel
+        ckpt.check_like(checkpoint["kernel"], kernel.state_dict(), ("kernel",), where)
+        kernel_step = checkpoint["kernel"].get("step", step)
+        if kernel_step != step:
+            raise ValueError(
+                f"{where}: checkpoint['kernel']['step']={kernel_step} differs from "
+                f"checkpoint['step']={step}" + restart
+            )
+        draws = checkpoint["draws"]
+        particles = kernel.particles
+        kept = (
+            0 if self._statistics is not None else max(0, step - self.warmup_steps) // self.thinning
+        )
+        expected = [kept, particles.shape[0], kernel.draw_dim]
+        if list(draws.shape) != expected or draws.dtype != particles.dtype:
+            raise ValueError(
+                f"{where}: checkpoint['draws'] has shape {list(draws.shape)} and dtype "
+                f"{draws.dtype}; at step {step} of this run it has shape {expected} (kept draws, "
+                f"particles, draw width) and dtype {particles.dtype}" + restart
+            )
+        ckpt.check_like(checkpoint["cpu_rng"], torch.get_rng_state(), ("cpu_rng",), where)
+        cuda_rng = checkpoint["cuda_rng"]
+        if cuda_rng is not None:
+            count = torch.cuda.device_count()
+            if len(cuda_rng) != count:
+                raise ValueError(
+                    f"{where}: checkpoint['cuda_rng'] holds the random states of {len(cuda_rng)} "
+                    f"CUDA devices, this process sees {count}: resume on the machine type "
+                    "that wrote it, or restart the run"
+                )
+            template = [torch.cuda.get_rng_state(i) for i in range(count)]
+            ckpt.check_like(cuda_rng, template, ("cuda_rng",), where)
+        statistics = checkpoint["statistics"]
+        if statistics is not None:
+            for key, value in statistics.items():
+                name = ckpt.render(("statistics", key))
+                if not (
+                    isinstance(key, tuple)
+                    and len(key) == 2
+                    and isinstance(key[0], int)
+                    and isinstance(key[1], str)
+                ):
+                    raise ValueError(
+                        f"{where}: {name}: the statistics are keyed by (particle, site)" + restart
+                    )
+                if not isinstance(value, streaming.StreamingStats):
+                    raise TypeError(
+                        f"{where}: {name} must be a pyro.ops.streaming statistic, got "
+                        f"{type(value).__name__}" + restart
+                    )
 
     @property
     def checkpoint_file(self) -> str | None:
@@ -350,7 +478,8 @@ class MCMC(AbstractMCMC):
                         bar.n = step
                         bar.refresh()
                         continue
-                    if step == self._total_steps:
+                    # >=, not ==: a loop bound that a wrong start could skip past never ends.
+                    if step >= self._total_steps:
                         if kernel.verify():
                             break
                         continue
@@ -524,19 +653,15 @@ class MCMC(AbstractMCMC):
         statistics.stats.update(saved)
         return statistics
 
-    def _fingerprint(self):
-        """What a checkpoint must match to resume: the sampler, its particles and the data."""
-        kernel = self.kernel
-        leaves = torch.utils._pytree.tree_leaves(self._model_args)
-        return {
-            "kernel": type(kernel).__name__,
-            "num_particles": kernel.num_particles,
-            "sites": kernel.site_shapes(),
-            "data shapes": [list(x.shape) for x in leaves if isinstance(x, torch.Tensor)],
-            "shard": None
-            if kernel.shard is None
-            else [kernel.shard.mode, kernel.shard.rank, kernel.shard.world_size],
-        }
+    def _identity(self):
+        """``(fingerprint, data digest)`` of the run just set up: what its checkpoints are
+        bound to (see :mod:`pyro_ext.infer.checkpoint`)."""
+        args, kwargs = self._model_args
+        model = self.kernel.potential.model
+        return (
+            ckpt.run_fingerprint(self.kernel, model, args, kwargs),
+            ckpt.data_digest(model, args, kwargs),
+        )
 
     def _load_checkpoint(self):
         path = self.checkpoint_file
@@ -561,35 +686,73 @@ class MCMC(AbstractMCMC):
             raise ValueError(
                 f"checkpoint_path={path!r} is truncated or not a checkpoint ({error}); restart the run"
             ) from None
-        expected = {"step", "config", "kernel", "draws", "draws_sha256", "fingerprint", "cpu_rng"}
-        if not isinstance(checkpoint, dict) or not expected <= set(checkpoint):
+        where = f"checkpoint_path={path!r}"
+        if not isinstance(checkpoint, dict):
             raise ValueError(
-                f"checkpoint_path={path!r} is not a checkpoint of pyro_ext.infer.MCMC (or one "
-                "written before checkpoints were checksummed); restart the run"
+                f"{where} is not a checkpoint of pyro_ext.infer.MCMC (it holds a "
+                f"{type(checkpoint).__name__}); restart the run"
             )
-        draws = checkpoint["draws"]
-        if isinstance(draws, torch.Tensor) and _sha256(draws) != checkpoint["draws_sha256"]:
+        for key in CHECKPOINT_ENTRIES:
+            if key not in checkpoint:
+                raise ValueError(
+                    f"{where}: checkpoint[{key!r}] is missing: the file is not a checkpoint of "
+                    "pyro_ext.infer.MCMC, or one written by an older version (before checkpoints "
+                    "were checksummed and bound to their run), or it was modified; restart the run"
+                )
+        unknown = [key for key in checkpoint if key not in CHECKPOINT_ENTRIES]
+        if unknown:
             raise ValueError(
-                f"checkpoint_path={path!r}: the stored draws do not match their checksum (the "
-                "file was modified or damaged); restart the run"
+                f"{where}: checkpoint[{unknown[0]!r}] is not an entry of a checkpoint (those are "
+                f"{list(CHECKPOINT_ENTRIES)}); the file was modified or damaged: restart the run"
             )
+        for key, kind in CHECKPOINT_ENTRIES.items():
+            value = checkpoint[key]
+            if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+                raise TypeError(
+                    f"{where}: checkpoint[{key!r}] must be "
+                    + (
+                        kind.__name__
+                        if isinstance(kind, type)
+                        else " or ".join(k.__name__ for k in kind)
+                    )
+                    + f", got {type(value).__name__}; the file was modified or damaged: restart the run"
+                )
+        if checkpoint["format"] != ckpt.FORMAT:
+            raise ValueError(
+                f"{where} has checkpoint format {checkpoint['format']}, this version of "
+                f"pyro_ext reads format {ckpt.FORMAT}; restart the run"
+            )
+        ckpt.verify(checkpoint, where)
         return checkpoint
 
     def _save_checkpoint(self, step, draws):
-        stacked = torch.stack(draws) if draws else []
+        if self._run_identity is None:
+            self._run_identity = self._identity()
+        fingerprint, data = self._run_identity
+        if draws:
+            stacked = torch.stack(draws)
+        else:
+            # An empty tensor, not a list: a checkpoint's draws always have a checksum.
+            particles = self.kernel.particles
+            stacked = particles.new_zeros(
+                (0, particles.shape[0], self.kernel.draw_dim),
+                device=self.draws_device or particles.device,
+            )
         checkpoint = {
+            "format": ckpt.FORMAT,
             "step": step,
             "config": (self.warmup_steps, self.num_samples, self.thinning),
-            "fingerprint": self._fingerprint(),
+            "fingerprint": fingerprint,
+            "data": data,
             "kernel": self.kernel.state_dict(),
             "draws": stacked,
-            "draws_sha256": _sha256(stacked) if draws else None,
             # The per-key statistics as a plain dict: a StatsOfDict keeps them in a
             # defaultdict, which a weights-only load cannot rebuild.
             "statistics": None if self._statistics is None else dict(self._statistics.stats),
             "cpu_rng": torch.get_rng_state(),
             "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None,
         }
+        ckpt.sign(checkpoint)
         tmp = f"{self.checkpoint_file}.tmp"
         torch.save(checkpoint, tmp)
         os.replace(tmp, self.checkpoint_file)

@@ -35,6 +35,7 @@ from ..ops.validation import check_int, check_positive
 from .errors import SamplerDivergenceError
 from .mcmc import MCMC
 from .sgmcmc import SGMCMCKernel
+from .sgmcmc.schedules import ConstantStepSize
 
 __all__ = ["StepSizeTrial", "StepSizeTuning", "tune_step_size"]
 
@@ -97,6 +98,60 @@ def _full_data_score(potential, z, chunk_size=256):
     return torch.cat(scores)
 
 
+def _initial_step_size(kernel):
+    """The step size a kernel takes at its first step, ``None`` where it adapts its own
+    (``step_size=None``) or the schedule cannot be read."""
+    schedule = kernel.step_size
+    if schedule is None:
+        return None
+    try:
+        return float(schedule(0))
+    except (TypeError, ValueError, RuntimeError):  # a user's schedule that needs more
+        return math.nan
+
+
+def _check_factory_uses_step_size(kernels, candidates):
+    """Refuse a ``kernel_factory`` that ignores the step size it is given: one that returns
+    the same kernel object twice, a kernel without a step size (``step_size=None``: it
+    adapts its own), one whose constant step size is not the candidate, or kernels of
+    different candidates that start with the same step size."""
+    must = (
+        "kernel_factory must build a new kernel per call with the step size it is given, e.g. "
+        "lambda h: SGLD(model, step_size=h, num_particles=10)"
+    )
+    seen = {}
+    for h, kernel in zip(candidates, kernels):
+        if id(kernel) in seen and seen[id(kernel)][0] != h:
+            raise ValueError(
+                f"{must}: it returned the same kernel object for step sizes "
+                f"{seen[id(kernel)][0]:g} and {h:g}"
+            )
+        first = _initial_step_size(kernel)
+        if first is None:
+            raise ValueError(
+                f"{must}: for step size {h:g} it returned a {type(kernel).__name__} with "
+                "step_size=None (which adapts its own step size and ignores the candidate)"
+            )
+        if isinstance(kernel.step_size, ConstantStepSize) and not math.isclose(
+            first, h, rel_tol=1e-6
+        ):
+            raise ValueError(
+                f"{must}: for step size {h:g} it returned a {type(kernel).__name__} with "
+                f"step_size={first:g}"
+            )
+        seen[id(kernel)] = (h, first)
+    starts = {}
+    for h, first in seen.values():
+        if math.isfinite(first):
+            starts.setdefault(first, set()).add(h)
+    for first, hs in starts.items():
+        if len(hs) > 1:
+            raise ValueError(
+                f"{must}: the kernels it built for step sizes {sorted(hs)} all start with "
+                f"step size {first:g}, so their pilots cannot differ"
+            )
+
+
 def tune_step_size(
     kernel_factory: Callable[[float], SGMCMCKernel],
     *args,
@@ -139,8 +194,10 @@ def tune_step_size(
     :returns: :class:`StepSizeTuning` ``(step_size, trials)``.
     :raises TypeError: if ``kernel_factory`` is not callable or does not return an
         :class:`~pyro_ext.infer.SGMCMCKernel`.
-    :raises ValueError: if every candidate diverged (the message names the smallest) or
-        the arguments are out of range.
+    :raises ValueError: if every candidate diverged (the message names the smallest), the
+        arguments are out of range, or ``kernel_factory`` ignores the step size it is given
+        (returns one kernel object for every call, a kernel with ``step_size=None``, or
+        kernels that start with the same step size for different candidates).
     """
     if not callable(kernel_factory) or isinstance(kernel_factory, MCMCKernel):
         raise TypeError(
@@ -162,14 +219,20 @@ def tune_step_size(
     max_draws = check_int(max_draws, "max_draws", low=2)
     seed = check_int(seed, "seed", low=0)
 
-    trials = []
-    for step_size in candidates:
-        kernel = kernel_factory(step_size)
+    # Every kernel is built (cheap: nothing runs before setup) and checked before the first
+    # pilot: a factory that ignores its argument makes every pilot the same run, so every KSD
+    # ties and the first candidate "wins" in silence.
+    kernels = [kernel_factory(step_size) for step_size in candidates]
+    for kernel in kernels:
         if not isinstance(kernel, SGMCMCKernel):
             raise TypeError(
                 "kernel_factory must return a stochastic-gradient kernel (SGLD, SGHMC, "
                 f"AdamSGLD), got {type(kernel).__name__}"
             )
+    _check_factory_uses_step_size(kernels, candidates)
+
+    trials = []
+    for step_size, kernel in zip(candidates, kernels):
         start = time.perf_counter()
         pyro.set_rng_seed(seed)
         mcmc = MCMC(

@@ -939,7 +939,8 @@ class VIS:
         if self._prototype is None:
             self._setup(args, kwargs)
         else:
-            check_model_data(self.model, args, kwargs, self._setup_trace)
+            # On these arguments: the set-up trace holds the set-up data's observations.
+            check_model_data(self.model, args, kwargs, None)
         record = {}
         with (
             poutine.trace() as tracer,

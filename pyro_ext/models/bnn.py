@@ -286,13 +286,36 @@ class BayesianMLP(PyroModule):
         return dist.Categorical(logits=output)
 
     def _check_data(self, x, y):
+        """``y`` checked against ``x`` and the likelihood (``None`` if not given).
+
+        Value checks follow the validation switch (see :mod:`pyro_ext.ops.validation`; the
+        samplers turn it off, so their steps do not pay for them) and read the device once
+        per call: every check builds a mask of bad entries and one ``bool`` reads them all.
+        """
         if not torch.is_tensor(x) or x.dim() != 2 or x.shape[-1] != self.in_features:
             shape = tuple(x.shape) if torch.is_tensor(x) else type(x).__name__
             raise ValueError(f"x must be a tensor of shape (N, {self.in_features}), got {shape}")
         if not x.is_floating_point():
             raise ValueError(f"x must be a floating-point tensor, got dtype {x.dtype}")
-        if y is None:
-            return None
+        if y is not None and x.shape[0] == 0:
+            raise ValueError(
+                f"x and y are empty (x of shape {tuple(x.shape)}): the likelihood needs at "
+                f"least one observed row"
+            )
+        checks = [(x, ~torch.isfinite(x), "x must be finite (no NaN or infinity)")]
+        if y is not None:
+            y = self._check_labels(x, y, checks)
+        if values_checked():
+            if bool(torch.stack([bad.any() for _, bad, _ in checks]).any()):
+                for value, bad, expected in checks:
+                    if bool(bad.any()):
+                        index = tuple(int(i) for i in bad.nonzero()[0])
+                        index = index[0] if len(index) == 1 else index
+                        raise ValueError(f"{expected}; got {value[index].item()} at index {index}")
+        return y
+
+    def _check_labels(self, x, y, checks):
+        """``y``'s type and shape; appends its value check to ``checks``."""
         if not torch.is_tensor(y):
             raise ValueError(f"y must be a tensor, got {type(y).__name__}")
         num = x.shape[0]
@@ -307,21 +330,19 @@ class BayesianMLP(PyroModule):
                 raise ValueError(
                     f"y must be floating point for a Gaussian likelihood, got dtype {y.dtype}"
                 )
+            checks.append((y, ~torch.isfinite(y), "y must be finite (no NaN or infinity)"))
             return y
-        # Value checks follow the validation switch (see pyro_ext.ops.validation).
-        check_values = values_checked()
         if self.likelihood == "bernoulli":
-            if check_values and not bool(((y == 0) | (y == 1)).all()):
-                raise ValueError("y must hold 0/1 labels for a Bernoulli likelihood")
+            bad = ~((y == 0) | (y == 1))
+            checks.append((y, bad, "y must hold 0/1 labels for a Bernoulli likelihood"))
             return y.to(x.dtype)
         if y.is_floating_point() or y.is_complex() or y.dtype == torch.bool:
             raise ValueError(
                 f"y must hold integer class labels for a categorical likelihood, got dtype {y.dtype}"
             )
-        if check_values and num and not (0 <= int(y.min()) and int(y.max()) < self.out_features):
-            raise ValueError(
-                f"class labels must lie in [0, {self.out_features}), got range [{int(y.min())}, {int(y.max())}]"
-            )
+        bad = (y < 0) | (y >= self.out_features)
+        message = f"y must hold class labels that lie in [0, {self.out_features}) (out_features {self.out_features})"
+        checks.append((y, bad, message))
         return y.long()
 
     def forward(self, x, y=None, subsample_size=None):
@@ -546,8 +567,20 @@ def expected_calibration_error(probs, labels, num_bins=15):
     if not torch.is_tensor(labels) or tuple(labels.shape) != (probs.shape[0],):
         raise ValueError(f"labels must be a tensor of shape ({probs.shape[0]},)")
     num_bins = check_int(num_bins, "num_bins", low=1)
+    if labels.is_complex():
+        raise TypeError(f"labels must be a real tensor of class labels, got dtype {labels.dtype}")
     # Value checks follow the validation switch (see pyro_ext.ops.validation).
     if values_checked():
+        num_classes = 2 if probs.dim() == 1 else probs.shape[-1]
+        bad = (labels < 0) | (labels >= num_classes)
+        if labels.is_floating_point():  # 0/1 floats (torch.bernoulli draws) are labels too
+            bad = bad | (labels != labels.floor())
+        if bool(bad.any()):
+            row = int(bad.nonzero()[0, 0])
+            raise ValueError(
+                f"labels must be integer class labels in [0, {num_classes}) (the classes of "
+                f"probs), got {labels[row].item()} at index {row}"
+            )
         eps = torch.finfo(probs.dtype).eps if probs.is_floating_point() else 0.0
         # Averages of softmaxes land a few ulps outside [0, 1]: that is round-off, not misuse.
         slack = 100 * eps

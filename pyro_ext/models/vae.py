@@ -25,7 +25,7 @@ from pyro.nn import PyroModule
 from torch import nn
 from torch.nn import functional as F
 
-from ..ops.validation import check_int
+from ..ops.validation import check_int, check_real, values_checked
 
 __all__ = ["CVAE", "VAE", "importance_log_likelihood", "refined_mean_proposal"]
 
@@ -57,10 +57,24 @@ class _GaussianEncoder(nn.Module):
 
 
 def _check_images(x, x_dim, name="x"):
+    """A non-empty ``(batch, x_dim)`` tensor of binary pixels, once per call: the decoder is
+    Bernoulli, so with validation on (see :func:`~pyro_ext.ops.validation.values_checked`)
+    every pixel must be 0 or 1, in the one scan that also finds NaN."""
     if not isinstance(x, torch.Tensor) or x.dim() != 2 or x.shape[-1] != x_dim:
         shape = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
         raise ValueError(f"{name} must be a tensor of shape (batch, {x_dim}), got {shape}")
-    if torch.isnan(x).any():
+    if x.shape[0] == 0:
+        raise ValueError(f"{name} is empty (shape {tuple(x.shape)}): pass at least one image")
+    if values_checked():
+        bad = ~((x == 0) | (x == 1))
+        if bool(bad.any()):
+            index = tuple(int(i) for i in bad.nonzero()[0])
+            raise ValueError(
+                f"{name} must hold binary pixels 0 or 1 (the decoder is Bernoulli), got "
+                f"{float(x[index])} at index {index}; binarize the images first (e.g. "
+                f"torch.bernoulli({name}) or ({name} > 0.5).float())"
+            )
+    elif torch.isnan(x).any():
         raise ValueError(f"{name} contains NaN")
 
 
@@ -236,6 +250,17 @@ def importance_log_likelihood(log_joint, proposal_draws):
     :param callable log_joint: z (S, batch, z_dim) ↦ log p(x, z) of shape (S, batch).
     :param tuple proposal_draws: ``(z, log_q)`` with ``z`` (S, batch, z_dim), ``log_q`` (S, batch).
     """
+    if not callable(log_joint):
+        raise TypeError(f"log_joint must be a callable z -> log p(x, z), got {log_joint!r}")
+    if (
+        not isinstance(proposal_draws, (tuple, list))
+        or len(proposal_draws) != 2
+        or not all(isinstance(t, torch.Tensor) for t in proposal_draws)
+    ):
+        raise TypeError(
+            f"proposal_draws must be a pair (z, log_q) of tensors, got "
+            f"{type(proposal_draws).__name__}"
+        )
     z, log_q = proposal_draws
     if z.dim() != 3 or log_q.shape != z.shape[:2]:
         raise ValueError(
@@ -256,9 +281,23 @@ def refined_mean_proposal(log_joint, loc, scale, step_size, num_steps):
     as cheap as the encoder's and benefits from the refinement.
 
     :param callable log_joint: z (batch, z_dim) ↦ log p(x, z) of shape (batch,).
+    :param torch.Tensor loc: (batch, z_dim) encoder means.
+    :param torch.Tensor scale: (batch, z_dim) encoder scales, positive.
+    :param float step_size: gradient step size, ``>= 0``.
+    :param int num_steps: number of gradient steps, ``>= 0``.
     :returns: ``draw(n) -> (z, log_q)`` with z of shape (n, batch, z_dim), as
         :meth:`VAE.log_likelihood` expects from its ``proposal``.
+    :raises TypeError: if ``log_joint`` is not callable, ``loc`` / ``scale`` not tensors,
+        ``step_size`` not a number or ``num_steps`` not an integer.
+    :raises ValueError: if ``step_size`` or ``num_steps`` is negative.
     """
+    if not callable(log_joint):
+        raise TypeError(f"log_joint must be a callable z -> log p(x, z), got {log_joint!r}")
+    for value, name in ((loc, "loc"), (scale, "scale")):
+        if not isinstance(value, torch.Tensor) or not value.is_floating_point():
+            raise TypeError(f"{name} must be a floating-point tensor, got {value!r}")
+    step_size = check_real(step_size, "step_size", low=0)
+    num_steps = check_int(num_steps, "num_steps", low=0)
     z = loc.detach()
     with torch.enable_grad():
         for _ in range(num_steps):

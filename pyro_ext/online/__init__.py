@@ -20,13 +20,14 @@ from .bandits import (
     logistic_contextual_model,
     neural_contextual_model,
 )
-from .filters import BONG, IMQ, LoFi, OnlineDivergenceError, WoLF
+from .filters import BONG, IMQ, LoFi, OnlineDivergenceError, OnlineInputError, WoLF
 
 __all__ = [
     "BONG",
     "IMQ",
     "LoFi",
     "OnlineDivergenceError",
+    "OnlineInputError",
     "WoLF",
     "BanditHistory",
     "BayesOptResult",

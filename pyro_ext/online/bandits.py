@@ -37,6 +37,7 @@ Example::
 import abc
 import math
 import numbers
+import reprlib
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
@@ -82,6 +83,12 @@ def _check_hidden(hidden):
         hidden = (hidden,)
     if not isinstance(hidden, Sequence) or isinstance(hidden, str):
         raise TypeError(f"hidden must be an int or a sequence of ints, got {type(hidden).__name__}")
+    if len(hidden) == 0:
+        raise ValueError(
+            "hidden must name at least one hidden layer's width (an int, or a non-empty "
+            "sequence of ints >= 1), got an empty sequence; a network without hidden layers "
+            "is linear_contextual_model's regression"
+        )
     for width in hidden:
         _check_int("each hidden width", width, 1)
     return tuple(int(width) for width in hidden)
@@ -94,6 +101,19 @@ def _check_tensor(name, value, dim=None):
         raise ValueError(f"{name} must have {dim} dimension(s), got shape {tuple(value.shape)}")
     if not value.is_floating_point():
         raise TypeError(f"{name} must be a floating-point tensor, got dtype {value.dtype}")
+    _check_finite_tensor(name, value)
+    return value
+
+
+def _check_finite_tensor(name, value):
+    """Refuse NaN or infinite entries of a floating-point ``value``, naming the first."""
+    if not value.is_floating_point():
+        return value
+    bad = ~torch.isfinite(value)
+    if bool(bad.any()):
+        index = tuple(int(i) for i in bad.nonzero()[0])
+        where = f" first at index {index}" if index else ""
+        raise ValueError(f"{name} must be finite, got {value[index].item()!r}{where}")
     return value
 
 
@@ -161,7 +181,7 @@ def bernoulli_arms_model(num_arms: int, prior_scale: float = 1.0) -> Callable:
         with pyro.plate("rounds", action.shape[0]):
             return pyro.sample("reward", dist.Bernoulli(logits=logits[action]), obs=reward)
 
-    model.num_arms = num_arms
+    model.num_arms, model.context_dim = num_arms, None
     model.default_init_strategy = _start_at_prior_mean
     return model
 
@@ -191,7 +211,7 @@ def gaussian_arms_model(
         with pyro.plate("rounds", action.shape[0]):
             return pyro.sample("reward", dist.Normal(means[action], noise_scale), obs=reward)
 
-    model.num_arms = num_arms
+    model.num_arms, model.context_dim = num_arms, None
     model.default_init_strategy = _start_at_prior_mean
     return model
 
@@ -228,7 +248,7 @@ def linear_contextual_model(
         with pyro.plate("rounds", action.shape[0]):
             return pyro.sample("reward", dist.Normal(mean, noise_scale), obs=reward)
 
-    model.num_arms = num_arms
+    model.num_arms, model.context_dim = num_arms, context_dim
     model.default_init_strategy = _start_at_prior_mean
     return model
 
@@ -257,7 +277,7 @@ def logistic_contextual_model(
         with pyro.plate("rounds", action.shape[0]):
             return pyro.sample("reward", dist.Bernoulli(logits=logits), obs=reward)
 
-    model.num_arms = num_arms
+    model.num_arms, model.context_dim = num_arms, context_dim
     model.default_init_strategy = _start_at_prior_mean
     return model
 
@@ -324,7 +344,7 @@ def neural_contextual_model(
         with pyro.plate("rounds", action.shape[0]):
             return pyro.sample("reward", dist.Normal(mean, noise_scale), obs=reward)
 
-    model.num_arms = num_arms
+    model.num_arms, model.context_dim = num_arms, context_dim
     model.default_init_strategy = _start_at_a_prior_draw
     return model
 
@@ -511,7 +531,8 @@ class ThompsonBandit:
         (a :class:`~pyro_ext.online.BONG`) over a reward model ``model(context, action,
         reward=None)`` (see the module docstring), e.g. ``lambda: BONG(model,
         family="diag")``; :meth:`reset` calls it again.
-    :param int num_arms: number of arms, at least 2.
+    :param int num_arms: number of arms, at least 2; the number the reward model declares
+        (``model.num_arms``, as this module's helpers do), if it does.
     :param str policy: ``"thompson"`` (default), ``"ucb"``, ``"greedy"`` or
         ``"epsilon_greedy"``.
     :param float ucb_scale: the UCB multiplier ``c >= 0`` (default 1).
@@ -529,8 +550,8 @@ class ThompsonBandit:
     ):
         if not callable(filter_factory):
             raise TypeError(
-                "filter_factory must be a zero-argument callable returning a filter, got "
-                f"{type(filter_factory).__name__}"
+                "filter_factory must be a zero-argument callable returning a filter (e.g. "
+                f"lambda: BONG(model)), got {type(filter_factory).__name__}"
             )
         self.num_arms = _check_int("num_arms", num_arms, 2)
         if not isinstance(policy, str):
@@ -554,6 +575,21 @@ class ThompsonBandit:
             raise TypeError(
                 f"filter_factory must return a BONG filter (BONG, LoFi, WoLF), got "
                 f"{type(filter).__name__}"
+            )
+        if filter.belief is not None:
+            raise ValueError(
+                f"filter_factory returned a filter that already holds a belief "
+                f"({filter.num_updates} updates); it must build a new filter at each call "
+                "(reset() starts again from the prior), e.g. lambda: BONG(model)"
+            )
+        # A reward model that declares its arms (the helpers of this module do) must have
+        # as many as the agent: fewer fail at the first pull of a missing arm, more are
+        # never considered.
+        declared = getattr(filter.model, "num_arms", None)
+        if declared is not None and declared != self.num_arms:
+            raise ValueError(
+                f"num_arms is {self.num_arms}, but the filter's reward model has {declared} "
+                f"arms; pass num_arms={declared}, or build the model with {self.num_arms} arms"
             )
         #: the filter holding the belief (its ``belief`` is ``None`` before the first observation)
         self.filter = filter
@@ -579,9 +615,43 @@ class ThompsonBandit:
                 return x.device
         return torch.device("cpu")
 
-    def _check_context(self, context):
+    def _check_context(self, context, batch=None):
+        """
+        ``context``: ``None`` or a tensor, finite, of the shape the reward model declares
+        (its ``context_dim``; the helpers of this module declare it): one round's
+        ``(context_dim,)``, or ``(batch, context_dim)`` for a batch of ``batch`` rounds.
+        Read once per call, on the round's new data.
+        """
         if context is not None and not isinstance(context, torch.Tensor):
             raise TypeError(f"context must be None or a tensor, got {type(context).__name__}")
+        model = self.filter.model
+        if not hasattr(model, "context_dim"):
+            if context is not None:
+                _check_finite_tensor("context", context)
+            return
+        context_dim = model.context_dim
+        if context_dim is None:
+            if context is not None:
+                raise ValueError(
+                    "context must be None: the reward model is a bandit without context, got "
+                    f"a tensor of shape {tuple(context.shape)}"
+                )
+            return
+        if context is None:
+            raise TypeError(
+                f"context must be a tensor: the reward model needs a context tensor "
+                f"({context_dim},), got None"
+            )
+        expected = (context_dim,) if batch is None else (batch, context_dim)
+        if tuple(context.shape) != expected:
+            raise ValueError(
+                f"context must have shape {expected}"
+                + (" (one round's)" if batch is None else " (one row per round of action)")
+                + f", got {tuple(context.shape)}"
+            )
+        if context.is_complex() or context.dtype == torch.bool:
+            raise TypeError(f"context must be a real tensor, got dtype {context.dtype}")
+        _check_finite_tensor("context", context)
 
     def expected_rewards(self, context=None, theta: torch.Tensor | None = None) -> torch.Tensor:
         r"""
@@ -594,6 +664,19 @@ class ThompsonBandit:
             raise RuntimeError("no belief yet: observe() at least one round first")
         if theta is None:
             theta = self.filter.belief.mean
+        else:
+            dim = self.filter.belief.mean.shape[0]
+            if not isinstance(theta, torch.Tensor) or not theta.is_floating_point():
+                raise TypeError(
+                    f"theta must be a floating-point tensor ({dim},), got "
+                    f"{type(theta).__name__ if not isinstance(theta, torch.Tensor) else theta.dtype}"
+                )
+            if tuple(theta.shape) != (dim,):
+                raise ValueError(
+                    f"theta must have shape ({dim},) (the belief's flat unconstrained "
+                    f"parameters), got {tuple(theta.shape)}"
+                )
+            _check_finite_tensor("theta", theta)
         return self._arm_means(self.filter.potential.constrain(theta), context)
 
     def _arm_means(self, values, context):
@@ -659,7 +742,10 @@ class ThompsonBandit:
         and ``reward`` a number or 0-dim tensor, or with a batch of rounds: ``action``
         ``(B,)``, ``reward`` ``(B,)``, ``context`` ``(B, ...)``. Returns ``self``.
         """
-        self._check_context(context)
+        if isinstance(action, torch.Tensor) and action.dim() == 1:
+            self._check_context(context, batch=action.shape[0])
+        else:
+            self._check_context(context)
         device = self._device(context, reward, action)
         if isinstance(action, torch.Tensor):
             if action.is_floating_point() or action.is_complex() or action.dtype == torch.bool:
@@ -690,6 +776,10 @@ class ThompsonBandit:
                 f"reward must have the shape of action {tuple(action.shape)}, got "
                 f"{tuple(reward.shape)}"
             )
+        if action.numel() == 0:
+            raise ValueError("action and reward are empty: observe at least one round")
+        # A bandit's reward is never missing (a filter would skip a NaN one silently).
+        _check_finite_tensor("reward", reward)
         if single:
             action, reward = action.unsqueeze(0), reward.unsqueeze(0)
             if context is not None:
@@ -824,11 +914,32 @@ def bayes_opt_1d(
     num_steps = _check_int("num_steps", num_steps, 1)
     grid_size = _check_int("grid_size", grid_size, 2)
     sizes = (1,) + _check_hidden(hidden) + (1,)
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise TypeError(f"dtype must be a floating-point torch.dtype, got {dtype!r}")
+    if device is not None:
+        if not isinstance(device, (str, torch.device)):
+            raise TypeError(f"device must be None, a str or a torch.device, got {device!r}")
+        try:
+            device = torch.device(device)
+        except RuntimeError as error:
+            raise ValueError(f"device {device!r} is not a torch device ({error})") from None
+    # The grid's points must be distinct, finite numbers of the surrogate's dtype.
+    largest = torch.finfo(dtype).max
+    if max(abs(low), abs(high)) > largest or not (high - low) <= largest:
+        raise ValueError(
+            f"bounds {bounds!r} span {high - low!r}, more than {dtype} can represent (its "
+            f"largest number is {largest:.4g}); rescale the objective's input"
+        )
+    grid = torch.linspace(low, high, grid_size, device=device, dtype=dtype)
+    if not bool((grid[1:] > grid[:-1]).all()):
+        raise ValueError(
+            f"bounds {bounds!r} are too close for {dtype} to hold grid_size={grid_size} "
+            "distinct points between them; widen the bounds, lower grid_size or use "
+            "dtype=torch.float64"
+        )
     prior_scale = _check_positive("prior_scale", prior_scale)
     input_scale = _check_positive("input_scale", input_scale)
     noise_scale = _check_positive("noise_scale", noise_scale)
-    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
-        raise TypeError(f"dtype must be a floating-point torch.dtype, got {dtype!r}")
     if filter_factory is None:
 
         def filter_factory(model):
@@ -841,7 +952,6 @@ def bayes_opt_1d(
         )
     if seed is not None:
         pyro.set_rng_seed(_check_int("seed", seed, 0))
-    grid = torch.linspace(low, high, grid_size, device=device, dtype=dtype)
     inputs = torch.linspace(-1.0, 1.0, grid_size, device=device, dtype=dtype)
     # The random start of each site (its belief's mean) and the belief's scale (the prior).
     starts = [(input_scale, 1.0)] + [(1 / math.sqrt(n), 1.0) for n in sizes[1:-2]] + [(0, 0)]
@@ -862,15 +972,14 @@ def bayes_opt_1d(
         fn = site["fn"]
         return start_of[site["name"]] * torch.randn(fn.shape(), dtype=dtype, device=fn.mean.device)
 
+    surrogate.num_arms, surrogate.context_dim = grid_size, None
     surrogate.default_init_strategy = lambda *args, **kwargs: random_features
     agent = ThompsonBandit(lambda: filter_factory(surrogate), grid_size)
     xs, ys = [], []
     for _ in range(num_steps):
         action = agent.act()
         x = grid[action]
-        y = torch.as_tensor(objective(x), dtype=dtype, device=grid.device).reshape(())
-        if not bool(torch.isfinite(y)):
-            raise ValueError(f"objective returned {y.item()} at x = {x.item()}")
+        y = _objective_value(objective(x), x, dtype)
         agent.observe(None, action, y)
         xs.append(x)
         ys.append(y)
@@ -885,3 +994,30 @@ def _check_finite(name, value):
     if not math.isfinite(value):
         raise ValueError(f"{name} must be finite, got {value!r}")
     return float(value)
+
+
+def _objective_value(value, x, dtype):
+    """The objective's return ``value`` at ``x`` as a finite 0-dim tensor of ``dtype``."""
+    where = f"at x = {x.item()!r}; expected a finite float (one real number)"
+    if isinstance(value, torch.Tensor):
+        if value.numel() != 1:
+            raise ValueError(f"objective returned a tensor of shape {tuple(value.shape)} {where}")
+        if value.dtype == torch.bool or value.is_complex():
+            raise TypeError(f"objective returned a tensor of dtype {value.dtype} {where}")
+        number = float(value.detach().reshape(()))
+    elif isinstance(value, numbers.Real) and not isinstance(value, bool):
+        try:
+            number = float(value)
+        except OverflowError:
+            number = math.inf
+    else:
+        raise TypeError(
+            f"objective returned {reprlib.repr(value)} ({type(value).__name__}) {where}"
+        )
+    y = torch.tensor(number, dtype=dtype, device=x.device)
+    if not (math.isfinite(number) and bool(torch.isfinite(y))):
+        raise ValueError(
+            f"objective returned {number!r} {where}"
+            + (f" in {dtype}" if math.isfinite(number) else "")
+        )
+    return y

@@ -6,9 +6,11 @@ model (its latent sites, their Gaussian priors, its observed sites' means and va
 and wires them together.
 """
 
+import inspect
 import math
 import numbers
 import warnings
+import weakref
 from collections.abc import Callable
 
 import pyro
@@ -19,7 +21,7 @@ from pyro.poutine.messenger import Messenger
 from pyro.poutine.util import site_is_subsample
 
 from ..infer.errors import DivergenceError
-from ..infer.potential import ParticlePotential
+from ..infer.potential import ParticlePotential, check_model_data
 from ..ops.curvature import hessian_diagonal
 from ..ops.validation import check_choice, check_int, check_real
 from . import updates
@@ -219,6 +221,237 @@ def _example_weights(site, robust, residual_sq):
     return weight
 
 
+# -- the data contract of one batch ---------------------------------------------------------
+class OnlineInputError(OnlineDivergenceError, ValueError):
+    """
+    Raised when :meth:`BONG.update` refuses a batch whose inputs hold NaN or infinite
+    values (an observation's NaN is a missing value and is skipped; an input's is not). It
+    is a :class:`ValueError` (a wrong value of an argument) and, as such inputs always
+    stopped the update, an :class:`OnlineDivergenceError`. The belief stays the one before
+    the update.
+    """
+
+    def __init__(self, step, what):
+        self.step, self.what = step, what
+        Exception.__init__(
+            self,
+            f"update {step} refused: {what}. The belief is the one before this update.",
+        )
+
+    def __reduce__(self):
+        return type(self), (self.step, self.what)
+
+
+#: model -> its signature, read once per model (every update binds its arguments); weak,
+#: so that it keeps no model (nor the data a model closes over) alive
+_SIGNATURES = weakref.WeakKeyDictionary()
+
+
+def _signature(model):
+    try:
+        return _SIGNATURES[model]
+    except (KeyError, TypeError):  # not seen yet, or not weakly referenceable
+        pass
+    try:
+        signature = inspect.signature(model)
+    except (TypeError, ValueError):
+        signature = None
+    try:
+        _SIGNATURES[model] = signature
+    except TypeError:
+        pass
+    return signature
+
+
+def _bind(model, args, kwargs, what):
+    """``{argument name: value}`` of ``model(*args, **kwargs)`` with its defaults, to name
+    the arguments in messages; a model whose signature ``*args`` hides gets positions."""
+    signature = _signature(model)
+    if signature is None:
+        return {f"#{i}": a for i, a in enumerate(args)} | dict(kwargs)
+    try:
+        bound = signature.bind(*args, **kwargs)
+    except TypeError as error:
+        raise TypeError(
+            f"{what} passes its arguments to the model, model{signature}, which cannot take "
+            f"them ({error})"
+        ) from None
+    bound.apply_defaults()
+    return dict(bound.arguments)
+
+
+def _label(name):
+    return f"positional argument {name[1:]}" if name.startswith("#") else repr(name)
+
+
+def _tensor_leaves(bound):
+    """``(label, tensor)`` of every tensor among the bound arguments (nested too)."""
+    for name, value in bound.items():
+        leaves = torch.utils._pytree.tree_leaves(value)
+        for position, leaf in enumerate(leaves):
+            if isinstance(leaf, torch.Tensor):
+                yield (name if len(leaves) == 1 else f"{name}[{position}]"), leaf
+
+
+def _storage(tensor):
+    """The address of ``tensor``'s storage: a view of an argument (``y[:, None]``) shares it."""
+    return tensor.untyped_storage().data_ptr() if tensor.numel() else None
+
+
+def _first_index(bad):
+    return tuple(int(i) for i in bad.nonzero()[0])
+
+
+def _nonfinite(label, leaf, allow_nan=False):
+    """``"the model's argument 'x' has NaN first at index (2, 1)"``, or ``None``."""
+    if not (leaf.is_floating_point() or leaf.is_complex()):
+        return None
+    bad = ~torch.isfinite(leaf)
+    if allow_nan:
+        bad = bad & ~torch.isnan(leaf)
+    if not bool(bad.any()):
+        return None
+    kind = "NaN" if bool(leaf[bad].isnan().any()) else "an infinite value"
+    return f"the model's argument {_label(label)} has {kind} first at index {_first_index(bad)}"
+
+
+def _none_arguments(bound):
+    return [name for name, value in bound.items() if value is None and not name.startswith("#")]
+
+
+def _shapes(bound):
+    parts = []
+    for label, leaf in _tensor_leaves(bound):
+        parts.append(f"{label}: {tuple(leaf.shape)} {str(leaf.dtype).replace('torch.', '')}")
+    return ", ".join(parts) or "no tensors"
+
+
+def _support_fill(fn, value):
+    """A number in ``fn``'s support, to stand for the missing (NaN) observations when the
+    potential's data contract reads them (the filter skips them; NaN is not in a support)."""
+    for candidate in (0.0, 1.0, 0.5):
+        filled = torch.full_like(value, candidate)
+        try:
+            if bool(fn.support.check(filled).all()):
+                return candidate
+        except (RuntimeError, ValueError, TypeError):
+            continue
+    return 0.0
+
+
+#: the keys of :meth:`BONG.state_dict`, and of its belief in each family
+_STATE_KEYS = ("family", "belief", "num_updates", "observed_sites", "fingerprint")
+_BELIEF_KEYS = {
+    "full": ("mean", "precision"),
+    "diag": ("mean", "precision"),
+    "dlr": ("mean", "diagonal", "low_rank"),
+}
+
+
+def _model_fingerprint(potential, point):
+    """``{site: {"distribution", "support", "shape"}}`` of the model's latent sites, read
+    by one run at ``point`` (nothing drawn)."""
+    devices = [point.device.index or 0] if point.is_cuda else []
+    with (
+        torch.random.fork_rng(devices=devices),
+        torch.no_grad(),
+        pyro.validation_enabled(False),
+        pyro.poutine.block(),
+    ):
+        model = pyro.poutine.condition(potential.model, data=potential.constrain(point))
+        trace = pyro.poutine.trace(model).get_trace(*potential.model_args, **potential.model_kwargs)
+    return {
+        name: {
+            "distribution": type(_base(trace.nodes[name]["fn"])).__name__,
+            "support": str(trace.nodes[name]["fn"].support),
+            "shape": tuple(trace.nodes[name]["value"].shape),
+        }
+        for name in potential.layout
+    }
+
+
+def _compare_models(saved, mine):
+    """Refuse a state saved from another model, naming the first difference."""
+    if not isinstance(saved, dict) or list(saved) != list(mine):
+        names = list(saved) if isinstance(saved, dict) else saved
+        raise ValueError(
+            f"the state was saved from a model with latent sites {names!r}, this filter's "
+            f"model has {list(mine)}; a state resumes the model it was saved from"
+        )
+    for name, items in mine.items():
+        theirs = saved[name] if isinstance(saved[name], dict) else {}
+        for item, value in items.items():
+            other = theirs.get(item)
+            if item == "shape" and isinstance(other, (list, tuple)):
+                other = tuple(other)
+            if other != value:
+                raise ValueError(
+                    f"the state was saved from another model: latent site {name!r} has "
+                    f"{item} {other!r} there, {value!r} here; a state resumes the model it "
+                    "was saved from"
+                )
+
+
+def _check_belief_state(belief, family, rank):
+    """The belief of a state: the family's keys, floating tensors, finite, consistent
+    shapes, a positive (definite) precision."""
+    if not isinstance(belief, dict):
+        raise TypeError(f"state['belief'] must be a dict of tensors, got {type(belief).__name__}")
+    keys = _BELIEF_KEYS[family]
+    missing = [key for key in keys if key not in belief]
+    extra = [key for key in belief if key not in keys]
+    if missing or extra:
+        which = f"has no key {missing[0]!r}" if missing else f"has the unknown key {extra[0]!r}"
+        raise ValueError(
+            f"state['belief'] {which}; a {family!r} belief has exactly the keys {list(keys)}"
+        )
+    for key in keys:
+        value = belief[key]
+        name = f"state['belief'][{key!r}]"
+        if not isinstance(value, torch.Tensor):
+            raise TypeError(f"{name} must be a tensor, got {type(value).__name__}")
+        if not value.is_floating_point():
+            raise TypeError(f"{name} must be a floating-point tensor, got dtype {value.dtype}")
+        bad = ~torch.isfinite(value)
+        if bool(bad.any()):
+            raise ValueError(
+                f"{name} is not finite (first at index {_first_index(bad)}); a belief saved by "
+                "BONG.state_dict() is always finite"
+            )
+    mean = belief["mean"]
+    if mean.dim() != 1:
+        raise ValueError(f"state['belief']['mean'] must be a vector (D,), got {tuple(mean.shape)}")
+    dim = mean.shape[0]
+    expected = {"mean": (dim,)}
+    if family == "full":
+        expected["precision"] = (dim, dim)
+    elif family == "diag":
+        expected["precision"] = (dim,)
+    else:
+        expected["diagonal"], expected["low_rank"] = (dim,), (dim, rank)
+    for key, shape in expected.items():
+        if tuple(belief[key].shape) != shape:
+            raise ValueError(
+                f"state['belief'][{key!r}] has shape {tuple(belief[key].shape)}; with a mean "
+                f"of {dim} coordinates{f' and rank {rank}' if family == 'dlr' else ''} it "
+                f"must be {shape}"
+            )
+    positive = belief["diagonal"] if family == "dlr" else belief["precision"]
+    if family == "full":
+        precision = positive.to(torch.float64)
+        _, info = torch.linalg.cholesky_ex(0.5 * (precision + precision.T))
+        if bool(info.any()) or not torch.allclose(precision, precision.T):
+            raise ValueError(
+                "state['belief']['precision'] is not a symmetric positive-definite matrix"
+            )
+    elif not bool((positive > 0).all()):
+        key = "diagonal" if family == "dlr" else "precision"
+        raise ValueError(
+            f"state['belief'][{key!r}] must be positive, got {positive.min().item()!r} first "
+            f"at index {_first_index(positive <= 0)}"
+        )
+
+
 class BONG:
     r"""
     An online Gaussian belief over the continuous latent sites of a Pyro model
@@ -412,8 +645,8 @@ class BONG:
             self.drift = float(q)
         if init_strategy is not None and not callable(init_strategy):
             raise TypeError("init_strategy must be a Pyro init strategy (a callable)")
-        if unconstrained_prior is not None and not isinstance(unconstrained_prior, dict):
-            raise TypeError("unconstrained_prior must be a dict site -> (loc, scale)")
+        if unconstrained_prior is not None:
+            _check_unconstrained_prior(unconstrained_prior)
         if jacobian_chunk_size is not None:
             _check_int("jacobian_chunk_size", jacobian_chunk_size, 1)
         self.model = model
@@ -433,6 +666,8 @@ class BONG:
         self._prediction_outputs = ()
         self.num_updates = 0
         self._loaded_state = None
+        #: the model's fingerprint (its latent sites), read at set-up, kept in a state
+        self._fingerprint = None
 
     # -- set-up --------------------------------------------------------------------------
     def _setup(self, args, kwargs, outputs=()):
@@ -477,14 +712,36 @@ class BONG:
                     torch.as_tensor(v, dtype=point.dtype, device=point.device)
                     for v in self.unconstrained_prior[name]
                 )
-                if not bool((scale > 0).all()):
-                    raise ValueError(f"unconstrained_prior[{name!r}]: scale must be > 0")
                 shape = layout.unconstrained_shape
+                for part, value in (("loc", loc), ("scale", scale)):
+                    try:
+                        fits = torch.broadcast_shapes(value.shape, shape) == shape
+                    except RuntimeError:
+                        fits = False
+                    if not fits:
+                        raise ValueError(
+                            f"unconstrained_prior[{name!r}]: the {part} has shape "
+                            f"{tuple(value.shape)}, which does not broadcast to the site's "
+                            f"unconstrained shape {tuple(shape)}"
+                        )
                 precision[columns] = scale.expand(shape).reshape(-1).pow(-2)
                 if self.init_strategy is None:
                     point[columns] = loc.expand(shape).reshape(-1)
             elif not bool(priors.columns[columns].all()):
                 missing.append(name)
+        if missing and not outputs:
+            bound = _bind(self.model, args, kwargs, "update()")
+            if _none_arguments(bound):
+                # A leaf of the model's graph (a site that depends on others, and no other
+                # on it) without a value while an argument is None: the observation was
+                # left out (update(x) for update(x, y)).
+                try:
+                    leaves = set(self._find_outputs(args, kwargs))
+                except ValueError:
+                    leaves = set()
+                unobserved = [name for name in missing if name in leaves]
+                if unobserved:
+                    raise self._missing_observation(unobserved, bound, "update()")
         if missing:
             raise ValueError(
                 f"latent site(s) {missing} have no fixed Normal prior; a Gaussian belief needs "
@@ -498,18 +755,173 @@ class BONG:
                 f"rank must be at most the number of parameters D = {dim}, got {self.rank}"
             )
         if self.family == "full":
-            self.belief = FullBelief(point, torch.diag(precision).to(torch.float64))
+            belief = FullBelief(point, torch.diag(precision).to(torch.float64))
         elif self.family == "diag":
-            self.belief = DiagBelief(point, precision)
+            belief = DiagBelief(point, precision)
         else:
-            self.belief = DLRBelief(point, precision, point.new_zeros(dim, self.rank))
+            belief = DLRBelief(point, precision, point.new_zeros(dim, self.rank))
+        fingerprint = _model_fingerprint(potential, point)
+        num_updates, observed_sites = self.num_updates, self.observed_sites
+        if self._loaded_state is not None:
+            # Checked against this model before anything is set: a refused state leaves
+            # the filter as it was (and refused again at the next call).
+            belief, num_updates, observed_sites = self._restore(
+                self._loaded_state, belief, fingerprint
+            )
+            self._loaded_state = None
         # Prediction inputs read the outputs as observed at set-up only; later runs (an
         # update's data, the predictive's placeholders) go to the model itself.
         potential.model = self.model
-        self.potential = potential
-        if self._loaded_state is not None:
-            self._restore(self._loaded_state)
-            self._loaded_state = None
+        self.potential, self.belief, self._fingerprint = potential, belief, fingerprint
+        self.num_updates, self.observed_sites = num_updates, observed_sites
+
+    # -- the data contract of each batch ------------------------------------------------------
+    def _trace_batch(self, args, kwargs, what):
+        """
+        One run of the model on a batch, read before the filter uses it: at the belief's
+        mean once there is one (the latent sites conditioned), else from the prior, with
+        torch's random state restored (the check draws nothing the filter would).
+        """
+        model = self.model
+        if self.potential is not None and self.belief is not None:
+            model = pyro.poutine.condition(model, data=self.potential.constrain(self.belief.mean))
+        leaves = torch.utils._pytree.tree_leaves((args, kwargs))
+        devices = sorted(
+            {x.device.index or 0 for x in leaves if isinstance(x, torch.Tensor) and x.is_cuda}
+        )
+        with (
+            torch.random.fork_rng(devices=devices),
+            torch.no_grad(),
+            pyro.validation_enabled(False),
+            pyro.poutine.block(),
+        ):
+            try:
+                return pyro.poutine.trace(model).get_trace(*args, **kwargs)
+            except ZeroDivisionError as error:
+                # pyro.plate of size 0: a batch with no rows.
+                bound = _bind(self.model, args, kwargs, what)
+                empty = [label for label, leaf in _tensor_leaves(bound) if leaf.numel() == 0]
+                raise ValueError(
+                    f"{what} got no data: the model's argument(s) "
+                    f"{', '.join(repr(n) for n in empty) or '(none found)'} are empty "
+                    f"({_shapes(bound)}); pass at least one observation"
+                ) from error
+            except (RuntimeError, IndexError, AttributeError) as error:
+                # A shape or dtype the model cannot combine: say which arguments it got.
+                first_line = str(error).strip().splitlines()[0] if str(error).strip() else ""
+                kind = TypeError if isinstance(error, AttributeError) else ValueError
+                bound = _bind(self.model, args, kwargs, what)
+                latents = (
+                    {n: tuple(s.unconstrained_shape) for n, s in self.potential.layout.items()}
+                    if self.potential is not None
+                    else None
+                )
+                raise kind(
+                    f"{what}: the model failed on these arguments ({type(error).__name__}: "
+                    f"{first_line}); they were {_shapes(bound)}"
+                    + (f", and the belief's latent sites are {latents}" if latents else "")
+                    + ". Pass tensors of the shapes and dtypes the model takes"
+                ) from error
+
+    def _check_batch(self, args, kwargs, what="update()"):
+        """
+        The data contract of one batch, run once per :meth:`update` (not per inner step):
+        every observed site has a value (its argument is not ``None``) and is not infinite
+        (NaN is a missing observation, skipped); at least one observation; the inputs are
+        finite. Then the one contract of every entry point,
+        :func:`~pyro_ext.infer.potential.check_model_data` (support, dtype, exact shape), on
+        the batch with the missing observations filled in (the filter skips them; the
+        contract would refuse NaN).
+        """
+        bound = _bind(self.model, args, kwargs, what)
+        trace = self._trace_batch(args, kwargs, what)
+        owner = {}
+        for label, leaf in _tensor_leaves(bound):
+            owner.setdefault(_storage(leaf), label)
+        observed, unobserved = {}, []
+        for name, site in trace.nodes.items():
+            if site["type"] != "sample" or site_is_subsample(site) or _is_deterministic(site):
+                continue
+            if site["is_observed"]:
+                observed[name] = site
+            elif self.potential is not None and name not in self.potential.layout:
+                unobserved.append(name)
+        if unobserved:
+            raise self._missing_observation(unobserved, bound, what)
+        if self.potential is not None and not observed:
+            raise ValueError(
+                f"{what} found no observed site: pass the observations to the model "
+                "(e.g. update(x, y))"
+            )
+        observation_storages = set()
+        for name, site in observed.items():
+            value = site["value"]
+            label = owner.get(_storage(value)) if isinstance(value, torch.Tensor) else None
+            source = f" (the model's argument {_label(label)})" if label else ""
+            if not isinstance(value, torch.Tensor):
+                raise TypeError(
+                    f"observed site {name!r}{source} must be a tensor, got {type(value).__name__}"
+                )
+            if value.numel() == 0:
+                raise ValueError(
+                    f"{what} got no data: observed site {name!r}{source} has shape "
+                    f"{tuple(value.shape)}, with no element; pass at least one observation"
+                )
+            if label is not None:
+                observation_storages.add(_storage(value))
+            elif value.is_floating_point() and bool(torch.isinf(value).any()):
+                raise OnlineInputError(
+                    self.num_updates,
+                    f"observed site {name!r} holds an infinite value first at index "
+                    f"{_first_index(torch.isinf(value))}; its values are not finite",
+                )
+        for label, leaf in _tensor_leaves(bound):
+            problem = _nonfinite(label, leaf, allow_nan=_storage(leaf) in observation_storages)
+            if problem:
+                raise OnlineInputError(
+                    self.num_updates,
+                    f"{problem}; its values are not finite. Drop or impute those rows (NaN "
+                    "in an observation is a missing value, which the filter skips; NaN or inf "
+                    "in an input is not)",
+                )
+        self._check_model_data(args, kwargs, trace, observed, bound)
+
+    def _check_model_data(self, args, kwargs, trace, observed, bound):
+        """The potential's data contract on the batch, the missing observations filled in."""
+        fills = {}
+        for site in observed.values():
+            value = site["value"]
+            if value.is_floating_point() and bool(torch.isnan(value).any()):
+                fill = _support_fill(site["fn"], value)
+                fills[_storage(value)] = fill
+                site["value"] = torch.where(torch.isnan(value), fill, value)
+        if fills:
+
+            def filled(leaf):
+                if isinstance(leaf, torch.Tensor) and leaf.is_floating_point():
+                    fill = fills.get(_storage(leaf))
+                    if fill is not None:
+                        return torch.where(torch.isnan(leaf), fill, leaf)
+                return leaf
+
+            args, kwargs = torch.utils._pytree.tree_map(filled, (tuple(args), dict(kwargs)))
+        with torch.no_grad():
+            check_model_data(self.model, tuple(args), dict(kwargs), trace)
+
+    def _missing_observation(self, sites, bound, what):
+        """The error of a call that leaves observed sites without a value."""
+        missing = _none_arguments(bound)
+        if missing:
+            return ValueError(
+                f"{what} got no observation for site(s) {sites}: the model's argument(s) "
+                f"{', '.join(repr(n) for n in missing)} are None (missing), so the model "
+                "would sample those sites instead of observing them. Pass the observed "
+                "values, e.g. update(x, y)"
+            )
+        return ValueError(
+            f"{what}: site(s) {sites} are neither latent sites of the belief nor observed: "
+            "pass their observed values (the model's structure must stay the same)"
+        )
 
     # -- the model's observed sites ---------------------------------------------------------
     def _run(self, theta, outputs=()):
@@ -678,13 +1090,35 @@ class BONG:
         does it otherwise). The mean is the prior mean; only an ``init_strategy`` (given or
         declared by the model) that draws consumes random numbers.
         """
+        self._check_batch(args, kwargs, "setup()")
         self._setup(args, kwargs)
         return self
+
+    def _hyperparameters(self) -> dict:
+        """What a state's belief depends on besides the model: the filter's class and the
+        arguments of its update (not its start, ``init_strategy``, nor the memory knob
+        ``jacobian_chunk_size``)."""
+        return {
+            "class": type(self).__name__,
+            "family": self.family,
+            "rank": self.rank,
+            "method": self.method,
+            "linearize": self.linearize,
+            "num_samples": self.num_samples,
+            "hessian": self.hessian,
+            "learning_rate": self.learning_rate,
+            "num_iters": self.num_iters,
+            "robust": repr(self.robust),
+            "dynamics": self.drift,
+        }
 
     def state_dict(self) -> dict:
         """
         The belief and the update count, to checkpoint a long stream (``torch.save``);
-        :meth:`load_state_dict` on a filter built with the same arguments resumes it.
+        :meth:`load_state_dict` on a filter built with the same arguments resumes it. The
+        state carries a fingerprint of the model (its latent sites' names, distributions,
+        supports and shapes) and of the filter (:meth:`_hyperparameters`), which
+        :meth:`load_state_dict` compares with its own.
         """
         self._require_belief()
         return {
@@ -692,40 +1126,92 @@ class BONG:
             "belief": {k: v.detach().clone() for k, v in self.belief._asdict().items()},
             "num_updates": self.num_updates,
             "observed_sites": self.observed_sites,
+            "fingerprint": {"model": self._fingerprint, "filter": self._hyperparameters()},
         }
 
     def load_state_dict(self, state: dict) -> "BONG":
         """
-        Resume from :meth:`state_dict`. The model is read at the next :meth:`setup` or
-        :meth:`update` (it needs the model's arguments), which then starts from this belief.
+        Resume from :meth:`state_dict`. The state is checked now against this filter (its
+        keys, its belief's tensors: finite, positive-definite precision, consistent shapes;
+        the filter's hyperparameters) and, when the model is read (at once if it already
+        has been, else at the next :meth:`setup`, :meth:`update` or :meth:`predictive`,
+        which then start from this belief), against the model's latent sites.
+
+        :raises TypeError: if ``state`` or one of its entries has the wrong type.
+        :raises ValueError: if a key is missing or extra, a value is not finite or of the
+            wrong shape, or the state was saved by another filter or model.
         """
-        if not isinstance(state, dict) or "belief" not in state:
-            raise TypeError("state must be a dict from BONG.state_dict()")
-        if state.get("family") != self.family:
-            raise ValueError(
-                f"the state is of family {state.get('family')!r}, this filter's is {self.family!r}"
+        if not isinstance(state, dict):
+            raise TypeError(
+                f"state must be a dict from BONG.state_dict(), got {type(state).__name__}"
             )
+        missing = [key for key in _STATE_KEYS if key not in state]
+        extra = [key for key in state if key not in _STATE_KEYS]
+        if missing or extra:
+            raise ValueError(
+                f"state {'has no key ' + repr(missing[0]) if missing else 'has the unknown key ' + repr(extra[0])}"
+                f"; a state from BONG.state_dict() has exactly the keys {list(_STATE_KEYS)}"
+            )
+        if state["family"] != self.family:
+            raise ValueError(
+                f"the state is of family {state['family']!r}, this filter's is {self.family!r}"
+            )
+        fingerprint = state["fingerprint"]
+        if not (
+            isinstance(fingerprint, dict)
+            and isinstance(fingerprint.get("filter"), dict)
+            and isinstance(fingerprint.get("model"), dict)
+        ):
+            raise TypeError(
+                "state['fingerprint'] must be a dict {'model': ..., 'filter': ...} from "
+                f"BONG.state_dict(), got {fingerprint!r:.80}"
+            )
+        mine = self._hyperparameters()
+        for key in list(mine) + [k for k in fingerprint["filter"] if k not in mine]:
+            theirs = fingerprint["filter"].get(key, "(missing)")
+            if theirs != mine.get(key, "(missing)"):
+                raise ValueError(
+                    f"the state was saved by a filter with {key}={theirs!r}, this one has "
+                    f"{key}={mine.get(key, '(missing)')!r}; load it into a filter built with "
+                    "the same arguments"
+                )
+        num_updates = state["num_updates"]
+        check_int(num_updates, "state['num_updates']", low=0)
+        observed = state["observed_sites"]
+        if observed is not None and not (
+            isinstance(observed, (tuple, list)) and all(isinstance(n, str) for n in observed)
+        ):
+            raise TypeError(
+                f"state['observed_sites'] must be None or a tuple of site names, got {observed!r:.80}"
+            )
+        _check_belief_state(state["belief"], self.family, self.rank)
         if self.potential is None:
             self._loaded_state = state
         else:
-            self._restore(state)
+            self.belief, self.num_updates, self.observed_sites = self._restore(
+                state, self.belief, self._fingerprint
+            )
         return self
 
-    def _restore(self, state):
-        template = self.belief
-        values = {
-            name: state["belief"][name].to(dtype=value.dtype, device=value.device)
-            for name, value in template._asdict().items()
-        }
-        for name, value in values.items():
-            if value.shape != getattr(template, name).shape:
+    def _restore(self, state, template, fingerprint):
+        """The state's ``(belief, num_updates, observed_sites)`` for this model, whose
+        fingerprint and prior belief ``template`` it must match."""
+        _compare_models(state["fingerprint"]["model"], fingerprint)
+        values = {}
+        for name, value in template._asdict().items():
+            saved = state["belief"][name]
+            if saved.shape != value.shape:
                 raise ValueError(
-                    f"the state's {name} has shape {tuple(value.shape)}, this model's belief "
-                    f"needs {tuple(getattr(template, name).shape)}"
+                    f"the state's belief[{name!r}] has shape {tuple(saved.shape)}, this model's "
+                    f"belief needs {tuple(value.shape)}"
                 )
-        self.belief = type(template)(**values)
-        self.num_updates = int(state["num_updates"])
-        self.observed_sites = state.get("observed_sites")
+            values[name] = saved.to(dtype=value.dtype, device=value.device)
+        observed = state["observed_sites"]
+        return (
+            type(template)(**values),
+            int(state["num_updates"]),
+            None if observed is None else tuple(observed),
+        )
 
     def update(self, *args, **kwargs) -> "BONG":
         """
@@ -733,7 +1219,17 @@ class BONG:
         values (e.g. ``update(x_t, y_t)``). Observations that are NaN are skipped (they
         get weight 0, as a Kalman filter skips a missing measurement), as are those the
         model masks with ``pyro.poutine.mask``. Returns ``self``.
+
+        The batch is checked first, once (not at each inner step): every observed site
+        needs a value (an argument left ``None`` is named), of its distribution's shape,
+        inside its support; the batch is not empty; the inputs hold no NaN or inf, nor the
+        observations inf (:class:`OnlineInputError`, a :class:`ValueError` naming the
+        argument and the first bad index); then the potential's data contract,
+        :func:`~pyro_ext.infer.potential.check_model_data`. A refused batch leaves the
+        belief as it was.
         """
+        # The batch's data contract, once per update (the inner steps reuse the batch).
+        self._check_batch(args, kwargs)
         if self.potential is None:
             self._setup(args, kwargs)
         else:
@@ -850,6 +1346,7 @@ class BONG:
         """
         self._require_belief()
         _check_int("num_samples", num_samples, 1)
+        _check_generator(generator)
         with torch.no_grad():
             return self.potential.constrain(updates.sample(self.belief, num_samples, generator))
 
@@ -860,6 +1357,7 @@ class BONG:
         global random state alone).
         """
         self._require_belief()
+        _check_int("num_samples", num_samples, 1)
         return self.potential.site_marginals(
             self.belief.mean,
             updates.marginal_variance(self.belief).sqrt(),
@@ -889,6 +1387,14 @@ class BONG:
             raise TypeError(f"noise must be a bool, got {type(noise).__name__}")
         if num_samples is not None:
             _check_int("num_samples", num_samples, 1)
+        # The inputs of a prediction must be finite: a NaN input gives a NaN prediction.
+        for label, leaf in _tensor_leaves(_bind(self.model, args, kwargs, "predictive()")):
+            problem = _nonfinite(label, leaf)
+            if problem:
+                raise ValueError(
+                    f"predictive(): {problem}; a prediction at a non-finite input is NaN. "
+                    "Drop or impute those rows"
+                )
         if self.potential is None:
             self._prediction_outputs = self._find_outputs(args, kwargs)
             self._setup(args, kwargs, self._prediction_outputs)
@@ -897,6 +1403,16 @@ class BONG:
         self.potential.model_args, self.potential.model_kwargs = tuple(args), dict(kwargs)
         try:
             result = self._predict(outputs, num_samples, noise)
+        except (RuntimeError, IndexError) as error:
+            # A shape or dtype the model cannot combine with the belief's latent sites.
+            first_line = str(error).strip().splitlines()[0] if str(error).strip() else ""
+            latents = {n: tuple(s.unconstrained_shape) for n, s in self.potential.layout.items()}
+            raise ValueError(
+                f"predictive(): the model failed on these arguments ({type(error).__name__}: "
+                f"{first_line}); they were {_shapes(_bind(self.model, args, kwargs, 'predictive()'))}"
+                f", and the belief's latent sites are {latents}. Pass inputs of the shapes and "
+                "dtypes of update()'s"
+            ) from error
         finally:
             self.potential.model_args, self.potential.model_kwargs = args_before, kwargs_before
         return result if len(result) > 1 else next(iter(result.values()))
@@ -977,6 +1493,45 @@ def _check_choice(name, value, choices):
 
 def _check_int(name, value, low):
     return check_int(value, name, low=low)
+
+
+def _check_unconstrained_prior(priors):
+    """``unconstrained_prior``: a dict ``site -> (loc, scale)`` of finite numbers or real
+    tensors, each ``scale > 0`` (its shapes are checked against the site at set-up)."""
+    if not isinstance(priors, dict):
+        raise TypeError(
+            f"unconstrained_prior must be a dict site -> (loc, scale), got {type(priors).__name__}"
+        )
+    for name, pair in priors.items():
+        if not isinstance(name, str):
+            raise TypeError(f"unconstrained_prior's keys must be site names, got {name!r}")
+        if not isinstance(pair, (tuple, list)) or len(pair) != 2:
+            raise TypeError(
+                f"unconstrained_prior[{name!r}] must be a pair (loc, scale), got {pair!r:.80}"
+            )
+        for part, value in zip(("loc", "scale"), pair):
+            label = f"unconstrained_prior[{name!r}]'s {part}"
+            if isinstance(value, torch.Tensor):
+                if value.is_complex() or value.dtype == torch.bool:
+                    raise TypeError(f"{label} must be a real tensor, got dtype {value.dtype}")
+                values = value.detach().double()
+            elif isinstance(value, numbers.Real) and not isinstance(value, bool):
+                values = torch.tensor(float(value), dtype=torch.float64)
+            else:
+                raise TypeError(
+                    f"{label} must be a number or a real tensor, got {type(value).__name__}"
+                )
+            if not bool(torch.isfinite(values).all()):
+                raise ValueError(f"{label} must be finite, got {value!r:.80}")
+            if part == "scale" and not bool((values > 0).all()):
+                raise ValueError(f"{label} must be > 0, got {value!r:.80}")
+
+
+def _check_generator(generator):
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise TypeError(
+            f"generator must be None or a torch.Generator, got {type(generator).__name__}"
+        )
 
 
 def LoFi(model: Callable, rank: int = 10, **kwargs) -> BONG:

@@ -4,6 +4,8 @@ from collections.abc import Callable
 
 import torch
 
+from .validation import check_int
+
 __all__ = ["hessian_diagonal"]
 
 
@@ -17,7 +19,21 @@ def hessian_diagonal(
     set in every row gives all ``S`` entries ``(i, i)``, so ``D`` products in all,
     vectorised ``chunk_size`` at a time. Exact; ``O(D)`` passes, for models of up to a
     few thousand parameters.
+
+    :raises TypeError: if ``fn`` is not callable or ``points`` not a floating-point tensor.
+    :raises ValueError: if ``points`` is not ``(D,)`` or ``(S, D)`` with ``D >= 1``.
     """
+    if not callable(fn):
+        raise TypeError(f"fn must be a callable mapping points to a scalar, got {fn!r}")
+    if not isinstance(points, torch.Tensor) or not points.is_floating_point():
+        what = points.dtype if isinstance(points, torch.Tensor) else type(points).__name__
+        raise TypeError(
+            f"points must be a floating-point tensor (D,) or (S, D) (derivatives need a "
+            f"real dtype), got {what}; convert it with points.to(torch.get_default_dtype())"
+        )
+    if points.dim() not in (1, 2) or points.shape[-1] < 1:
+        raise ValueError(f"points must have shape (D,) or (S, D), got {tuple(points.shape)}")
+    chunk_size = check_int(chunk_size, "chunk_size", low=1)
 
     def hessian_column(direction):
         tangent = direction.expand_as(points)

@@ -63,6 +63,25 @@ def vector_reduce(vector, matrices, vec_mat, mat_mat):
     return vector
 
 
+def _check_scan_args(vector, matrices, vec_mat, mat_mat, names):
+    """Types of the scan arguments (``names``: how the caller calls them)."""
+    for fn, name in ((vec_mat, names[2]), (mat_mat, names[3])):
+        if not callable(fn):
+            raise TypeError(f"{name} must be a callable, got {fn!r}")
+    for value, name in ((vector, names[0]), (matrices, names[1])):
+        if value is None and name == names[0]:
+            continue
+        if not isinstance(value, (tuple, list)) or not value:
+            raise TypeError(f"{name} must be a non-empty tuple of tensors, got {value!r}")
+        for x in value:
+            if not isinstance(x, torch.Tensor):
+                raise TypeError(f"{name} must be a tuple of tensors, got an element {x!r}")
+
+
+def _shapes(elements):
+    return None if elements is None else [tuple(x.shape) for x in elements]
+
+
 def vector_scan(vector, matrices, vec_mat, mat_mat):
     """
     All prefixes ``p_0 = vector``, ``p_i = p_{i-1} @ matrices[i-1]`` (odd–even scan).
@@ -80,7 +99,30 @@ def vector_scan(vector, matrices, vec_mat, mat_mat):
         sequence dim on both.
     :returns: a tuple of tensors with a leading dim of length ``n + 1`` (``p_0 ... p_n``),
         or ``n`` (``p_1 ... p_n``) when ``vector`` is ``None``.
+    :raises TypeError: if ``vec_mat`` / ``mat_mat`` is not callable or ``vector`` /
+        ``matrices`` not a tuple of tensors.
+    :raises ValueError: if the products fail on the shapes of their arguments (matrices
+        that do not fit the vector).
     """
+    _check_scan_args(
+        vector, matrices, vec_mat, mat_mat, ("vector", "matrices", "vec_mat", "mat_mat")
+    )
+    try:
+        return _vector_scan(vector, matrices, vec_mat, mat_mat)
+    except RuntimeError as error:
+        if isinstance(error, torch.linalg.LinAlgError):
+            raise
+        # A shape mismatch inside the products: say which arguments did not fit (no cost
+        # on success, the products are not re-run).
+        raise ValueError(
+            f"vector_scan: the products failed on vector of shapes {_shapes(vector)} and "
+            f"matrices of shapes {_shapes(matrices)}; check that the matrices fit the vector "
+            f"and each other ({error})"
+        ) from error
+
+
+def _vector_scan(vector, matrices, vec_mat, mat_mat):
+    """:func:`vector_scan` without its argument checks (its recursion)."""
     n = matrices[0].shape[0]
     if vector is None and n < 2:
         return matrices
@@ -89,7 +131,7 @@ def vector_scan(vector, matrices, vec_mat, mat_mat):
     half = n // 2
     lefts, rights = _slice(matrices, slice(0, 2 * half, 2)), _slice(matrices, slice(1, 2 * half, 2))
     pairs = mat_mat(lefts, rights)
-    evens = vector_scan(vector, pairs, vec_mat, mat_mat)  # [p_0,] p_2, p_4, ...
+    evens = _vector_scan(vector, pairs, vec_mat, mat_mat)  # [p_0,] p_2, p_4, ...
     if vector is not None:
         odds = vec_mat(_slice(evens, slice(0, (n + 1) // 2)), _slice(matrices, slice(0, None, 2)))
         return tuple(_interleave(e, o) for e, o in zip(evens, odds))
@@ -110,5 +152,11 @@ def associative_scan(combine, elems):
         shapes of its arguments.
     :param tuple elems: the elements' tensors, the sequence on dim 0 (may have length 0).
     :returns: a tuple of tensors of the shapes of ``elems``, the prefixes on dim 0.
+    :raises TypeError: if ``combine`` is not callable or ``elems`` not a tuple of tensors.
     """
-    return vector_scan(None, elems, combine, combine)
+    if not callable(combine):
+        raise TypeError(
+            f"combine must be a callable combine(earlier, later) of two elements, got {combine!r}"
+        )
+    _check_scan_args(None, elems, combine, combine, ("vector", "elems", "combine", "combine"))
+    return _vector_scan(None, elems, combine, combine)

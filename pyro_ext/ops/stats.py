@@ -12,7 +12,7 @@ import math
 import torch
 from pyro.ops.stats import split_gelman_rubin
 
-from .validation import check_int, check_positive, check_real
+from .validation import check_int, check_positive, check_real, first_nonfinite
 
 __all__ = ["kernel_stein_discrepancy", "rank_uniformity_test", "sbc_ranks", "split_rhat"]
 
@@ -143,7 +143,36 @@ def split_rhat(samples, chain_dim=0, sample_dim=1):
     :returns: :math:`\hat R` of every other coordinate: ``samples``'s shape without the chain
         and draw dims, on its device and of its dtype.
     :rtype: torch.Tensor
+    :raises TypeError: if ``samples`` is not a real tensor or a dim not an integer.
+    :raises ValueError: if a dim is out of range, the two dims coincide, or ``samples``
+        holds NaN or infinite values (which would give a NaN indistinguishable from the
+        one of a chain too short to split).
     """
+    if not isinstance(samples, torch.Tensor):
+        raise TypeError(
+            f"samples must be a torch.Tensor with a chain dim and a draw dim, got "
+            f"{type(samples).__name__}; convert it with torch.as_tensor"
+        )
+    if samples.is_complex() or samples.dtype == torch.bool:
+        raise TypeError(f"samples must be a real tensor, got dtype {samples.dtype}")
+    if samples.dim() < 2:
+        raise ValueError(
+            f"samples must have a chain dim and a draw dim, got shape {tuple(samples.shape)}"
+        )
+    rank = samples.dim()
+    chain_dim = check_int(chain_dim, "chain_dim", low=-rank, high=rank - 1)
+    sample_dim = check_int(sample_dim, "sample_dim", low=-rank, high=rank - 1)
+    if chain_dim % rank == sample_dim % rank:
+        raise ValueError(
+            f"chain_dim and sample_dim must be different dims of samples, both are "
+            f"{chain_dim % rank}"
+        )
+    index = first_nonfinite(samples)
+    if index is not None:
+        raise ValueError(
+            f"samples contains NaN or infinite values (first at index {index}); "
+            f"R-hat of such draws is undefined: drop the diverged chains first"
+        )
     if samples.shape[sample_dim] < 4:
         dims = {chain_dim % samples.dim(), sample_dim % samples.dim()}
         shape = [size for dim, size in enumerate(samples.shape) if dim not in dims]
@@ -166,12 +195,21 @@ def sbc_ranks(truth, draws, sample_dim=0):
     :param torch.Tensor draws: posterior draws of shape ``S`` with a draw dimension
         ``sample_dim`` inserted.
     :returns: the ranks, a long tensor of shape ``S``.
+    :raises ValueError: if ``draws`` without its ``sample_dim`` does not have ``truth``'s
+        shape, or ``sample_dim`` is out of range.
     """
     truth, draws = torch.as_tensor(truth), torch.as_tensor(draws)
     if draws.dim() != truth.dim() + 1:
         raise ValueError(
             f"draws must have one dimension more than truth (the draws'), got shapes "
             f"{tuple(draws.shape)} and {tuple(truth.shape)}"
+        )
+    sample_dim = check_int(sample_dim, "sample_dim", low=-draws.dim(), high=draws.dim() - 1)
+    other = draws.shape[: sample_dim % draws.dim()] + draws.shape[sample_dim % draws.dim() + 1 :]
+    if other != truth.shape:
+        raise ValueError(
+            f"draws without its draw dim (sample_dim={sample_dim}) must have truth's shape "
+            f"{tuple(truth.shape)}, got draws of shape {tuple(draws.shape)}"
         )
     truth = truth.unsqueeze(sample_dim)
     return (draws < truth).sum(sample_dim)

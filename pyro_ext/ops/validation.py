@@ -147,6 +147,17 @@ def check_real_tensor(value, name):
     return value
 
 
+def first_nonfinite(value: torch.Tensor) -> tuple | None:
+    """The index of the first NaN or infinite entry of a floating tensor (``None`` if none,
+    or for an integer tensor): one reduction, and the search only when there is one."""
+    if not value.is_floating_point():
+        return None
+    bad = ~torch.isfinite(value)
+    if not bool(bad.any()):
+        return None
+    return tuple(int(i) for i in bad.nonzero()[0])
+
+
 def values_checked() -> bool:
     """
     Whether to check tensor values (label ranges, NaN, negative variances, failed

@@ -20,7 +20,7 @@ from typing import NamedTuple
 import torch
 
 from ..ops.validation import check_int, check_real
-from .policies import check_policy, policy_probs, sample
+from .policies import check_policy, policy_probs, sample_unchecked
 
 __all__ = ["Agent", "Environment", "Transition", "ValueLearner"]
 
@@ -147,7 +147,7 @@ class Agent(ABC):
 
     def act(self, state):
         """Sample an action for every run: LongTensor ``(B,) -> (B,)``."""
-        return sample(self.action_probs(state), self.generator)
+        return sample_unchecked(self.action_probs(state), self.generator)
 
     @abstractmethod
     def update(self, transition):

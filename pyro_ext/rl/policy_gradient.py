@@ -23,7 +23,7 @@ import torch
 from ..ops.validation import check_int, check_positive, check_real
 from .base import Agent, Transition
 from .envs import DataSharingGame, regulated_payoffs
-from .policies import sample
+from .policies import sample_unchecked
 from .runner import seeded_generator
 from .updates import batch_rows, gaussian_score, reinforce_update, softmax_score
 
@@ -162,7 +162,7 @@ class CategoricalTaxPolicy(_PeriodicTaxPolicy):
         return torch.zeros(batch_size, len(self.rates), device=device)
 
     def draw(self):
-        return sample(torch.softmax(self.theta, dim=-1), self.generator)
+        return sample_unchecked(torch.softmax(self.theta, dim=-1), self.generator)
 
     def score(self):
         return softmax_score(self.theta, self.decision)

@@ -30,7 +30,7 @@ from .opponent_models import (
     MixtureOpponentModel,
     OpponentModel,
 )
-from .updates import batch_rows, expected_q, q_update, tmdp_q_update
+from .updates import batch_rows, expected_q, q_update_unchecked, tmdp_q_update
 
 __all__ = [
     "QLearner",
@@ -56,7 +56,7 @@ class QLearner(ValueLearner):
     def update(self, transition):
         self.check_transition(transition)
         t = transition
-        q_update(
+        q_update_unchecked(
             self.q, t.state, t.action, t.reward, t.next_state, self.lr, self.gamma, t.done, t.mask
         )
 

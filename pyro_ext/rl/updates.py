@@ -22,6 +22,8 @@ left untouched. ``None`` means "nowhere" and "everywhere" respectively.
 
 import torch
 
+from .policies import scalar_hyperparameter
+
 __all__ = [
     "q_update",
     "expected_q",
@@ -48,13 +50,53 @@ def bootstrap_and_mask(mask, done, like):
     return notdone, mask
 
 
+def _check_indices(x, name, size, batch):
+    """``x`` an integer tensor ``(batch,)`` of indices in ``[0, size)``: one host read."""
+    if not isinstance(x, torch.Tensor) or x.dtype.is_floating_point or x.dtype == torch.bool:
+        what = x.dtype if isinstance(x, torch.Tensor) else type(x).__name__
+        raise TypeError(f"{name} must be an integer tensor of shape ({batch},), got {what}")
+    if tuple(x.shape) != (batch,):
+        raise ValueError(f"{name} must have shape ({batch},) (one per run), got {tuple(x.shape)}")
+    bad = (x < 0) | (x >= size)
+    if bool(bad.any()):
+        row = int(bad.nonzero()[0, 0])
+        raise ValueError(
+            f"{name} must lie in [0, {size}), got {int(x[row])} at row {row} (the table has "
+            f"{size} entries on that axis)"
+        )
+
+
 def q_update(q, state, action, reward, next_state, lr, gamma, done=None, mask=None):
     r"""Q-learning, eq. (4.1), in place on ``q`` of shape ``(B, S, A)``:
 
     .. math:: Q(s,a) := (1-\alpha) Q(s,a) + \alpha (r + \gamma \max_{a'} Q(s', a')).
 
     ``done`` (bool ``(B,)``) drops the bootstrap; rows where ``mask`` is False are kept.
+
+    This public function checks its arguments (``lr`` in ``[0, 1]``, ``gamma`` in
+    ``[0, 1]``, states and actions inside the table: one host read of the indices); the
+    learners, which check their transitions once per step already, use the unchecked
+    :func:`q_update_unchecked`.
+
+    :raises TypeError: if ``q`` is not a floating-point ``(B, S, A)`` tensor or an index
+        argument is not an integer tensor.
+    :raises ValueError: naming the argument, for an out-of-range ``lr`` / ``gamma`` or an
+        index outside the table.
     """
+    if not isinstance(q, torch.Tensor) or not q.is_floating_point() or q.dim() != 3:
+        what = tuple(q.shape) if isinstance(q, torch.Tensor) else type(q).__name__
+        raise TypeError(f"q must be a floating-point tensor of shape (B, S, A), got {what}")
+    scalar_hyperparameter(lr, "lr", low=0, high=1)
+    scalar_hyperparameter(gamma, "gamma", low=0, high=1)
+    B, S, A = q.shape
+    _check_indices(state, "state", S, B)
+    _check_indices(next_state, "next_state", S, B)
+    _check_indices(action, "action", A, B)
+    return q_update_unchecked(q, state, action, reward, next_state, lr, gamma, done, mask)
+
+
+def q_update_unchecked(q, state, action, reward, next_state, lr, gamma, done=None, mask=None):
+    """:func:`q_update` without its argument checks, for the learners' per-step updates."""
     rows = batch_rows(q.shape[0], q.device)
     reward = reward.to(q.dtype)
     notdone, mask = bootstrap_and_mask(mask, done, reward)
@@ -68,7 +110,15 @@ def expected_q(q_s, opponent_probs):
     r"""Eq. (4.3): :math:`\psi(a) = \mathbb{E}_{p_A(b|s)}[Q(s,a,b)]`.
 
     Shapes: ``q_s (B, A, n)`` and ``opponent_probs (B, n)`` give ``(B, A)``.
+
+    :raises ValueError: if ``opponent_probs`` does not have one probability per opponent
+        action (a shape check, no read of the values).
     """
+    if opponent_probs.shape[-1:] != q_s.shape[-1:] or opponent_probs.dim() < 1:
+        raise ValueError(
+            f"opponent_probs must have shape (B, {q_s.shape[-1]}), one probability per "
+            f"opponent action of q_s {tuple(q_s.shape)}, got {tuple(opponent_probs.shape)}"
+        )
     return (q_s * opponent_probs.unsqueeze(-2)).sum(dim=-1)
 
 
@@ -106,7 +156,12 @@ def dirichlet_forget_update(counts, observed, forget=None, mask=None):
     r"""Algorithm 4.4, in place on pseudo-counts ``counts`` of shape ``(B, n)``:
     :math:`\boldsymbol\alpha^t = \lambda \boldsymbol\alpha^{t-1}`, then
     :math:`\alpha^t_i \mathrel{+}= 1` for the observed action ``i``. ``forget=None`` is the
-    plain conjugate update of Section 4.3.1 (:math:`\lambda = 1`)."""
+    plain conjugate update of Section 4.3.1 (:math:`\lambda = 1`).
+
+    :raises ValueError: if ``forget`` (a number) is outside ``[0, 1]``.
+    """
+    if forget is not None:
+        forget = scalar_hyperparameter(forget, "forget", low=0, high=1)
     rows = batch_rows(counts.shape[0], counts.device)
     new = counts if forget is None else counts * forget
     new = new.clone()
@@ -127,7 +182,11 @@ def softmax_score(logits, action):
 
 def gaussian_score(decision, mean, scale):
     r"""Score of :math:`\mathcal{N}(d | \theta, \sigma^2)` in its mean, for the Gaussian
-    regulator of figure 4.14: :math:`\nabla_\theta \log \pi(d) = (d - \theta) / \sigma^2`."""
+    regulator of figure 4.14: :math:`\nabla_\theta \log \pi(d) = (d - \theta) / \sigma^2`.
+
+    :raises ValueError: if ``scale`` (a number) is not positive.
+    """
+    scale = scalar_hyperparameter(scale, "scale", low=0, low_open=True)
     return (decision - mean) / scale**2
 
 

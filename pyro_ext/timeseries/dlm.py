@@ -27,7 +27,7 @@ import torch
 from pyro.distributions import constraints
 from torch.distributions import Distribution
 
-from ..ops.validation import check_choice, check_int, check_real_tensor
+from ..ops.validation import check_choice, check_int, check_real_tensor, first_nonfinite
 from .kalman import (
     KalmanFilterResult,
     KalmanForecast,
@@ -264,6 +264,15 @@ class Regression(Component):
         check_real_tensor(X, "X")
         if X.dim() < 2:
             raise ValueError(f"X must have shape (..., T, num_covariates), got {tuple(X.shape)}")
+        # Checked once here (covariates cannot be missing: NaN in X would make the whole
+        # likelihood NaN); value checks follow the global validation switch.
+        if Distribution._validate_args:
+            index = first_nonfinite(X)
+            if index is not None:
+                raise ValueError(
+                    f"X contains NaN or infinite values (first at index {index}); covariates "
+                    f"cannot be missing: impute or drop those steps"
+                )
         self.X = X if X.is_floating_point() else X.to(torch.get_default_dtype())
         self.coef_scale = None if coef_scale is None else _scale(coef_scale, "coef_scale")
         self.init_scale = _init_scale(init_scale)
@@ -516,13 +525,35 @@ class DLM:
         ``num_steps`` steps, the argument of the ``kalman_*`` functions besides the data."""
         return self._assemble(num_steps, observation_precision)[0]
 
-    def _args(self, y, observation_precision=None):
+    def _args(self, y, observation_precision=None, strict_batch=False):
         """Arguments ``(y, matrices)`` of the ``kalman_*`` functions: ``y`` ``(..., T)`` as
-        ``(..., T, 1)`` and the :class:`StateSpaceMatrices`."""
-        if not torch.is_tensor(y) or y.dim() < 1:
-            raise ValueError("y must be a tensor of shape (..., T)")
+        ``(..., T, 1)`` and the :class:`StateSpaceMatrices`. ``strict_batch`` refuses a
+        ``y`` whose batch dims do not broadcast to the parameters' batch shape."""
+        if not torch.is_tensor(y):
+            raise TypeError(f"y must be a tensor of shape (..., T), got {type(y).__name__}")
+        check_real_tensor(y, "y")
+        if y.dim() < 1:
+            raise ValueError(f"y must be a tensor of shape (..., T), got {tuple(y.shape)}")
+        if not y.is_floating_point():
+            # NaN marks a missing value, which an integer tensor cannot hold: refused, as
+            # kalman_filter refuses it, rather than silently cast.
+            raise TypeError(
+                f"y must be a floating-point tensor (NaN marks a missing value), got dtype "
+                f"{y.dtype}; convert it with y.to(torch.get_default_dtype())"
+            )
         T = y.shape[-1]
         mats, tv, batch = self._assemble(T, observation_precision)
+        if strict_batch and torch.broadcast_shapes(batch, y.shape[:-1]) != batch:
+            # A univariate series is (T,): a 2-D y is read as a batch of series, which is
+            # almost always a (T, k) table passed by mistake unless the parameters are
+            # batched the same way.
+            raise ValueError(
+                f"y has shape {tuple(y.shape)}, read as a batch {tuple(y.shape[:-1])} of "
+                f"series of {T} steps, but this DLM's parameters have batch shape "
+                f"{tuple(batch)}: y must be one univariate series (T,) or (*batch, T) with "
+                f"batch broadcasting to {tuple(batch)}; for several series with shared "
+                f"parameters call log_likelihood on each"
+            )
         # kalman_* read the batch shape from y, so y is expanded over the parameters' batch
         # and time-varying matrices over y's batch.
         batch = torch.broadcast_shapes(batch, y.shape[:-1])
@@ -535,8 +566,15 @@ class DLM:
     def log_likelihood(
         self, y: torch.Tensor, observation_precision: torch.Tensor | None = None
     ) -> torch.Tensor:
-        """Exact ``log p(y_{1:T})`` (conditional on ``observation_precision`` if given)."""
-        return kalman_log_likelihood(*self._args(y, observation_precision))
+        """Exact ``log p(y_{1:T})`` (conditional on ``observation_precision`` if given).
+
+        :param y: ``(T,)`` floating-point observations, ``NaN`` where missing, or
+            ``(*batch, T)`` with ``batch`` broadcasting to the parameters' batch shape.
+        :raises TypeError: if ``y`` is not a floating-point tensor.
+        :raises ValueError: if ``y``'s batch dims go beyond the parameters' batch shape
+            (e.g. a ``(T, 2)`` table for a univariate DLM).
+        """
+        return kalman_log_likelihood(*self._args(y, observation_precision, strict_batch=True))
 
     def whiten(
         self,
@@ -707,7 +745,8 @@ class DLMDistribution(dist.TorchDistribution):
     def log_prob(self, value):
         if self._validate_args:
             self._validate_sample(value)
-        ll = self.dlm.log_likelihood(value, self.observation_precision)
+        # value may carry sample dims beyond the batch shape: the lenient _args.
+        ll = kalman_log_likelihood(*self.dlm._args(value, self.observation_precision))
         return ll.expand(torch.broadcast_shapes(ll.shape, self.batch_shape))
 
     def sample(self, sample_shape=torch.Size()):
@@ -734,7 +773,19 @@ def dlm_observe(name: str, dlm: DLM, y: torch.Tensor) -> torch.Tensor:
     ``DLMDistribution`` with ``V_t = V / lambda_t``: marginally over ``lambda_t`` the
     observation noise is ``StudentT(nu, 0, observation_scale)``.  Exact conditionally on
     ``lambda``; the outer inference (SVI guide, NUTS, Gibbs) handles ``lambda``.
+
+    :param name: the observed site's name (a string).
+    :param dlm: a :class:`DLM`.
+    :param y: ``(..., T)`` floating-point observations, ``NaN`` where missing.
     """
+    if not isinstance(name, str):
+        raise TypeError(f"name must be a string (the observed site's name), got {name!r}")
+    if not isinstance(dlm, DLM):
+        raise TypeError(f"dlm must be a DLM, got {type(dlm).__name__}")
+    if not torch.is_tensor(y):
+        raise TypeError(f"y must be a tensor of shape (..., T), got {type(y).__name__}")
+    if y.dim() < 1:
+        raise ValueError(f"y must be a tensor of shape (..., T), got {tuple(y.shape)}")
     T = y.shape[-1]
     precision = None
     if dlm.observation_df is not None:

@@ -43,7 +43,7 @@ from typing import NamedTuple
 import torch
 
 from ..ops.scan import associative_scan
-from ..ops.validation import check_int, check_real_tensor, values_checked
+from ..ops.validation import check_int, check_real, check_real_tensor, values_checked
 
 __all__ = [
     "KalmanFilterResult",
@@ -234,6 +234,16 @@ class _Validated(NamedTuple):
     time_varying: bool  # True iff any of G, F, W, V has a time axis
 
 
+def _check_float_data(x, name):
+    """Observations must be floating point: ``NaN`` marks a missing value, which an integer
+    tensor cannot hold, so an integer series is refused rather than silently cast."""
+    if not x.is_floating_point():
+        raise TypeError(
+            f"{name} must be a floating-point tensor (NaN marks a missing value), got dtype "
+            f"{x.dtype}; convert it with {name}.to(torch.get_default_dtype())"
+        )
+
+
 def _validate(y, matrices, state_dim_from="init_mean"):
     G, F, W, V, m0, P0 = _check_matrices(matrices)
     names = [
@@ -248,6 +258,7 @@ def _validate(y, matrices, state_dim_from="init_mean"):
     args = [y, G, F, W, V, m0, P0]
     for x, name in zip(args, names):
         check_real_tensor(x, name)
+    _check_float_data(y, "y")
     if y.dim() < 2:
         raise ValueError(f"y must have shape (..., T, obs_dim), got {tuple(y.shape)}")
     T, p = y.shape[-2:]
@@ -600,6 +611,7 @@ def kalman_whiten(
         ``num_observed`` ``(...)`` (its dimension).
     """
     check_real_tensor(series, "series")
+    _check_float_data(series, "series")
     _check_matrices(matrices)
     if series.dim() < 3:
         raise ValueError(
@@ -952,7 +964,11 @@ def kalman_sample(
     :param num_samples: number of joint draws.
     :returns: ``(num_samples, ..., T, S)``.
     """
+    # (tests/timeseries pins the ">= 0" message for negative counts; 0 draws is refused too:
+    # it would return an empty tensor that no caller wants.)
     num_samples = check_int(num_samples, "num_samples", low=0)
+    if num_samples == 0:
+        raise ValueError("num_samples must be an integer >= 1 (the number of draws), got 0")
     ssm = prepare_state_space(y, matrices)
     x_plus, y_plus = simulate_prior(ssm, num_samples)
     y_diff = torch.where(ssm.mask.unsqueeze(1), ssm.y.unsqueeze(1) - y_plus, 0.0)
@@ -1034,9 +1050,33 @@ def kalman_forecast(
 def forecast_interval(
     means: torch.Tensor, covs: torch.Tensor, level: float = 0.95
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Central ``level`` marginal intervals ``(lower, upper)`` from Gaussian moments."""
-    if not 0 < level < 1:
-        raise ValueError(f"level must be in (0, 1), got {level}")
+    """Central ``level`` marginal intervals ``(lower, upper)`` from Gaussian moments.
+
+    :param means: ``(..., obs_dim)`` predictive means (``KalmanForecast.observation_means``).
+    :param covs: ``(..., obs_dim, obs_dim)`` predictive covariances, one per mean
+        (``KalmanForecast.observation_covs``).
+    :param level: the interval's probability, in ``(0, 1)``.
+    :raises TypeError: if ``means`` or ``covs`` is not a real tensor.
+    :raises ValueError: if ``covs`` does not fit ``means`` or ``level`` is outside ``(0, 1)``.
+    """
+    level = check_real(level, "level", low=0, high=1, low_open=True, high_open=True)
+    check_real_tensor(means, "means")
+    check_real_tensor(covs, "covs")
+    if means.dim() < 1:
+        raise ValueError(f"means must have shape (..., obs_dim), got {tuple(means.shape)}")
+    p = means.shape[-1]
+    if covs.dim() < 2 or tuple(covs.shape[-2:]) != (p, p):
+        raise ValueError(
+            f"covs must have shape (..., {p}, {p}) (obs_dim {p} from means), "
+            f"got {tuple(covs.shape)}"
+        )
+    try:
+        torch.broadcast_shapes(means.shape[:-1], covs.shape[:-2])
+    except RuntimeError:
+        raise ValueError(
+            f"covs' leading shape {tuple(covs.shape[:-2])} does not broadcast with means' "
+            f"{tuple(means.shape[:-1])}: pass one covariance per mean"
+        ) from None
     z = torch.distributions.Normal(0.0, 1.0).icdf(torch.tensor(0.5 + level / 2)).item()
     half = z * covs.diagonal(dim1=-2, dim2=-1).clamp(min=0).sqrt()
     return means - half, means + half

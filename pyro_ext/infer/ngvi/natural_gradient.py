@@ -13,8 +13,8 @@ from pyro.poutine.util import site_is_subsample
 from ...ops.curvature import hessian_diagonal
 from ...ops.validation import check_choice, check_int, check_positive, check_real
 from ..errors import DivergenceError
-from ..potential import LogJointMessenger, ParticlePotential
-from .updates import init_state, ngvi_update, posterior_scale, price_hessian
+from ..potential import VECTORIZE, LogJointMessenger, ParticlePotential
+from .updates import NGVIState, init_state, ngvi_update, posterior_scale, price_hessian
 
 METHODS = ("ivon", "vogn", "von")
 #: with ``jit_compile=None``, the update is compiled from this many parameters on
@@ -103,6 +103,13 @@ class NaturalGradientVI:
         of 1 to 3 bounds such steps but does not rule the failure out: check a fit's
         posterior predictive on its training data (``benchmarks/ngvi.py`` refits a run that
         scores below the constant predictor).
+
+    :meth:`state_dict` and :meth:`load_state_dict` checkpoint a run: a state loads only
+    into an object set up on the same model (the same latent sites, distributions,
+    supports and shapes) with the same ``method``, ``ess``, ``beta1``, ``beta2``,
+    ``hess_init``, ``weight_decay`` and ``rescale_lr`` (what the saved mean and Hessian
+    mean); ``lr``, ``mc_samples``, ``clip_radius`` and the rest shape only the steps to
+    come and may differ.
     :param bool rescale_lr: multiply ``lr`` by ``hess_init + delta`` (``ivon-opt``'s
         default); ``False`` follows Algorithm 1 of the paper literally.
     :param callable init_loc_fn: a Pyro init strategy for the mean (as in Pyro's
@@ -150,13 +157,20 @@ class NaturalGradientVI:
         self.beta2 = check_real(beta2, "beta2", 0, 1, low_open=True, high_open=True)
         self.hess_init = check_positive(hess_init, "hess_init")
         self.weight_decay = check_positive(weight_decay, "weight_decay", allow_none=True)
-        self.rescale_lr = bool(rescale_lr)
+        if not isinstance(rescale_lr, bool):
+            raise TypeError(f"rescale_lr must be a bool, got {type(rescale_lr).__name__}")
+        self.rescale_lr = rescale_lr
+        if init_loc_fn is not None and not callable(init_loc_fn):
+            raise TypeError(
+                "init_loc_fn must be None or a Pyro init strategy (a callable site -> value, "
+                f"e.g. pyro.infer.autoguide.init_to_median), got {type(init_loc_fn).__name__}"
+            )
         self.init_loc_fn = init_loc_fn
         if jit_compile is not None and not isinstance(jit_compile, bool):
             raise TypeError(f"jit_compile must be None or a bool, got {type(jit_compile).__name__}")
         self.jit_compile = jit_compile
         self._step_functions = None
-        self.vectorize = vectorize
+        self.vectorize = check_choice(vectorize, "vectorize", VECTORIZE)
         self.potential = None
         self.state = None
         self.prior_precision = None  # delta, (D,)
@@ -165,6 +179,8 @@ class NaturalGradientVI:
 
     # -- set-up ------------------------------------------------------------------------
     def _setup(self, args, kwargs):
+        # Empty data, a wrong length and values outside a support are refused here, by the
+        # potential's data contract.
         potential = ParticlePotential(self.model, args, kwargs, vectorize=self.vectorize)
         if self.ess is None:
             sizes = {size for size, _ in potential.subsample_sizes.values()}
@@ -463,6 +479,7 @@ class NaturalGradientVI:
         draws (of a fixed seed, leaving the global random state alone).
         """
         self._require_fit()
+        num_samples = check_int(num_samples, "num_samples", low=1)
         mean, scale = self.state.mean, self.scale
 
         def sample_flat(n, generator):
@@ -472,6 +489,167 @@ class NaturalGradientVI:
             return mean + scale * eps
 
         return self.potential.site_marginals(mean, scale, sample_flat, num_samples)
+
+    # -- checkpoints -------------------------------------------------------------------
+    #: the settings a saved state's mean and Hessian depend on (see the class docstring)
+    _STATE_SETTINGS = ("method", "ess", "beta1", "beta2", "hess_init", "weight_decay", "rescale_lr")
+    _STATE_KEYS = ("class", "settings", "sites", "state", "num_steps")
+
+    def _site_fingerprint(self):
+        """``{site: [distribution, support, shape]}`` of the latent sites, in flat order."""
+        trace = self.potential._trace
+        out = {}
+        for name, layout in self.potential.layout.items():
+            fn = trace.nodes[name]["fn"]
+            base = fn
+            while isinstance(base, torch.distributions.Independent):
+                base = base.base_dist
+            out[name] = [
+                type(base).__name__,
+                str(fn.support),
+                list(trace.nodes[name]["value"].shape),
+                list(layout.unconstrained_shape),
+            ]
+        return out
+
+    def _settings(self):
+        return {name: getattr(self, name) for name in self._STATE_SETTINGS}
+
+    def state_dict(self) -> dict:
+        """
+        The posterior and the run's position, to checkpoint it (``torch.save``):
+        :meth:`load_state_dict` on an object set up on the same model with the same
+        settings resumes it. The dict holds the class, the settings of
+        ``_STATE_SETTINGS``, a fingerprint of the model's latent sites (distribution,
+        support, shapes), the state's tensors and ``num_steps``.
+        """
+        self._require_fit()
+        return {
+            "class": type(self).__name__,
+            "settings": self._settings(),
+            "sites": self._site_fingerprint(),
+            "state": {k: v.detach().clone() for k, v in self.state._asdict().items()},
+            "num_steps": self.num_steps,
+        }
+
+    def load_state_dict(self, state_dict: dict) -> "NaturalGradientVI":
+        """
+        Resume from :meth:`state_dict`. Call :meth:`setup` on the model's data first (the
+        sites are read from the model). Everything is checked before anything is changed:
+
+        :raises TypeError: if ``state_dict`` or one of its items has the wrong type.
+        :raises ValueError: if a key is missing or unknown, or the state comes from another
+            model or other settings (the message names the item that differs), or its
+            tensors have the wrong shape or are not finite.
+        """
+        if self.potential is None:
+            raise RuntimeError(
+                "load_state_dict needs the model's sites: call setup(*args, **kwargs) with the "
+                "model's data first"
+            )
+        if not isinstance(state_dict, dict):
+            raise TypeError(
+                "state_dict must be a dict from NaturalGradientVI.state_dict(), got "
+                f"{type(state_dict).__name__}"
+            )
+        missing = [k for k in self._STATE_KEYS if k not in state_dict]
+        extra = [k for k in state_dict if k not in self._STATE_KEYS]
+        if missing or extra:
+            raise ValueError(
+                f"state_dict must have the keys {list(self._STATE_KEYS)} of "
+                "NaturalGradientVI.state_dict(): "
+                + "; ".join(
+                    ([f"missing {missing}"] if missing else [])
+                    + ([f"unknown {extra}"] if extra else [])
+                )
+            )
+        if state_dict["class"] != type(self).__name__:
+            raise ValueError(
+                f"state_dict['class'] is {state_dict['class']!r}: it was saved by another "
+                f"class than this {type(self).__name__}"
+            )
+        for key, kind in (("settings", dict), ("sites", dict), ("state", dict)):
+            if not isinstance(state_dict[key], kind):
+                raise TypeError(
+                    f"state_dict[{key!r}] must be a {kind.__name__}, got "
+                    f"{type(state_dict[key]).__name__}"
+                )
+        num_steps = check_int(state_dict["num_steps"], "state_dict['num_steps']", low=0)
+        saved, now = state_dict["settings"], self._settings()
+        different = [k for k in sorted(set(saved) | set(now)) if saved.get(k) != now.get(k)]
+        if different:
+            raise ValueError(
+                "state_dict was saved with other settings: "
+                + "; ".join(
+                    f"settings[{k!r}] was {saved.get(k, '(missing)')!r}, is "
+                    f"{now.get(k, '(none)')!r}"
+                    for k in different
+                )
+                + ". Build this NaturalGradientVI with the settings of the run that saved it."
+            )
+        saved, now = state_dict["sites"], self._site_fingerprint()
+        if list(saved) != list(now):
+            raise ValueError(
+                f"state_dict comes from another model: its latent sites are {list(saved)}, "
+                f"this model's are {list(now)}"
+            )
+        what = ("distribution", "support", "shape", "unconstrained shape")
+        for name in now:
+            if list(saved[name]) != now[name]:
+                item = next(
+                    (i for i, (a, b) in enumerate(zip(saved[name], now[name])) if a != b),
+                    len(what) - 1,
+                )
+                raise ValueError(
+                    f"state_dict comes from another model: the {what[item]} of site {name!r} "
+                    f"was {saved[name][item]!r}, is {now[name][item]!r}"
+                )
+        tensors = state_dict["state"]
+        fields = NGVIState._fields
+        missing = [k for k in fields if k not in tensors]
+        extra = [k for k in tensors if k not in fields]
+        if missing or extra:
+            raise ValueError(
+                f"state_dict['state'] must have the keys {list(fields)}: "
+                + "; ".join(
+                    ([f"missing {missing}"] if missing else [])
+                    + ([f"unknown {extra}"] if extra else [])
+                )
+            )
+        template = self.state
+        values = {}
+        for key in fields:
+            value, like = tensors[key], getattr(template, key)
+            if not isinstance(value, torch.Tensor) or not value.is_floating_point():
+                raise TypeError(
+                    f"state_dict['state'][{key!r}] must be a floating-point tensor, got "
+                    + (
+                        f"dtype {value.dtype}"
+                        if isinstance(value, torch.Tensor)
+                        else type(value).__name__
+                    )
+                )
+            if value.shape != like.shape:
+                raise ValueError(
+                    f"state_dict['state'][{key!r}] has shape {tuple(value.shape)}, this model's "
+                    f"needs {tuple(like.shape)}"
+                )
+            bad = ~torch.isfinite(value)
+            if bool(bad.any()):
+                index = int(bad.reshape(-1).nonzero()[0])
+                raise ValueError(
+                    f"state_dict['state'][{key!r}] must be finite: entry {index} is "
+                    f"{float(value.reshape(-1)[index])} (first of {int(bad.sum())})"
+                )
+            values[key] = value.detach().to(dtype=like.dtype, device=like.device).clone()
+        if bool((values["hess"] + self.prior_precision <= 0).any()):
+            raise ValueError(
+                "state_dict['state']['hess'] plus the prior precision must be positive (the "
+                "posterior precision)"
+            )
+        self.state = NGVIState(**values)
+        self.num_steps = num_steps
+        return self
 
     def init_strategy(self) -> Callable:
         """

@@ -24,7 +24,7 @@ from pyro.poutine.messenger import Messenger
 from pyro.poutine.util import site_is_subsample
 
 from ...ops.validation import check_choice
-from .checks import _nonfinite_arguments, check_model_data
+from .checks import check_model_data, run_model_checked
 from .init import declared_init_strategy, init_strategy_start, prior_scaled_start
 from .layout import (
     DiscreteSite,
@@ -208,22 +208,10 @@ class ParticlePotential:
 
     def _read_structure(self):
         """Run the model once: its latent sites' layout and its subsampled plates' sizes."""
-        try:
-            with pyro.poutine.block():
-                trace = pyro.poutine.trace(self.model).get_trace(
-                    *self.model_args, **self.model_kwargs
-                )
-        except ValueError as error:
-            # Pyro's argument validation meets the non-finite data first: say which.
-            arguments = _nonfinite_arguments(self.model, self.model_args, self.model_kwargs)
-            if not arguments or not self.check_data:
-                raise
-            first_line = str(error).splitlines()[0]
-            raise ValueError(
-                f"the model failed on its data ({first_line}): the model's argument "
-                f"{'; '.join(arguments)}. Drop or impute the non-finite entries before "
-                "inference."
-            ) from error
+        # A bad argument that breaks the run itself (empty data, a wrong length) is named.
+        trace = run_model_checked(
+            self.model, self.model_args, self.model_kwargs, nonfinite=self.check_data
+        )
         previous = getattr(self, "layout", None)
         self.layout: dict[str, _SiteLayout] = {}
         self.discrete_layout = {}
@@ -371,7 +359,8 @@ class ParticlePotential:
         """
         reshaped = self._shapes(args, kwargs) != self._shapes(self.model_args, self.model_kwargs)
         if not reshaped and self.check_data and not self._same_data(args, kwargs):
-            check_model_data(self.model, args, kwargs, self._trace)
+            # Run on the new data: the trace of the old holds the old observations.
+            check_model_data(self.model, args, kwargs, None)
         self.model_args, self.model_kwargs = tuple(args), dict(kwargs)
         if reshaped:
             self._read_structure()

@@ -211,7 +211,16 @@ class Shard:
 
     def gather(self, tensor: torch.Tensor) -> torch.Tensor:
         """All ranks' rows, in particle order: ``(L / R, ...)`` -> ``(L, ...)``."""
-        return funcol.wait_tensor(funcol.all_gather_single(tensor, 0, self.group))
+        return self.wait(self.start_gather(tensor))
+
+    def start_gather(self, tensor: torch.Tensor):
+        """Start gathering all ranks' rows and return at once (see :meth:`wait`): the
+        transfer runs while this rank computes."""
+        return funcol.all_gather_single(tensor, 0, self.group)
+
+    def wait(self, pending) -> torch.Tensor:
+        """The result of :meth:`start_gather`, once it has arrived."""
+        return funcol.wait_tensor(pending)
 
     def mean(self, tensor: torch.Tensor) -> torch.Tensor:
         """The average over ranks (of the data shards' log densities and gradients)."""
@@ -228,17 +237,27 @@ class Shard:
         (:class:`RowCoupling`): particle sharding with the RBF kernel."""
         return self.mode == "particles" and isinstance(repulsion, RBFKernel)
 
-    def row_coupling(self, kernel, z, grad, noise, bandwidth_gradient=True, tries=None):
+    def row_coupling(
+        self, kernel, z, grad, noise, bandwidth_gradient=True, tries=None, positions=None
+    ):
         """
         This rank's :class:`RowCoupling` at its particles ``z`` and gradients ``grad``
-        ``(n, D)``: one ``all_gather`` of positions and gradients, this rank's rows of the
-        squared distances, one ``all_gather`` of those rows (``L^2`` numbers) for the
-        median bandwidth and the Cholesky factor. ``noise`` is the whole run's ``(L, D)``.
+        ``(n, D)``: all ranks' positions (``positions``: their gather, started before the
+        gradients were computed, see :func:`~.step.step`; else gathered here with the
+        gradients), this rank's rows of the squared distances while the gradients travel,
+        one ``all_gather`` of those rows (``L^2`` numbers) for the median bandwidth and the
+        Cholesky factor. ``noise`` is the whole run's ``(L, D)``.
         """
-        width = z.shape[-1]
-        every = self.gather(torch.cat([z, grad], dim=1))
-        every_z, every_grad = every[:, :width], every[:, width:]
-        sq_rows = kernel.squared_distance_rows(every_z, self.rows)
+        if positions is None:
+            width = z.shape[-1]
+            every = self.gather(torch.cat([z, grad], dim=1))
+            every_z, every_grad = every[:, :width], every[:, width:]
+            sq_rows = kernel.squared_distance_rows(every_z, self.rows)
+        else:
+            gradients = self.start_gather(grad)
+            every_z = self.wait(positions)
+            sq_rows = kernel.squared_distance_rows(every_z, self.rows)
+            every_grad = self.wait(gradients)
         sq = self.gather(sq_rows)
         h, a, b = kernel.bandwidth_and_pair(sq.detach())
         matrix = torch.exp(-sq / h)

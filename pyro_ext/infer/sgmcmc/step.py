@@ -47,6 +47,7 @@ def transition(
     shard=None,
     tries=None,
     bandwidth_gradient=True,
+    positions=None,
 ):
     """
     One sampler transition from this rank's gradient (the second half of :func:`step`).
@@ -57,13 +58,16 @@ def transition(
     on the particles (see :func:`~.repulsion.stein_coupling`: the noisy samplers need it,
     SVGD holds the bandwidth constant). Returns the new state of this rank's particles and
     a :class:`StepInfo`. The finiteness flag takes one reduction and no host sync (a
-    non-finite gradient makes the new particles non-finite too).
+    non-finite gradient makes the new particles non-finite too). ``positions``: the
+    gather of all ranks' positions a row-sharded step started (see :func:`step`).
     """
     coupled = repulsion is not None
     if coupled and shard is not None and shard.shards_rows(repulsion):
         # This rank's rows of the kernel matrix, drift and noise (see RowCoupling): the
         # update runs on this rank's particles only.
-        coupling = shard.row_coupling(repulsion, state.z, grad, noise, bandwidth_gradient, tries)
+        coupling = shard.row_coupling(
+            repulsion, state.z, grad, noise, bandwidth_gradient, tries, positions
+        )
         new_state = update(state, grad, step_size, shard.local(noise), coupling)
         ok = shard.all_true(torch.isfinite(log_density.sum() + new_state.z.sum()))
         return new_state, StepInfo(log_density, grad, ok)
@@ -112,6 +116,11 @@ def step(
     :param bool bandwidth_gradient: see :func:`transition`.
     :returns: the new state and a :class:`StepInfo`.
     """
+    positions = None
+    if repulsion is not None and shard is not None and shard.shards_rows(repulsion):
+        # The positions are known before the gradients: they travel while those are
+        # computed (a row-sharded step needs every rank's).
+        positions = shard.start_gather(state.z)
     log_density, grad = gradient(state.z, batch)
     return transition(
         update,
@@ -124,4 +133,5 @@ def step(
         shard,
         tries=tries,
         bandwidth_gradient=bandwidth_gradient,
+        positions=positions,
     )

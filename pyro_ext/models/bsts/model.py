@@ -90,7 +90,8 @@ unadjusted gradient samplers diverge.  Both scales are also reported as the draw
 * ``"RA"`` all investment and ambient variables enter one spike-and-slab regression with
   ``pi = expected_model_size / (k + p)``: ``q_i`` *and* ``beta_j`` can be switched off.
 * ``"RF"`` as RA but investment channels are forced in (``pi = 1`` for ``q``) and the
-  ambient variables get ``pi = expected_model_size / p`` (capped at 1).
+  ambient variables get ``pi = expected_model_size / p`` (a value above ``p`` is refused;
+  the default, 5, is capped at ``p``).
 
 ``q`` is real-valued (the thesis reports negative RADIO / TV coefficients).
 ``holidays`` names (or indexes) covariates that are calendar effects: always included
@@ -419,6 +420,58 @@ def _max_rhat(chains):
     return max(float(_split_rhat(v).max()) for n, v in chains.items() if n != "obs_precision")
 
 
+def _as_real_tensor(x, name):
+    """``x`` as a real tensor, or a :class:`TypeError` naming the argument (torch's own
+    error for a string or a ragged list names neither)."""
+    if isinstance(x, (str, bytes)):
+        raise TypeError(f"{name} must be a real tensor or array of numbers, got a string")
+    try:
+        x = torch.as_tensor(x)
+    except (TypeError, ValueError, RuntimeError) as error:
+        raise TypeError(
+            f"{name} must be a real tensor or array of numbers, got {type(x).__name__} ({error})"
+        ) from None
+    if x.is_complex():
+        raise TypeError(f"{name} must be real, got dtype {x.dtype}")
+    return x
+
+
+def _check_pair(value, name, what):
+    """``value`` must be a pair of numbers (checked one by one by the caller)."""
+    if isinstance(value, (str, bytes)) or not hasattr(value, "__len__"):
+        raise TypeError(f"{name} must be a pair {what}, got {value!r}")
+    if len(value) != 2:
+        raise ValueError(f"{name} must be a pair {what}, got {len(value)} values {value!r}")
+
+
+def _check_holidays(holidays):
+    """``holidays``: ``None`` or a list of covariate names (``str``) or indices (``int``);
+    whether each names a covariate is checked by :meth:`RetailBSTS.fit`."""
+    if holidays is None:
+        return []
+    if isinstance(holidays, (str, bytes)) or not hasattr(holidays, "__iter__"):
+        raise TypeError(
+            "holidays must be a list of covariate names or indices (e.g. ['hols'] or [5]), "
+            f"got {holidays!r}"
+        )
+    out = []
+    for h in holidays:
+        out.append(h if isinstance(h, str) else check_int(h, "holidays (each index)", low=0))
+    return out
+
+
+def _check_names(names, name, count, what):
+    """``channel_names`` / ``covariate_names``: ``None`` or ``count`` strings."""
+    if names is None:
+        return None
+    if isinstance(names, (str, bytes)) or not hasattr(names, "__iter__"):
+        raise TypeError(f"{name} must be a list of {count} strings (one per {what}), got {names!r}")
+    names = list(names)
+    if len(names) != count:
+        raise ValueError(f"{name} has {len(names)} names for {count} {what}s")
+    return [str(n) for n in names]
+
+
 def _hn(scale, dtype):
     return dist.HalfNormal(torch.tensor(float(scale), dtype=dtype))
 
@@ -437,7 +490,11 @@ class RetailBSTS:
         means, variances = model.sales_moments(spend_future)          # total sales
 
     :param str variant: ``"B"``, ``"RA"`` or ``"RF"``.
-    :param float expected_model_size: expected number of included regressors.
+    :param float expected_model_size: expected number of included regressors, at most the
+        number of regressors that the variant selects among (``p`` covariates for ``"RF"``,
+        ``k + p`` channels and covariates for ``"RA"``; checked by :meth:`fit`): the prior
+        inclusion probability is ``expected_model_size / that number``, and equal to it
+        forces every one in.  ``None`` (default): 5, capped at that number.
     :param str selection: ``"point_mass"`` (default: ``beta_j`` exactly 0 or drawn from
         the slab, ``beta`` integrated out by the Kalman filter, indicators moved by Gibbs)
         or ``"ssvs"`` (narrow Gaussian spike of sd ``spike_scale``, indicators summed
@@ -468,7 +525,7 @@ class RetailBSTS:
     def __init__(
         self,
         variant="RF",
-        expected_model_size=5,
+        expected_model_size=None,
         selection="point_mass",
         noise="student_t",
         trend="local_level",
@@ -489,7 +546,12 @@ class RetailBSTS:
         check_choice(selection, "selection", SELECTIONS)
         check_choice(noise, "noise", NOISES)
         check_choice(trend, "trend", TRENDS)
-        expected_model_size = check_positive(expected_model_size, "expected_model_size")
+        # None: the package's default, 5, which is capped at the number of regressors
+        # (fit refuses a larger value that was asked for: it would force every one in).
+        self._expected_model_size_given = expected_model_size is not None
+        expected_model_size = check_positive(
+            5.0 if expected_model_size is None else expected_model_size, "expected_model_size"
+        )
         seasonal_period = check_real(seasonal_period, "seasonal_period", low=2, low_open=True)
         seasonal_harmonics = check_int(seasonal_harmonics, "seasonal_harmonics", low=0)
         if seasonal_harmonics > seasonal_period / 2:
@@ -502,6 +564,8 @@ class RetailBSTS:
             raise ValueError(f"df must exceed 2 (finite variance), got {df!r}")
         spend_lag = check_int(spend_lag, "spend_lag", 0, 1)
         check_choice(goodwill_start, "goodwill_start", GOODWILL_STARTS)
+        _check_pair(delta_prior, "delta_prior", "(a, b), the Beta concentrations")
+        _check_pair(delta_range, "delta_range", "(lo, hi) within [0, 1]")
         a, b = delta_prior
         a = check_positive(a, "delta_prior[0] (a Beta concentration)")
         b = check_positive(b, "delta_prior[1] (a Beta concentration)")
@@ -521,7 +585,7 @@ class RetailBSTS:
             int(seasonal_harmonics),
             float(seasonal_period),
         )
-        self.holidays = list(holidays) if holidays is not None else []
+        self.holidays = _check_holidays(holidays)
         self.df, self.spend_lag = float(df), int(spend_lag)
         self.goodwill_start = goodwill_start
         self._start_weeks = None  # set by fit: min(T, START_WEEKS) training weeks
@@ -534,10 +598,19 @@ class RetailBSTS:
         self.prior_scales = dict(
             sigma_obs=0.5, sigma_goodwill=0.2, sigma_level=0.1, sigma_slope=0.01, sigma_season=0.02
         )
+        if prior_scales is not None and not isinstance(prior_scales, dict):
+            raise TypeError(
+                f"prior_scales must be a dict {{scale name: HalfNormal scale}} or None, got "
+                f"{type(prior_scales).__name__}"
+            )
         unknown = set(prior_scales or {}) - set(self.prior_scales)
         if unknown:
-            raise ValueError(f"prior_scales has unknown keys {sorted(unknown)}")
-        self.prior_scales.update(prior_scales or {})
+            raise ValueError(
+                f"prior_scales has unknown keys {sorted(unknown, key=repr)}: the keys are "
+                f"{sorted(self.prior_scales)}"
+            )
+        for key, value in (prior_scales or {}).items():
+            self.prior_scales[key] = check_positive(value, f"prior_scales[{key!r}]")
         self.samples = None
         self.channel_names = None
         self.covariate_names = None
@@ -549,12 +622,23 @@ class RetailBSTS:
     def _tensor(x, name, dim):
         if x is None:
             return None
-        x = torch.as_tensor(x)
+        x = _as_real_tensor(x, name)
         if not x.is_floating_point():
             x = x.to(torch.get_default_dtype())
         if x.dim() != dim:
             raise ValueError(f"{name} must have {dim} dims, got shape {tuple(x.shape)}")
         return x.detach().to(torch.float64)
+
+    @staticmethod
+    def _check_covariates(X, name="covariates"):
+        """Covariates enter the mean at every week: NaN or +-inf there cannot be marginalised."""
+        bad = ~torch.isfinite(X)
+        if bool(bad.any()):
+            t, j = (int(i) for i in bad.nonzero()[0])
+            raise ValueError(
+                f"{name} must be finite: {name}[{t}, {j}] is {float(X[t, j])} (first of "
+                f"{int(bad.sum())} non-finite values); impute or drop those weeks"
+            )
 
     @staticmethod
     def _check_sales(y, name="sales"):
@@ -568,17 +652,32 @@ class RetailBSTS:
             )
 
     def _check_spend(self, spend, name="spend"):
-        if torch.isnan(spend).any() or not torch.isfinite(spend).all():
-            raise ValueError(f"{name} must be finite (no NaN)")
-        if (spend < 0).any():
-            raise ValueError(f"{name} must be non-negative")
+        bad = ~torch.isfinite(spend)
+        if bool(bad.any()):
+            t, i = (int(j) for j in bad.nonzero()[0])
+            raise ValueError(
+                f"{name} must be finite (no NaN): {name}[{t}, {i}] is {float(spend[t, i])} "
+                f"(first of {int(bad.sum())} non-finite values)"
+            )
+        negative = spend < 0
+        if bool(negative.any()):
+            t, i = (int(j) for j in negative.nonzero()[0])
+            raise ValueError(
+                f"{name} must be non-negative: {name}[{t}, {i}] is {float(spend[t, i])}"
+            )
 
     @property
     def num_channels(self):
         return None if self.channel_names is None else len(self.channel_names)
 
+    def _check_data_seen(self, what):
+        if getattr(self, "_p", None) is None:
+            raise ValueError(f"{what} is known once fit() has seen the data: call fit() first")
+
     @property
     def uses_covariates(self):
+        """Whether the fitted model regresses on covariates (after :meth:`fit`)."""
+        self._check_data_seen("uses_covariates")
         return self.variant != "B" and self._p > 0
 
     def _priors_pi(self, k, p):
@@ -870,6 +969,7 @@ class RetailBSTS:
         """The indicator sites that the Gibbs moves update (point mass; after ``fit``)."""
         if self.selection != "point_mass":
             return []
+        self._check_data_seen("discrete_sites")
         sites = []
         if self.uses_covariates and not self._beta_forced:
             sites.append("gamma")
@@ -883,6 +983,11 @@ class RetailBSTS:
         u = self._tensor(spend, "spend", 2)
         if u.shape[0] != y.shape[0]:
             raise ValueError(f"spend has {u.shape[0]} weeks but sales has {y.shape[0]}")
+        if u.shape[1] == 0:
+            raise ValueError(
+                "spend has 0 columns: the model needs at least one advertising channel "
+                "(one column per channel)"
+            )
         self._check_spend(u)
         if covariates is None:
             X = torch.zeros(y.shape[0], 0, dtype=torch.float64)
@@ -890,8 +995,7 @@ class RetailBSTS:
             X = self._tensor(covariates, "covariates", 2)
             if X.shape[0] != y.shape[0]:
                 raise ValueError(f"covariates has {X.shape[0]} weeks but sales has {y.shape[0]}")
-            if not torch.isfinite(X).all():
-                raise ValueError("covariates must be finite")
+            self._check_covariates(X)
         if y.shape[0] < 4:
             raise ValueError("sales needs at least 4 weeks")
         self._start_weeks = min(y.shape[0], START_WEEKS)
@@ -1010,20 +1114,15 @@ class RetailBSTS:
         from ...infer.sgmcmc import KERNELS
 
         check_choice(method, "method", METHODS)
+        seed = check_int(seed, "seed", 0, 2**32 - 1)
+        if not isinstance(standardize, bool):
+            raise TypeError(f"standardize must be a bool, got {standardize!r}")
         y, u, X = self._prepare(sales, spend, covariates, standardize)
         k, p = u.shape[1], X.shape[1]
-        self.channel_names = (
-            list(channel_names) if channel_names else [f"channel{i}" for i in range(k)]
-        )
-        self.covariate_names = (
-            list(covariate_names) if covariate_names else [f"x{j}" for j in range(p)]
-        )
-        if len(self.channel_names) != k:
-            raise ValueError(f"channel_names has {len(self.channel_names)} names for {k} channels")
-        if len(self.covariate_names) != p:
-            raise ValueError(
-                f"covariate_names has {len(self.covariate_names)} names for {p} covariates"
-            )
+        channel_names = _check_names(channel_names, "channel_names", k, "channel")
+        covariate_names = _check_names(covariate_names, "covariate_names", p, "covariate")
+        self.channel_names = channel_names or [f"channel{i}" for i in range(k)]
+        self.covariate_names = covariate_names or [f"x{j}" for j in range(p)]
         self._holiday_idx = []
         for h in self.holidays:
             if isinstance(h, str):
@@ -1031,8 +1130,11 @@ class RetailBSTS:
                     raise ValueError(f"holidays names unknown covariate {h!r}")
                 h = self.covariate_names.index(h)
             if not 0 <= int(h) < p:
-                raise ValueError(f"holidays index {h} out of range for {p} covariates")
+                raise ValueError(
+                    f"holidays index {h} is out of range for {p} covariates (0 to {p - 1})"
+                )
             self._holiday_idx.append(int(h))
+        self._check_expected_model_size(k, p)
         self._p = p
         self._pi_q, self._pi_b = self._priors_pi(k, p)
         self._q_forced, self._beta_forced = (
@@ -1045,6 +1147,8 @@ class RetailBSTS:
                 f"{self.discrete_sites}: use method='sgld' (SG-MCMC with Gibbs moves), or "
                 "selection='ssvs', whose indicators are summed out"
             )
+        if kwargs.get("moves") is not None:
+            self._check_moves(kwargs["moves"], method)
         pyro.set_rng_seed(seed)
         pyro.clear_param_store()
         t0 = time.perf_counter()
@@ -1088,6 +1192,47 @@ class RetailBSTS:
         self.samples = {n: v.reshape(-1, *v.shape[2:]) for n, v in self._chains.items()}
         self._method = method
         return self
+
+    def _check_expected_model_size(self, k, p):
+        """``expected_model_size / n`` is the prior inclusion probability of the ``n``
+        regressors the variant selects among: one asked for above ``n`` would be capped at
+        1, every regressor forced in without a word.  (The default, 5, is capped.)"""
+        if self.variant == "B" or not getattr(self, "_expected_model_size_given", False):
+            return
+        n, among = (p, "covariates") if self.variant == "RF" else (k + p, "channels and covariates")
+        if n and self.expected_model_size > n:
+            raise ValueError(
+                f"expected_model_size={self.expected_model_size:g} exceeds the {n} {among} "
+                f"that variant {self.variant!r} selects among: the prior inclusion probability "
+                f"expected_model_size / {n} must be in (0, 1] (1 forces every one in), so "
+                f"expected_model_size must be in (0, {n}]"
+            )
+
+    def _check_moves(self, moves, method):
+        """``moves`` are the point mass's indicator moves; refuse them where there are none
+        (they would be ignored)."""
+        if method != "sgld":
+            raise ValueError(
+                f"moves={moves!r} moves the point mass's indicators within method='sgld'; "
+                f"method={method!r} has none: drop moves"
+            )
+        if not self.discrete_sites:
+            why = (
+                "selection='ssvs' sums the indicators out"
+                if self.selection == "ssvs"
+                else "every coefficient is forced in (no indicator to move)"
+            )
+            raise ValueError(
+                f"moves={moves!r} has nothing to move with selection={self.selection!r} and "
+                f"variant={self.variant!r}: {why}. Drop moves, or use selection='point_mass' "
+                "with a variant and expected_model_size that select"
+            )
+        from ...infer.gibbs import MOVES
+
+        if not isinstance(moves, str) and not callable(moves):
+            raise TypeError(f"moves must be one of {MOVES} or a move function, got {moves!r}")
+        if isinstance(moves, str):
+            check_choice(moves, "moves", MOVES)
 
     def _noise_scales_prior(self):
         ps = self.prior_scales
@@ -1173,7 +1318,7 @@ class RetailBSTS:
         disable_progbar=True,
         rhat_target=1.05,
         max_samples=None,
-        moves="gibbs",
+        moves=None,
         **kernel_kwargs,
     ):
         from ...infer import Gibbs
@@ -1212,6 +1357,7 @@ class RetailBSTS:
                 **kernel_kwargs,
             )
             if self.discrete_sites:
+                moves = "gibbs" if moves is None else moves
                 site_moves = {name: moves for name in self.discrete_sites}
                 if moves == "gibbs":
                     site_moves = {name: self._indicator_move(name) for name in site_moves}
@@ -1415,30 +1561,43 @@ class RetailBSTS:
 
     # ------------------------------------------------------------------ prediction
     def _draw_subset(self, max_draws):
+        max_draws = check_int(max_draws, "max_draws", low=1)
         n = self.samples["delta"].shape[0]
         idx = torch.linspace(0, n - 1, min(n, max_draws)).round().long()
         return {k: v[idx] for k, v in self.samples.items()}
 
-    def _future_inputs(self, spend_future, covariates_future):
+    def _future_inputs(self, spend_future, covariates_future, max_draws=1):
+        """The standardised future inputs, checked once per call (before any draw)."""
+        # max_draws first: it is cheap, and a call with two bad arguments names the first.
+        check_int(max_draws, "max_draws", low=1)
         if not torch.is_tensor(spend_future):
-            spend_future = torch.as_tensor(spend_future, dtype=torch.float64)
+            spend_future = _as_real_tensor(spend_future, "spend_future").to(torch.float64)
+        elif spend_future.is_complex():
+            raise TypeError(f"spend_future must be real, got dtype {spend_future.dtype}")
         if spend_future.dim() != 2 or spend_future.shape[1] != self.num_channels:
             raise ValueError(
-                f"spend_future must have shape (h, {self.num_channels}), "
-                f"got {tuple(spend_future.shape)}"
+                f"spend_future must have shape (h, {self.num_channels}): h weeks (the horizon) "
+                f"by the {self.num_channels} channels, got {tuple(spend_future.shape)}"
+            )
+        h = spend_future.shape[0]
+        if h == 0:
+            raise ValueError(
+                "spend_future has 0 rows: the horizon (its number of rows, the weeks to "
+                "predict) must be a positive int"
             )
         with torch.no_grad():
             self._check_spend(spend_future, "spend_future")
-        h = spend_future.shape[0]
         uf = spend_future.to(torch.float64) / self._u_scale
         if covariates_future is None:
             Xf = torch.zeros(h, self._p, dtype=torch.float64)
         else:
-            Xf = torch.as_tensor(covariates_future).to(torch.float64)
+            Xf = _as_real_tensor(covariates_future, "covariates_future").to(torch.float64)
             if Xf.shape != (h, self._p):
                 raise ValueError(
-                    f"covariates_future must have shape ({h}, {self._p}), got {tuple(Xf.shape)}"
+                    f"covariates_future must have shape ({h}, {self._p}): the {h} weeks of "
+                    f"spend_future by the {self._p} covariates of the fit, got {tuple(Xf.shape)}"
                 )
+            self._check_covariates(Xf, "covariates_future")
             Xf = (Xf - self._x_loc) / self._x_scale
         return uf, Xf
 
@@ -1511,7 +1670,7 @@ class RetailBSTS:
         :returns: ``(means, variances)``, each ``(num_draws,)``, original units.
         """
         self._check_fitted()
-        uf, Xf = self._future_inputs(spend_future, covariates_future)
+        uf, Xf = self._future_inputs(spend_future, covariates_future, max_draws)
         draws, (mT, PT, G, F, W, var_obs, D_T, params) = self._cached_end_state(max_draws)
         h = uf.shape[0]
         n, S = mT.shape
@@ -1574,15 +1733,32 @@ class RetailBSTS:
         self._check_fitted()
         if self.noise != "gaussian":
             raise ValueError("one_step_predictions needs noise='gaussian'")
+        check_int(max_draws, "max_draws", low=1)
+        sales = self._tensor(sales, "sales", 1)
+        self._check_sales(sales)
+        T = sales.shape[0]
+        spend = self._tensor(spend, "spend", 2)
+        if spend.shape != (T, self.num_channels):
+            raise ValueError(
+                f"spend must have shape ({T}, {self.num_channels}): the {T} weeks of sales by "
+                f"the {self.num_channels} channels of the fit, got {tuple(spend.shape)}"
+            )
+        self._check_spend(spend)
+        if covariates is not None:
+            covariates = self._tensor(covariates, "covariates", 2)
+            if covariates.shape != (T, self._p):
+                raise ValueError(
+                    f"covariates must have shape ({T}, {self._p}): the {T} weeks of sales by "
+                    f"the {self._p} covariates of the fit, got {tuple(covariates.shape)}"
+                )
+            self._check_covariates(covariates)
         draws = self._draw_subset(max_draws)
         params = {n: v for n, v in draws.items() if n != "obs_precision"}
-        sales = torch.as_tensor(sales, dtype=torch.float64)
-        self._check_sales(sales)
         y = (sales - self._y_loc) / self._y_scale
-        u = torch.as_tensor(spend, dtype=torch.float64) / self._u_scale
+        u = spend / self._u_scale
         X = torch.zeros(y.shape[0], self._p, dtype=torch.float64)
         if covariates is not None:
-            X = (torch.as_tensor(covariates, dtype=torch.float64) - self._x_loc) / self._x_scale
+            X = (covariates - self._x_loc) / self._x_scale
         with torch.no_grad():
             offset = self._mean_offset(params, u, X)  # (n, T)
             dlm = self.state_space(params)
@@ -1601,12 +1777,13 @@ class RetailBSTS:
         """Posterior predictive draws ``(num_draws, h)`` of weekly sales, original units
         (one path per posterior draw, observation noise included)."""
         self._check_fitted()
-        uf, Xf = self._future_inputs(spend_future, covariates_future)
+        uf, Xf = self._future_inputs(spend_future, covariates_future, max_draws)
         return self._simulate_future(uf.detach(), Xf, max_draws)[0]
 
     def sample_sales(self, spend_future, covariates_future=None, num_samples=1, max_draws=500):
         """Monte Carlo draws of TOTAL sales over the horizon, ``(num_draws * num_samples,)``
         (``num_samples`` paths per posterior draw; not differentiable)."""
         self._check_fitted()
-        uf, Xf = self._future_inputs(spend_future, covariates_future)
+        num_samples = check_int(num_samples, "num_samples", low=1)
+        uf, Xf = self._future_inputs(spend_future, covariates_future, max_draws)
         return self._simulate_future(uf.detach(), Xf, max_draws, num_samples).sum(-1).reshape(-1)

@@ -146,6 +146,26 @@ def _random_truth(seed, spend, covariates, spend_lag, noise_scale):
     }
 
 
+def _coefficients(value, name, size, what):
+    """``q`` / ``beta`` as a finite ``(size,)`` float64 tensor, or an error naming it."""
+    if isinstance(value, (str, bytes)):
+        raise TypeError(f"{name} must be {size} numbers (one per {what[:-1]}), got a string")
+    try:
+        value = torch.as_tensor(value, dtype=torch.float64)
+    except (TypeError, ValueError, RuntimeError) as error:
+        raise TypeError(f"{name} must be {size} numbers (one per {what[:-1]}): {error}") from None
+    if value.shape != (size,):
+        raise ValueError(
+            f"{name} must have {size} entries (one per {what[:-1]}; the simulator has {size} "
+            f"{what}), got shape {tuple(value.shape)}"
+        )
+    bad = ~torch.isfinite(value)
+    if bool(bad.any()):
+        j = int(bad.nonzero()[0, 0])
+        raise ValueError(f"{name} must be finite: {name}[{j}] is {float(value[j])}")
+    return value
+
+
 def simulate_retail(
     num_weeks=234,
     seed=0,
@@ -222,6 +242,16 @@ def simulate_retail(
         beta = DEFAULT_BETA if beta is None else beta
         delta = check_real(delta, "delta", 0, 1, low_open=True, high_open=True)
     spend_lag = check_int(spend_lag, "spend_lag", 0, 1)
+    seed = check_int(seed, "seed")
+    noise_scale = check_real(noise_scale, "noise_scale", low=0)
+    goodwill_scale = check_real(goodwill_scale, "goodwill_scale", low=0)
+    level_scale = check_real(level_scale, "level_scale", low=0)
+    if noise == "student_t":
+        df = check_real(df, "df", low=0, low_open=True)
+    if dtype is not None and not isinstance(dtype, torch.dtype):
+        raise TypeError(f"dtype must be None or a torch.dtype such as torch.float64, got {dtype!r}")
+    if dtype is not None and not dtype.is_floating_point:
+        raise ValueError(f"dtype must be a floating point torch.dtype, got {dtype}")
     T = int(num_weeks)
     dtype = dtype or torch.get_default_dtype()
     g = torch.Generator().manual_seed(int(seed))
@@ -275,10 +305,8 @@ def simulate_retail(
     if random_truth:
         drawn = _random_truth(int(seed), spend, covariates, spend_lag, float(noise_scale))
         delta, q, beta = drawn["delta"], drawn["q"], drawn["beta"]
-    q = torch.as_tensor(q, dtype=torch.float64)
-    beta = torch.as_tensor(beta, dtype=torch.float64)
-    if q.shape != (5,) or beta.shape != (7,):
-        raise ValueError("q must have 5 entries and beta 7 entries")
+    q = _coefficients(q, "q", 5, "channels")
+    beta = _coefficients(beta, "beta", 7, "covariates")
 
     # --- states -------------------------------------------------------------------------
     phi = 1.0 - float(delta)
