@@ -21,6 +21,7 @@ import pyro
 import torch
 from pyro.infer.mcmc.api import AbstractMCMC
 from pyro.infer.mcmc.logger import ProgressBar
+from pyro.infer.mcmc.mcmc_kernel import MCMCKernel
 from pyro.infer.mcmc.util import diagnostics as chain_diagnostics
 from pyro.infer.mcmc.util import print_summary, select_samples
 from pyro.ops import streaming, welford
@@ -132,7 +133,7 @@ class MCMC(AbstractMCMC):
 
     def __init__(
         self,
-        kernel: pyro.infer.mcmc.mcmc_kernel.MCMCKernel,
+        kernel: MCMCKernel,
         num_samples: int,
         warmup_steps: int | None = None,
         initial_params: dict | None = None,
@@ -149,6 +150,11 @@ class MCMC(AbstractMCMC):
         draws_device: str | torch.device | None = None,
         statistics: StatsOfDict | None = None,
     ):
+        if not isinstance(kernel, MCMCKernel):
+            raise TypeError(
+                "kernel must be an MCMC kernel (pyro_ext.infer.SGLD, SGHMC, AdamSGLD, Gibbs, "
+                f"or a pyro.infer.mcmc kernel such as NUTS), got {type(kernel).__name__}"
+            )
         # The one place the kernel's type is looked at: a particle kernel runs in this
         # class's loop, any other in the wrapped pyro.infer.MCMC below.
         particle_kernel = isinstance(kernel, ParticleKernel)

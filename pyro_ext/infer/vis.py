@@ -95,7 +95,7 @@ from pyro.poutine.messenger import Messenger
 from pyro.poutine.util import site_is_subsample
 from torch.distributions import constraints
 
-from ..ops.validation import check_choice, check_int, check_positive
+from ..ops.validation import check_choice, check_int, check_positive, check_real
 from .errors import SamplerDivergenceError
 from .potential import LogJointMessenger, SupportMap, check_model_data
 from .sgmcmc.repulsion import RBFKernel, stein_coupling
@@ -548,6 +548,8 @@ class VIS:
         self.model, self.base_guide = model, base_guide
         self.sampler, self.num_steps, self.entropy = sampler, num_steps, entropy
         self.step_size, self.learn_step_size = step_size, learn_step_size
+        # SGHMC's velocity keeps 1 - friction of itself per step (as the SGHMC kernel).
+        friction = check_real(friction, "friction", 0, 1, low_open=True)
         self.gradient, self.friction = gradient, friction
         self.gaussian_scale, self.name = gaussian_scale, name
         if sampler == "svgd" or entropy == "fokker_planck":

@@ -304,3 +304,10 @@ def test_simulate_retail_arguments_name_themselves(kwargs, error, match):
     # string: 'float32'", "invalid literal for int()")
     with pytest.raises(error, match=match):
         simulate_retail(num_weeks=10, **kwargs)
+
+
+@pytest.mark.parametrize("name", ["num_samples", "num_particles"])
+def test_fit_with_no_draws_or_no_particles_is_refused(data, name):
+    # was: num_particles=0 gave "IndexError: list index out of range" after the start
+    with pytest.raises(ValueError, match=rf"{name} must be an integer >= 1, got 0"):
+        small().fit(data.sales, data.spend, data.covariates, **{**FAST, name: 0})

@@ -330,3 +330,34 @@ def test_ngvi_posterior_num_samples_must_be_positive(saved):
     # was: ignored silently
     with pytest.raises(ValueError, match="num_samples must be an integer >= 1"):
         saved[0].posterior(0)
+
+
+# -- the probe's last unclear cases (benchmarks/results/bad_input_probe.md) -----------------
+def test_mcmc_with_a_kernel_that_is_not_one_is_refused():
+    from pyro_ext.infer import MCMC
+
+    with pytest.raises(TypeError, match="kernel must be an MCMC kernel.*got str"):
+        MCMC("sgld", num_samples=2)
+
+
+def test_vis_friction_outside_0_1_is_refused():
+    from pyro.infer.autoguide import AutoNormal
+
+    from pyro_ext.infer import VIS
+
+    with pytest.raises(ValueError, match="friction"):
+        VIS(
+            _regression, AutoNormal(_regression), sampler="sghmc", entropy="gaussian", friction=-0.1
+        )
+
+
+def test_a_subsample_size_of_zero_is_refused():
+    def model(x, y):
+        w = pyro.sample("w", dist.Normal(torch.zeros(2), 1.0).to_event(1))
+        with pyro.plate("data", len(y), subsample_size=0) as rows:
+            pyro.sample("y", dist.Normal(x[rows] @ w, 1.0), obs=y[rows])
+
+    from pyro_ext.infer import SGLD
+
+    with pytest.raises(ValueError, match=r"plate 'data' has subsample_size=0"):
+        SGLD(model, step_size=1e-3).setup(0, X, YR)

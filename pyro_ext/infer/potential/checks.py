@@ -432,6 +432,11 @@ class _PlateCheck(Messenger):
                 "from. Pass at least one observation (the model's arguments: "
                 f"{_argument_shapes(self.arguments)})."
             )
+        if batch is not None and batch <= 0:
+            raise _DataError(
+                f"plate {name!r} has subsample_size={batch}: a minibatch needs at least one "
+                f"row. Pass 1 <= subsample_size <= {size}, or leave it out to use every row."
+            )
         if batch is not None and size is not None and batch > size:
             raise _DataError(
                 f"plate {name!r} subsamples subsample_size={batch} of its size {size}: a "

@@ -1115,6 +1115,9 @@ class RetailBSTS:
 
         check_choice(method, "method", METHODS)
         seed = check_int(seed, "seed", 0, 2**32 - 1)
+        num_samples = check_int(num_samples, "num_samples", low=1)
+        warmup_steps = check_int(warmup_steps, "warmup_steps", low=0)
+        num_particles = check_int(num_particles, "num_particles", low=1)
         if not isinstance(standardize, bool):
             raise TypeError(f"standardize must be a bool, got {standardize!r}")
         y, u, X = self._prepare(sales, spend, covariates, standardize)
