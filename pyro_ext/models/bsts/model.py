@@ -1740,20 +1740,22 @@ class RetailBSTS:
         sales = self._tensor(sales, "sales", 1)
         self._check_sales(sales)
         T = sales.shape[0]
-        spend = self._tensor(spend, "spend", 2)
-        if spend.shape != (T, self.num_channels):
-            raise ValueError(
-                f"spend must have shape ({T}, {self.num_channels}): the {T} weeks of sales by "
-                f"the {self.num_channels} channels of the fit, got {tuple(spend.shape)}"
-            )
+        # One row per week of sales, one column per channel / covariate of the fit.
+        columns = {"spend": (spend, self.num_channels, "channels")}
+        if covariates is not None:
+            columns["covariates"] = (covariates, self._p, "covariates")
+        for name, (value, width, what) in columns.items():
+            value = self._tensor(value, name, 2)
+            if value.shape != (T, width):
+                raise ValueError(
+                    f"{name} must have shape ({T}, {width}): the {T} weeks of sales by the "
+                    f"{width} {what} of the fit, got {tuple(value.shape)}"
+                )
+            columns[name] = value
+        spend = columns["spend"]
         self._check_spend(spend)
         if covariates is not None:
-            covariates = self._tensor(covariates, "covariates", 2)
-            if covariates.shape != (T, self._p):
-                raise ValueError(
-                    f"covariates must have shape ({T}, {self._p}): the {T} weeks of sales by "
-                    f"the {self._p} covariates of the fit, got {tuple(covariates.shape)}"
-                )
+            covariates = columns["covariates"]
             self._check_covariates(covariates)
         draws = self._draw_subset(max_draws)
         params = {n: v for n, v in draws.items() if n != "obs_precision"}
