@@ -72,6 +72,13 @@ class NaturalGradientVI:
     :math:`\mathcal N(0, 1/(\mathrm{ess}\,w))` on every unconstrained coordinate, as
     ``ivon-opt`` does.
 
+    :meth:`state_dict` and :meth:`load_state_dict` checkpoint a run: a state loads only
+    into an object set up on the same model (the same latent sites, distributions,
+    supports and shapes) with the same ``method``, ``ess``, ``beta1``, ``beta2``,
+    ``hess_init``, ``weight_decay`` and ``rescale_lr`` (what the saved mean and Hessian
+    mean); ``lr``, ``mc_samples``, ``clip_radius`` and the rest shape only the steps to
+    come and may differ.
+
     :param callable model: a Pyro model with continuous latent sites; the data may be
         subsampled with ``pyro.plate(..., subsample_size=...)`` (a fresh minibatch every
         step), or passed to :meth:`step` one minibatch at a time with the plate's
@@ -104,12 +111,6 @@ class NaturalGradientVI:
         posterior predictive on its training data (``benchmarks/ngvi.py`` refits a run that
         scores below the constant predictor).
 
-    :meth:`state_dict` and :meth:`load_state_dict` checkpoint a run: a state loads only
-    into an object set up on the same model (the same latent sites, distributions,
-    supports and shapes) with the same ``method``, ``ess``, ``beta1``, ``beta2``,
-    ``hess_init``, ``weight_decay`` and ``rescale_lr`` (what the saved mean and Hessian
-    mean); ``lr``, ``mc_samples``, ``clip_radius`` and the rest shape only the steps to
-    come and may differ.
     :param bool rescale_lr: multiply ``lr`` by ``hess_init + delta`` (``ivon-opt``'s
         default); ``False`` follows Algorithm 1 of the paper literally.
     :param callable init_loc_fn: a Pyro init strategy for the mean (as in Pyro's

@@ -118,8 +118,9 @@ def _tensor_digest(tensor: torch.Tensor) -> str:
 class RowCoupling(Coupling):
     """
     A rank's rows of the :class:`~.repulsion.Coupling` of a sharded run: what the update
-    functions of :mod:`~.updates` read (:meth:`drift`, :meth:`couple`, :meth:`correlate`)
-    for this rank's ``n = L / R`` particles, each ``O(n L D)``.
+    functions of :mod:`pyro_ext.infer.sgmcmc.updates` read (:meth:`drift`,
+    :meth:`couple`, :meth:`correlate`) for this rank's ``n = L / R`` particles, each
+    ``O(n L D)``.
 
     :ivar matrix: the whole ``(L, L)`` kernel matrix (``O(L^2)``, for the Cholesky factor).
     :ivar rows: this rank's rows, a ``slice``.
