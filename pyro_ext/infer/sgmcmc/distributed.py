@@ -197,6 +197,11 @@ class Shard:
             self.rows = slice(0, num_particles)
         #: the global indices of the particles this rank holds
         self.particle_indices = range(num_particles)[self.rows]
+        #: whether a row-sharded step sends the positions while the gradients are computed
+        #: (two collectives in flight): with NCCL, whose collectives queue on one stream.
+        #: Gloo runs in-flight collectives on a pool of threads; a run on this machine's two
+        #: loaded cores once lost a rank with two in flight, so gloo sends them together.
+        self.overlaps = "nccl" in str(dist.get_backend(self.group))
 
     @property
     def num_local_particles(self) -> int:

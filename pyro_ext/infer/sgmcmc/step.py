@@ -117,9 +117,14 @@ def step(
     :returns: the new state and a :class:`StepInfo`.
     """
     positions = None
-    if repulsion is not None and shard is not None and shard.shards_rows(repulsion):
+    if (
+        repulsion is not None
+        and shard is not None
+        and shard.overlaps
+        and shard.shards_rows(repulsion)
+    ):
         # The positions are known before the gradients: they travel while those are
-        # computed (a row-sharded step needs every rank's).
+        # computed (a row-sharded step needs every rank's; see Shard.overlaps).
         positions = shard.start_gather(state.z)
     log_density, grad = gradient(state.z, batch)
     return transition(
