@@ -215,21 +215,24 @@ def test_discrete_site_prior_depends_on_a_continuous_site():
     assert abs(float(samples["p"][ones].mean()) - 5 / 7) < 0.05
 
 
-def test_categorical_site_moves_through_all_values():
+# About 10 s per move: the default run keeps mh-flip; the gibbs move, which
+# test_mixture_assignments_match_enumeration checks against exact answers there, is in the
+# integration run.
+@pytest.mark.parametrize("moves", [pytest.param("gibbs", marks=pytest.mark.integration), "mh-flip"])
+def test_categorical_site_moves_through_all_values(moves):
     probs = torch.tensor([0.1, 0.2, 0.3, 0.4])
 
     def model():
         pyro.sample("x", dist.Normal(0.0, 1.0))
         pyro.sample("c", dist.Categorical(probs))
 
-    for moves in ("gibbs", "mh-flip"):
-        kernel = Gibbs(SGLD(model, step_size=0.1, num_particles=4), "c", moves=moves)
-        mcmc = MCMC(kernel, num_samples=1500, warmup_steps=50, disable_progbar=True)
-        mcmc.run()
-        c = mcmc.get_samples()["c"]
-        assert c.dtype == torch.long
-        frequencies = torch.bincount(c, minlength=4).double() / c.numel()
-        assert torch.allclose(frequencies, probs.double(), atol=0.03), (moves, frequencies)
+    kernel = Gibbs(SGLD(model, step_size=0.1, num_particles=4), "c", moves=moves)
+    mcmc = MCMC(kernel, num_samples=1500, warmup_steps=50, disable_progbar=True)
+    mcmc.run()
+    c = mcmc.get_samples()["c"]
+    assert c.dtype == torch.long
+    frequencies = torch.bincount(c, minlength=4).double() / c.numel()
+    assert torch.allclose(frequencies, probs.double(), atol=0.03), (moves, frequencies)
 
 
 def test_divergence_keeps_draws_and_names_the_step():

@@ -587,7 +587,11 @@ def test_repulsive_divergence_is_reported_not_a_linear_algebra_error():
     assert torch.isfinite(mcmc.get_samples()["stiff"]).all()
 
 
-@pytest.mark.parametrize("jit_compile", ["trace", True])
+# The inductor-compiled cases (about 25 s, the cold compile) are in the integration run; the
+# default run keeps the traced ones, and test_sgmcmc_compiled.py compiles with inductor.
+@pytest.mark.parametrize(
+    "jit_compile", ["trace", pytest.param(True, marks=pytest.mark.integration)]
+)
 @pytest.mark.parametrize("num_particles", [1, 4])
 def test_jit_compile_gives_the_same_draws(num_particles, jit_compile):
     x, y = logistic_data("cpu")
