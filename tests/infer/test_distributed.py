@@ -338,6 +338,10 @@ def test_a_divergence_on_one_rank_stops_both_with_the_same_error(tmp_path):
     assert kept == (NUM_PARTICLES, step)  # the draws before the divergent step, all particles
 
 
+# About 12-15 s of spawned ranks: in the integration run (make test stays near 5 minutes);
+# the default run keeps the sharded chain equal to the single process through the
+# default-step test.
+@pytest.mark.integration
 def test_checkpoint_resume_on_two_ranks_gives_the_same_draws(tmp_path):
     results = spawn(tmp_path, "scenario_checkpoint", str(tmp_path / "run.pt"))
     expected = reference("sghmc", "particles", "rbf", False)
@@ -398,6 +402,10 @@ def test_the_example_script_launched_by_torchrun_gives_the_single_process_answer
             assert abs(float(value) - float(single[0][2])) < 1e-3, (shard, ranks, single)
 
 
+# About 12-15 s of spawned ranks: in the integration run (make test stays near 5 minutes);
+# the default run keeps the sharded chain equal to the single process through the
+# default-step test.
+@pytest.mark.integration
 def test_extend_and_draws_device_on_two_ranks_give_the_single_process_draws(tmp_path):
     results = spawn(tmp_path, "scenario_extend")
     single = run_chain("sghmc", None, "rbf", False, 16, draws_device="cpu")

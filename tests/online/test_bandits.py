@@ -47,6 +47,9 @@ def test_thompson_bernoulli_regret_is_sublinear():
     assert cumulative[-1] < 0.1 * 0.245 * 5000
 
 
+# About 15 s of bandit rounds: in the integration run; the default run keeps the other
+# policy tests of this module.
+@pytest.mark.integration
 def test_gaussian_bandit_policies():
     means = torch.tensor([0.0, 0.25, 0.5, 0.75, 1.0])
     env = GaussianBandit(means, scale=1.0)
