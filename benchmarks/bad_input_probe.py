@@ -358,7 +358,7 @@ case(
 
 # Checkpoint tampering: interrupt a run after a checkpoint, edit the file, resume.
 class _Stop(Exception):
-    pass
+    """Raised by a hook to interrupt a run right after a checkpoint is written."""
 
 
 def _stop(kernel, params, stage, index):
@@ -388,7 +388,7 @@ def tampered_resume(edit=None, resume_data=None, resume_step_size=1e-3):
         data = torch.randn(10)
         try:
             _checkpointed(path, hook_fn=_stop).run(data)
-        except _Stop:
+        except _Stop:  # the interruption asked for: the checkpoint stays behind
             pass
         if edit is not None:
             with torch.serialization.safe_globals(CHECKPOINT_GLOBALS):

@@ -367,7 +367,7 @@ def stage_tests(ctx, record):
             try:
                 __import__(plugin)
                 command += options
-            except ImportError:
+            except ImportError:  # the plugin is optional: run without its options
                 pass
         command.append("tests")
     env = dict(os.environ)
