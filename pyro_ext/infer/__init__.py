@@ -2,7 +2,7 @@
 moves on discrete sites, a particle-aware MCMC,
 variationally inferred sampling (VIS), and natural-gradient VI (IVON, VOGN, VON)."""
 
-from .errors import DivergenceError, SamplerDivergenceError
+from .errors import DivergenceError, SamplerDivergenceError, SlowMixingWarning
 from .gibbs import Gibbs
 from .mcmc import MCMC
 from .ngvi import NaturalGradientVI, NGVIDivergenceError
@@ -38,6 +38,7 @@ __all__ = [
     "SGLD",
     "SGMCMCKernel",
     "SamplerDivergenceError",
+    "SlowMixingWarning",
     "StepSizeTrial",
     "StepSizeTuning",
     "VIS",

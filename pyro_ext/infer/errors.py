@@ -9,6 +9,16 @@ kernels and Gibbs with :class:`SamplerDivergenceError`, VIS with
 """
 
 
+class SlowMixingWarning(UserWarning):
+    """
+    A run whose draws will not have mixed: with the step size set at the end of warm-up,
+    a typical direction of the posterior relaxes in more steps than a tenth of those the
+    run keeps (see :meth:`pyro_ext.infer.SGMCMCKernel.relaxation_steps`). The message says
+    what to change; ``warnings.filterwarnings("ignore", category=SlowMixingWarning)``
+    silences it.
+    """
+
+
 class DivergenceError(FloatingPointError):
     """
     The base class of every inference family's divergence error: a sampler, a variational

@@ -145,8 +145,11 @@ class Gibbs(ParticleKernel):
         error ``|log p(z') - log p(z) - (g(z) + g(z')) . (z' - z) / 2|`` is the error of the
         trapezoidal rule along the step: zero on a Gaussian target whatever the dimension
         and the step, and huge when one step jumps across the posterior (a noise scale
-        thrown from 0.1 to 1e25 by a gradient of 1e6). A step above the threshold, or one
-        whose log density or gradient is not finite, raises
+        thrown from 0.1 to 1e25 by a gradient of 1e6). A step whose error is above the
+        threshold and above the step's change of ``log p`` itself (far from the posterior a
+        sound step may gain thousands of nats with a trapezoid off by a fifth of that; a
+        jump gets even the change's size wrong), or one whose log density or gradient is
+        not finite, raises
         :class:`~pyro_ext.infer.SamplerDivergenceError` with the step and the sites that
         carry the error; the draws before it are kept (:meth:`MCMC.get_samples`). It costs
         one gradient evaluation of the ``L`` particles per step (of ``2 L`` after a
@@ -283,6 +286,12 @@ class Gibbs(ParticleKernel):
     @property
     def verified_steps(self) -> int:
         return self.kernel.verified_steps
+
+    def relaxation_steps(self):
+        return self.kernel.relaxation_steps()
+
+    def mixing_advice(self, kept_steps: int):
+        return self.kernel.mixing_advice(kept_steps)
 
     def verify(self) -> bool:
         return self.kernel.verify()
@@ -519,9 +528,14 @@ class Gibbs(ParticleKernel):
             grad = torch.cat([start_grad, grad])
         old, new = log_density.chunk(2), grad.chunk(2)
         terms = 0.5 * (new[0] + new[1]) * (new_z - z)  # (L, D): the trapezoid, per coordinate
-        error = (old[1] - old[0] - terms.sum(-1)).abs()
+        change = old[1] - old[0]
+        error = (change - terms.sum(-1)).abs()
         finite = torch.isfinite(error) & torch.isfinite(new[1]).all(-1)
-        bad = ~finite | (error > self.divergence_threshold)
+        # Far from the posterior a sound step can change the log density by thousands of
+        # nats (a scale started at 0.1 under data of spread 5: 1e4 nats in one step) and
+        # its trapezoid be off by a fifth of that. A step that jumped across the posterior
+        # gets even the size of the change wrong: its error exceeds the change itself.
+        bad = ~finite | ((error > self.divergence_threshold) & (error > change.abs()))
         if not bool(bad.any()):
             return
         particles = bad.nonzero().flatten().tolist()

@@ -29,7 +29,7 @@ from pyro.ops.streaming import StatsOfDict
 
 from ..ops.validation import check_int
 from . import checkpoint as ckpt
-from .errors import SamplerDivergenceError
+from .errors import SamplerDivergenceError, SlowMixingWarning
 from .sgmcmc.distributed import RankFailedError, is_collective_failure
 from .sgmcmc.kernels import ParticleKernel
 
@@ -492,6 +492,8 @@ class MCMC(AbstractMCMC):
                     params = kernel.sample(params)
                     if kernel.rewound_to is not None:
                         continue
+                    if step == self.warmup_steps - 1:
+                        self._warn_if_slow_mixing()
                     stage = "Warmup" if step < self.warmup_steps else "Sample"
                     kept = step - self.warmup_steps + 1
                     if kept > 0 and kept % self.thinning == 0:
@@ -543,6 +545,17 @@ class MCMC(AbstractMCMC):
             progress.close()
             kernel.cleanup()
         self._collect(draws)
+
+    def _warn_if_slow_mixing(self):
+        """When warm-up has set the default step: warn if the steps to be kept are fewer
+        than ten relaxation times of a typical direction at that step."""
+        advice = getattr(self.kernel, "mixing_advice", None)
+        shard = getattr(self.kernel, "shard", None)
+        if advice is None or (shard is not None and shard.rank != 0):
+            return  # one warning per run, from rank 0
+        message = advice(self.num_samples * self.thinning)
+        if message is not None:
+            warnings.warn(message[0].upper() + message[1:], SlowMixingWarning, stacklevel=4)
 
     def _take(self):
         z = self.kernel.particles.detach()

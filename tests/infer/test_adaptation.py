@@ -79,7 +79,10 @@ def test_bias_bounded_step_size_refuses_what_bounds_nothing():
 def _gaussian_potential(precision, device):
     def model():
         pyro.sample(
-            "z", dist.MultivariateNormal(precision.new_zeros(3), precision_matrix=precision)
+            "z",
+            dist.MultivariateNormal(
+                precision.new_zeros(len(precision)), precision_matrix=precision
+            ),
         )
 
     potential = ParticlePotential(model, (), {})
@@ -99,6 +102,77 @@ def test_power_iteration_finds_the_largest_curvature(device):
     assert torch.allclose(adaptation.curvature, largest.expand(4), rtol=1e-3)
     assert float(adaptation.noise_variance.abs().max()) < 1e-18
     assert adaptation.step_size == pytest.approx(bias_bounded_step_size(float(largest)), rel=1e-3)
+
+
+def test_hutchinson_estimate_is_the_mean_curvature(device):
+    # tr(H) / D of a dense precision, from Rademacher probes averaged over the estimates.
+    generator = torch.Generator().manual_seed(1)
+    factor = torch.randn(6, 6, generator=generator, dtype=torch.float64)
+    precision = (factor @ factor.T + torch.eye(6, dtype=torch.float64)).to(device)
+    potential = _gaussian_potential(precision, device)
+    pyro.set_rng_seed(0)
+    adaptation = StepSizeAdaptation(smoothing=0.999)
+    z = torch.zeros(2, 6, dtype=torch.float64, device=device)
+    for _ in range(400):
+        adaptation.observe(potential, z)
+    mean = float(precision.diagonal().mean())
+    assert float(adaptation.mean_curvature.mean()) == pytest.approx(mean, rel=0.05)
+    # SGLD relaxes a direction of curvature lambda at rate step * lambda.
+    step = adaptation.step_size
+    assert adaptation.relaxation_steps() == pytest.approx(
+        1.0 / (step * float(adaptation.mean_curvature.max())), rel=1e-12
+    )
+
+
+def _stiff_gaussian(num_flat):
+    # One direction 10^4 times stiffer than the num_flat others: the default step is set
+    # by the stiff one, and the flat ones relax 10^4 times slower than it.
+    precision = torch.cat([torch.tensor([1e4]), torch.ones(num_flat)]).double()
+
+    def model():
+        pyro.sample("z", dist.Normal(torch.zeros_like(precision), precision.rsqrt()).to_event(1))
+
+    return model
+
+
+def test_a_run_too_short_to_mix_at_the_default_step_is_warned_about():
+    from pyro_ext.infer import SlowMixingWarning
+
+    pyro.set_rng_seed(0)
+    kernel = SGLD(_stiff_gaussian(99), num_particles=4)
+    mcmc = MCMC(kernel, num_samples=100, warmup_steps=100, disable_progbar=True)
+    with pytest.warns(SlowMixingWarning, match="bias_tolerance=1") as record:
+        mcmc.run()
+    (warning,) = [w for w in record if w.category is SlowMixingWarning]
+    relaxation = kernel.relaxation_steps()
+    # Mean curvature (10^4 + 99) / 100 = 101, step about 0.1 / 10^4: about 1000 steps.
+    assert 500 < relaxation < 2000
+    assert f"at least {relaxation:.0f} steps" in str(warning.message)
+    assert "keeps 100 (num_samples x thinning)" in str(warning.message)
+    # The draws have indeed not mixed: each particle's flat coordinates have barely moved
+    # from their start (variance within a particle far below the target's 1).
+    flat = mcmc.get_samples(group_by_chain=True)["z"][..., 1:]
+    assert float(flat.var(1).mean()) < 0.2
+
+
+def test_a_long_enough_run_or_a_given_step_is_not_warned_about():
+    import warnings as _warnings
+
+    from pyro_ext.infer import SlowMixingWarning
+
+    pyro.set_rng_seed(0)
+
+    def model():
+        pyro.sample("z", dist.Normal(torch.zeros(5, dtype=torch.float64), 1.0).to_event(1))
+
+    with _warnings.catch_warnings():
+        _warnings.simplefilter("error", SlowMixingWarning)
+        kernel = SGLD(model, num_particles=4)
+        MCMC(kernel, num_samples=300, warmup_steps=100, disable_progbar=True).run()
+        assert kernel.relaxation_steps() < 30  # about 1 / (0.1 * 1) = 10 steps
+        given = SGLD(_stiff_gaussian(99), step_size=1e-5, num_particles=4)
+        MCMC(given, num_samples=10, warmup_steps=10, disable_progbar=True).run()
+        assert given.relaxation_steps() is None
 
 
 def test_noise_estimate_is_the_minibatch_gradient_variance(device):

@@ -131,10 +131,14 @@ class StepSizeAdaptation:
     :param float smoothing: weight of the past in the running estimates.
     :param float early_tolerance: the tolerance of :attr:`early_step_size`, the step of the
         first half of warm-up. Warm-up draws are discarded, so their bias does not matter:
-        a variance error of 1 (twice the variance in the stiffest direction, still well
-        inside the stable range) brings the particles from their start about
-        ``early_tolerance / tolerance`` times faster; the second half, at ``tolerance``,
-        lets them settle into the stationary law that is kept.
+        a variance error of 0.3 (SGLD's step then about ``0.46 / lambda``, against
+        ``0.1 / lambda`` at 0.05) brings the particles from their start several times
+        faster, and stays a factor of about 4 inside the stable range (``2 / lambda``), so
+        the curvature may grow fourfold between two estimates, as it does while a noise
+        scale falls from its start or AdamSGLD's preconditioner adapts. (At 1, a factor of
+        2, AdamSGLD on the mixture of ``benchmarks/gibbs.py --mixture`` diverged in its
+        first warm-up half.) The second half, at ``tolerance``, lets them settle into the
+        stationary law that is kept.
     """
 
     def __init__(
@@ -145,7 +149,7 @@ class StepSizeAdaptation:
         every=10,
         initial_iterations=20,
         smoothing=0.8,
-        early_tolerance=1.0,
+        early_tolerance=0.3,
     ):
         self.tolerance = tolerance
         self.friction = friction
@@ -158,6 +162,7 @@ class StepSizeAdaptation:
         self.noise_direction = None
         self.noise_moment = None
         self.curvature = None
+        self.mean_curvature = None
         self.noise_variance = None
         self.coupling_eigenvalue = 1.0
         #: the step of stationary variance error ``tolerance``: the second half of warm-up
@@ -182,7 +187,7 @@ class StepSizeAdaptation:
     def restart(self):
         """Forget the running estimates (not the power-iteration directions): the first
         iterations from a random direction underestimate the curvature."""
-        self.curvature = self.noise_variance = None
+        self.curvature = self.mean_curvature = self.noise_variance = None
         self._since_restart = 0
 
     @property
@@ -231,11 +236,22 @@ class StepSizeAdaptation:
             first, second = (potential.draw_subsamples(z.device) for _ in range(2))
         else:
             first, second = (shard.subsamples(potential, z.device) for _ in range(2))
+        # Hutchinson's probe of the mean curvature tr(H) / D (Rademacher signs; in the
+        # mass's coordinates, as the step is): how fast a typical direction relaxes.
+        # Drawn for every particle from the shared random stream, this rank's rows kept (as
+        # the directions above): a sharded run draws what the single-process run draws.
+        num_particles = z.shape[0] if shard is None else shard.num_particles
+        signs = torch.randint(0, 2, (num_particles, z.shape[-1]), device=z.device)
+        signs = signs.to(z.dtype) * 2 - 1
+        if shard is not None:
+            signs = shard.local(signs)
+        signs_probe = signs if scale is None else signs * scale
         with torch.enable_grad(), pyro.validation_enabled(False):
             leaf = z.requires_grad_(True)
             log_density = potential.log_density_all(leaf, first, conditioned=conditioned)
             (grad,) = torch.autograd.grad(log_density.sum(), leaf, create_graph=True)
-            (hessian_probe,) = torch.autograd.grad((grad * probe).sum(), leaf)
+            (hessian_probe,) = torch.autograd.grad((grad * probe).sum(), leaf, retain_graph=True)
+            (hessian_signs,) = torch.autograd.grad((grad * signs_probe).sum(), leaf)
         _, other_grad = potential.log_density_and_grad(z, second, conditioned)
         # H of the potential -log p: the Hessian-vector product of log p, negated.
         product, difference = -hessian_probe, grad.detach() - other_grad
@@ -243,6 +259,12 @@ class StepSizeAdaptation:
             product, difference = shard.mean(product), shard.mean(difference)
         if scale is not None:
             product, difference = product * scale, difference * scale
+        signs_product = -hessian_signs
+        if shard is not None and shard.mode == "data":
+            signs_product = shard.mean(signs_product)
+        if scale is not None:
+            signs_product = signs_product * scale
+        mean_curvature = (signs * signs_product).mean(-1)
         curvature = (direction * product).sum(-1).abs()
         self.curvature_direction = _unit(product, direction)
         # Var(difference) = 2 C: the Rayleigh quotient of C at a direction chosen before
@@ -253,6 +275,9 @@ class StepSizeAdaptation:
         self.noise_direction = _unit(self.noise_moment, self.noise_direction)
         if shard is not None and shard.mode == "particles":
             curvature, noise = shard.gather(curvature), shard.gather(noise)
+        if shard is not None and shard.mode == "particles":
+            mean_curvature = shard.gather(mean_curvature)
+        self.mean_curvature = self._running(self.mean_curvature, mean_curvature)
         self.curvature = self._running(self.curvature, curvature)
         self.noise_variance = self._running(self.noise_variance, noise)
         self._since_restart += 1
@@ -274,6 +299,27 @@ class StepSizeAdaptation:
         )
         return step_size / self.coupling_eigenvalue**self.coupling_power
 
+    def relaxation_steps(self) -> float:
+        r"""
+        About how many steps a typical direction of the local Gaussian approximation takes
+        to relax at the current step: :math:`a / (\epsilon \mu^p \bar\lambda)` for the
+        mean curvature :math:`\bar\lambda = \mathrm{tr}(H) / D` (Hutchinson's estimate,
+        the largest over the particles), the friction :math:`a` (1 for SGLD) and the
+        repulsion's coupling :math:`\mu^p`; ``2 / a`` where the momentum recursion is
+        underdamped. The mean curvature is at least the median one, so this is a lower
+        bound on a typical direction's relaxation: when even it exceeds the steps a run
+        keeps, the draws have not mixed. ``inf`` before the first estimate or where the
+        mean curvature is not positive.
+        """
+        if self.step_size is None or self.mean_curvature is None:
+            return math.inf
+        rate = self.step_size * self.coupling_eigenvalue**self.coupling_power
+        rate = rate * float(self.mean_curvature.max())
+        if not rate > 0:
+            return math.inf
+        a = self.friction
+        return 2.0 / a if rate > a * a / 4.0 else a / rate
+
     def state_dict(self):
         return {
             name: getattr(self, name)
@@ -282,6 +328,7 @@ class StepSizeAdaptation:
                 "noise_direction",
                 "noise_moment",
                 "curvature",
+                "mean_curvature",
                 "noise_variance",
                 "coupling_eigenvalue",
                 "step_size",

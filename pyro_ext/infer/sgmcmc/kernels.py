@@ -425,6 +425,41 @@ class SGMCMCKernel(ParticleKernel):
         """Steps taken since :meth:`setup` (warm-up included)."""
         return self._step
 
+    def relaxation_steps(self) -> float | None:
+        """
+        With the default step size (``step_size=None``), about how many steps a typical
+        direction of the posterior's local Gaussian approximation takes to relax at the
+        current step (a lower bound: :meth:`~.adaptation.StepSizeAdaptation.relaxation_steps`);
+        ``None`` with a given step size. :class:`~pyro_ext.infer.MCMC` reads it when warm-up
+        ends and warns (:class:`~pyro_ext.infer.SlowMixingWarning`) when the run keeps
+        fewer than ten times as many steps.
+        """
+        if self.step_size_adaptation is None:
+            return None
+        return self.step_size_adaptation.relaxation_steps()
+
+    def mixing_advice(self, kept_steps: int) -> str | None:
+        """What to change when ``kept_steps`` are fewer than ten relaxation times at the
+        default step (``None`` when they are enough, or with a given step size)."""
+        adaptation = self.step_size_adaptation
+        relaxation = self.relaxation_steps()
+        if relaxation is None or not math.isfinite(relaxation) or kept_steps >= 10 * relaxation:
+            return None
+        # What a larger tolerance buys: the relaxation time scales as 1 / step.
+        looser = max(1.0, self.bias_tolerance)
+        looser_relaxation = relaxation * adaptation.step_size / adaptation.bounded_step_size(looser)
+        return (
+            f"the step size set during warm-up ({adaptation.step_size:.3g}, a stationary variance "
+            f"error of {self.bias_tolerance:g} in the stiffest direction) relaxes a typical "
+            f"direction of the posterior in at least {relaxation:.0f} steps, and the run keeps "
+            f"{kept_steps} (num_samples x thinning): its draws will not have mixed (check "
+            f"mcmc.summary()'s r_hat across particles). Run at least {10 * relaxation:.0f} "
+            f"steps (num_samples and warmup_steps), or pass bias_tolerance={looser:g} (a larger "
+            f"variance error in the stiffest direction; a typical direction then relaxes in "
+            f"about {looser_relaxation:.0f} steps), or precondition (AdamSGLD) or enlarge "
+            "the minibatch."
+        )
+
     @property
     def last_params(self):
         """What the last :meth:`sample` returned (``None`` before the first step): a caller
