@@ -60,7 +60,7 @@ def run(quick=False, figures=None):
         print_bnn_scores(name, net, fits[name][1], data, y_std, f"{elapsed:.1f} s")
     print(
         "    (thesis table 2.3/2.4, 20 splits: SGLD 0.94 / -1.21, SGLD+R 0.89 / -1.17; "
-        "results/uci.md has all nine data sets)"
+        "results/uci_thesis_protocol.md has all nine data sets)"
     )
     if figures is not None:
         plot_bnn_predictive(

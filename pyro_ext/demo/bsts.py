@@ -48,6 +48,26 @@ def run(quick=False, figures=None):
     print(
         f"    P(covariate included), point-mass spike and Gibbs moves (* truly non-zero): {selected}"
     )
+    # What each channel brought over the training weeks: the model's counterfactual
+    # "channel switched off" (its goodwill from its own training spend, times q), against the
+    # same quantity under the simulator's true decay and q.
+    from pyro_ext.models.bsts import goodwill_offset
+
+    summary = model.contribution_summary(interval=0.9)
+    phi = torch.tensor(1.0 - data.truth["delta"], dtype=torch.float64)
+    lag = data.truth.get("spend_lag", 1)
+    spend = data.spend[:train].double().mT  # (k, T)
+    if lag == 0:
+        own = goodwill_offset(phi, torch.cat([spend, spend[:, :1] * 0], -1))[:, 1:]
+    else:
+        own = goodwill_offset(phi, spend)
+    true_contribution = data.truth["q"].double() * own.sum(-1)
+    rows = ", ".join(
+        f"{name} {row['contribution']:.0f} [{row['contribution_interval'][0]:.0f}, "
+        f"{row['contribution_interval'][1]:.0f}] (truth {float(t):.0f})"
+        for (name, row), t in zip(summary.items(), true_contribution)
+    )
+    print(f"    contributions over the training weeks, mean [90 % interval]: {rows}")
     draws = model.forecast(data.spend[train:], data.covariates[train:])
     truth = data.sales[train:]
     mape = float(((draws.mean(0) - truth).abs() / truth.abs()).mean())

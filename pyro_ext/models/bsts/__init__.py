@@ -9,6 +9,7 @@ from .allocation import (
     evaluate_strategies,
     pareto_frontier,
 )
+from .attribution import channel_contributions, contribution_summary, roas
 from .model import NoiseScales, PolarTransform, RetailBSTS, SpikeSlabNormal, goodwill_offset
 from .simulate import RetailData, simulate_retail
 
@@ -23,8 +24,11 @@ __all__ = [
     "SpikeSlabNormal",
     "StrategyEvaluation",
     "allocate_budget",
+    "channel_contributions",
+    "contribution_summary",
     "evaluate_strategies",
     "goodwill_offset",
     "pareto_frontier",
+    "roas",
     "simulate_retail",
 ]

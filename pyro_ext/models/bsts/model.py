@@ -1537,6 +1537,30 @@ class RetailBSTS:
             "sigma_obs": s["sigma_obs"] * self._y_scale,
         }
 
+    def channel_contributions(self, weeks=None) -> torch.Tensor:
+        """Posterior draws ``(draws, k)`` of each channel's contribution to sales over
+        ``weeks`` of the training period (all by default), in sales units: the
+        counterfactual "channel switched off" of :mod:`~pyro_ext.models.bsts.attribution`."""
+        from .attribution import channel_contributions
+
+        return channel_contributions(self, weeks)
+
+    def roas(self, weeks=None) -> torch.Tensor:
+        """Posterior draws ``(draws, k)`` of each channel's return on ad spend over
+        ``weeks``: its contribution divided by its spend there
+        (:func:`~pyro_ext.models.bsts.attribution.roas`)."""
+        from .attribution import roas
+
+        return roas(self, weeks)
+
+    def contribution_summary(self, weeks=None, interval=0.9) -> dict:
+        """Per channel: mean and ``interval`` credible interval of the contribution and the
+        ROAS over ``weeks``, the spend, and P(contribution > 0)
+        (:func:`~pyro_ext.models.bsts.attribution.contribution_summary`)."""
+        from .attribution import contribution_summary
+
+        return contribution_summary(self, weeks, interval)
+
     def _responsibility(self, values, pi, slab):
         d = SpikeSlabNormal(pi, torch.full_like(pi, self.spike_scale), torch.full_like(pi, slab))
         return d.responsibility(values).mean(0)

@@ -1,0 +1,151 @@
+r"""
+What each channel brought, per unit spent: the attribution of a fitted
+:class:`~pyro_ext.models.bsts.RetailBSTS`.
+
+**Definition (counterfactual "channel switched off").** The contribution of channel
+:math:`i` over a set of weeks :math:`W` of the training period is the expected sales it
+accounts for there: the model's mean sales minus its mean sales had channel :math:`i`
+spent nothing in the training weeks, everything else (the other channels, the covariates,
+the local level and the seasonality) unchanged,
+
+.. math:: C_i(W) = \sum_{t \in W} \bigl(\mathbb E[y_t] - \mathbb E[y_t \mid u_{i,\cdot} = 0]\bigr)
+   = q_i \sum_{t \in W} A_{i,t},
+
+where :math:`A_{i,t}` is the goodwill one unit of :math:`q_i` builds from channel
+:math:`i`'s own spend by the Nerlove-Arrow recursion of thesis eq. (1.4), :math:`A_{i,t} =
+(1 - \delta) A_{i,t-1} + u_{i,t-\ell}` with the model's lag :math:`\ell` (``spend_lag``, 1
+in the thesis, 0 for spend that acts within the week) and :math:`A_{i,0} = 0`. The
+equality holds because the mean is linear in each channel's goodwill. The goodwill carried
+in from before the data (``goodwill_start="steady"``) is not switched off: it was bought
+before the training weeks. Each posterior draw of :math:`(\delta, q)` gives one draw of
+:math:`C_i(W)`, in the sales' original units.
+
+**Return on ad spend.** :math:`\mathrm{ROAS}_i(W) = C_i(W) / \sum_{t \in W} u_{i,t}`:
+sales per unit of spend, as PyMC-Marketing reports it. Over a window that starts late,
+the numerator includes goodwill bought before the window; over the whole training period
+only the goodwill still unspent at its end is left out.
+"""
+
+import torch
+
+from .model import RetailBSTS, goodwill_offset
+
+__all__ = ["channel_contributions", "contribution_summary", "roas"]
+
+
+def _check_model(model):
+    if not isinstance(model, RetailBSTS):
+        raise TypeError(f"model must be a fitted RetailBSTS, got {type(model).__name__}")
+    model._check_fitted()
+
+
+def _weeks(weeks, num_weeks):
+    """Boolean mask ``(T,)`` of the training weeks ``weeks`` selects (all by default)."""
+    mask = torch.zeros(num_weeks, dtype=torch.bool)
+    if weeks is None:
+        return mask.fill_(True)
+    if isinstance(weeks, slice):
+        mask[weeks] = True
+    else:
+        if isinstance(weeks, bool) or not hasattr(weeks, "__iter__"):
+            raise TypeError(
+                "weeks must be None, a slice or a sequence of week indices of the training "
+                f"period, got {type(weeks).__name__}"
+            )
+        index = torch.as_tensor(list(weeks))
+        if index.dtype == torch.bool:
+            raise TypeError("weeks must be week indices or a slice, not a boolean mask")
+        if index.numel() and (index.min() < -num_weeks or index.max() >= num_weeks):
+            raise ValueError(
+                f"weeks must index the {num_weeks} training weeks (0 to {num_weeks - 1}), "
+                f"got indices from {int(index.min())} to {int(index.max())}"
+            )
+        mask[index] = True
+    if not bool(mask.any()):
+        raise ValueError("weeks selects no training week")
+    return mask
+
+
+def channel_goodwill(model) -> torch.Tensor:
+    """The goodwill each channel's own training spend builds per unit of ``q``, per
+    posterior draw: ``A`` ``(draws, T, k)`` in spend units (thesis eq. 1.4 with the
+    model's ``spend_lag``; no goodwill from before the data)."""
+    _check_model(model)
+    _, u, _ = model._data
+    spend = (u * model._u_scale).to(torch.float64)  # (T, k), original units
+    phi = (1.0 - model.samples["delta"]).to(torch.float64)  # (draws,)
+    inflow = spend.mT.unsqueeze(0)  # (1, k, T)
+    phi = phi.reshape(-1, 1)  # (draws, 1): one AR coefficient per draw, all channels
+    if model.spend_lag == 0:
+        pad = torch.zeros_like(inflow[..., :1])
+        inflow = torch.cat([inflow, pad], -1).expand(phi.shape[0], -1, -1)
+        goodwill = goodwill_offset(phi, inflow)[..., 1:]
+    else:
+        goodwill = goodwill_offset(phi, inflow.expand(phi.shape[0], -1, -1))
+    return goodwill.mT  # (draws, T, k)
+
+
+def channel_contributions(model, weeks=None) -> torch.Tensor:
+    """
+    Posterior draws of each channel's contribution to sales over ``weeks`` of the
+    training period (all by default), ``(draws, k)``, in the sales' original units: the
+    counterfactual "channel switched off" of the module docstring.
+
+    :param RetailBSTS model: a fitted model.
+    :param weeks: ``None`` (every training week), a ``slice`` or a sequence of week
+        indices of the training period.
+    """
+    _check_model(model)
+    goodwill = channel_goodwill(model)  # (draws, T, k)
+    mask = _weeks(weeks, goodwill.shape[-2])
+    q = model.coefficient_draws()["q"].to(torch.float64)  # (draws, k), sales per spend unit
+    return q * goodwill[:, mask].sum(-2)
+
+
+def roas(model, weeks=None) -> torch.Tensor:
+    """
+    Posterior draws of each channel's return on ad spend over ``weeks`` (all training
+    weeks by default), ``(draws, k)``: its contribution (:func:`channel_contributions`)
+    divided by its spend over those weeks. A channel that spent nothing there gets NaN.
+    """
+    _check_model(model)
+    contributions = channel_contributions(model, weeks)
+    _, u, _ = model._data
+    spend = (u * model._u_scale).to(torch.float64)
+    mask = _weeks(weeks, spend.shape[0])
+    total = spend[mask].sum(0)
+    return torch.where(total > 0, contributions / total, torch.full_like(contributions, torch.nan))
+
+
+def contribution_summary(model, weeks=None, interval: float = 0.9) -> dict:
+    """
+    Per channel: the posterior mean and the central ``interval`` credible interval of its
+    contribution and of its ROAS over ``weeks``, the spend there, and the posterior
+    probability that the contribution is positive, as ``{channel: {...}}`` in the
+    channels' order.
+    """
+    if isinstance(interval, bool) or not isinstance(interval, (int, float)):
+        raise TypeError(f"interval must be a number in (0, 1), got {type(interval).__name__}")
+    if not 0 < interval < 1:
+        raise ValueError(f"interval must be in (0, 1), got {interval}")
+    contributions = channel_contributions(model, weeks)
+    returns = roas(model, weeks)
+    _, u, _ = model._data
+    spend = (u * model._u_scale).to(torch.float64)[_weeks(weeks, u.shape[0])].sum(0)
+    tails = torch.tensor([(1 - interval) / 2, (1 + interval) / 2], dtype=torch.float64)
+    names = getattr(model, "channel_names", None) or [
+        f"channel {i}" for i in range(contributions.shape[-1])
+    ]
+    summary = {}
+    for i, name in enumerate(names):
+        low, high = torch.quantile(contributions[:, i], tails).tolist()
+        roas_low, roas_high = torch.nanquantile(returns[:, i], tails).tolist()
+        summary[name] = {
+            "contribution": float(contributions[:, i].mean()),
+            "contribution_interval": (low, high),
+            "roas": float(returns[:, i].nanmean()),
+            "roas_interval": (roas_low, roas_high),
+            "spend": float(spend[i]),
+            "probability_positive": float((contributions[:, i] > 0).double().mean()),
+        }
+    return summary

@@ -1,0 +1,113 @@
+"""Channel contributions and ROAS of a fitted RetailBSTS against the goodwill recursion of
+thesis eq. (1.4) written out by hand."""
+
+import pytest
+import torch
+
+from pyro_ext.models.bsts import (
+    RetailBSTS,
+    channel_contributions,
+    contribution_summary,
+    roas,
+    simulate_retail,
+)
+
+torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="module")
+def data():
+    return simulate_retail(num_weeks=60, seed=1, noise="gaussian")
+
+
+@pytest.fixture(scope="module", params=[1, 0], ids=["lag1", "lag0"])
+def fitted(data, request):
+    model = RetailBSTS(
+        variant="RF", noise="gaussian", seasonal_harmonics=1, spend_lag=request.param
+    )
+    model.fit(
+        data.sales,
+        data.spend,
+        data.covariates,
+        num_samples=10,
+        warmup_steps=20,
+        num_particles=2,
+        map_init_steps=30,
+        seed=0,
+    )
+    return model
+
+
+def by_hand(delta, q, spend, lag):
+    """sum_t q A_t with A_t = (1 - delta) A_{t-1} + u_{t - lag}, A before the data 0."""
+    total, goodwill = 0.0, 0.0
+    for t in range(spend.shape[0]):
+        inflow = spend[t - lag] if t - lag >= 0 else 0.0
+        goodwill = (1 - delta) * goodwill + inflow
+        total += q * goodwill
+    return total
+
+
+def test_contributions_are_the_goodwill_recursion_written_out(fitted, data):
+    draws = fitted.coefficient_draws()
+    contributions = fitted.channel_contributions()
+    assert contributions.shape == (draws["q"].shape[0], data.spend.shape[1])
+    assert torch.equal(contributions, channel_contributions(fitted))
+    for d in (0, 7):
+        for i in range(data.spend.shape[1]):
+            expected = by_hand(
+                float(draws["delta"][d]),
+                float(draws["q"][d, i]),
+                data.spend[:, i].double(),
+                fitted.spend_lag,
+            )
+            assert float(contributions[d, i]) == pytest.approx(float(expected), rel=1e-6, abs=1e-6)
+
+
+def test_windows_add_up_and_roas_divides_by_their_spend(fitted, data):
+    total = fitted.channel_contributions()
+    first, rest = fitted.channel_contributions(slice(0, 25)), fitted.channel_contributions(
+        range(25, 60)
+    )
+    assert torch.allclose(first + rest, total, rtol=1e-9, atol=1e-6)
+    returns = roas(fitted, slice(0, 25))
+    spend = data.spend[:25].double().sum(0)
+    spent = spend > 0
+    assert not bool(spent.all())  # a channel that starts later: no ROAS there, not inf
+    assert torch.allclose(returns[:, spent], (first / spend)[:, spent], rtol=1e-9)
+    assert bool(returns[:, ~spent].isnan().all())
+    assert torch.allclose(fitted.roas(), total / data.spend.double().sum(0), rtol=1e-9)
+
+
+def test_summary_gives_means_intervals_and_the_sign(fitted):
+    summary = contribution_summary(fitted, interval=0.8)
+    assert list(summary) == fitted.channel_names
+    contributions = fitted.channel_contributions()
+    for i, row in enumerate(summary.values()):
+        low, high = row["contribution_interval"]
+        assert low <= row["contribution"] <= high
+        assert row["contribution"] == pytest.approx(float(contributions[:, i].mean()))
+        assert row["probability_positive"] == pytest.approx(
+            float((contributions[:, i] > 0).double().mean())
+        )
+        assert row["roas"] == pytest.approx(row["contribution"] / row["spend"], rel=1e-9)
+    assert fitted.contribution_summary(interval=0.8) == summary
+
+
+def test_bad_arguments_are_refused(fitted, data):
+    with pytest.raises(ValueError, match="60 training weeks"):
+        fitted.channel_contributions([0, 60])
+    with pytest.raises(ValueError, match="no training week"):
+        fitted.channel_contributions(slice(70, 80))
+    with pytest.raises(TypeError, match="weeks"):
+        fitted.channel_contributions(3)
+    with pytest.raises(TypeError, match="boolean mask"):
+        fitted.channel_contributions([True, False])
+    with pytest.raises(ValueError, match="interval"):
+        fitted.contribution_summary(interval=1.5)
+    with pytest.raises(TypeError, match="interval"):
+        fitted.contribution_summary(interval="90%")
+    with pytest.raises(TypeError, match="RetailBSTS"):
+        channel_contributions(object())
+    with pytest.raises((RuntimeError, ValueError), match="fit"):
+        RetailBSTS().channel_contributions()
