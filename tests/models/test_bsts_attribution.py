@@ -66,8 +66,9 @@ def test_contributions_are_the_goodwill_recursion_written_out(fitted, data):
 
 def test_windows_add_up_and_roas_divides_by_their_spend(fitted, data):
     total = fitted.channel_contributions()
-    first, rest = fitted.channel_contributions(slice(0, 25)), fitted.channel_contributions(
-        range(25, 60)
+    first, rest = (
+        fitted.channel_contributions(slice(0, 25)),
+        fitted.channel_contributions(range(25, 60)),
     )
     assert torch.allclose(first + rest, total, rtol=1e-9, atol=1e-6)
     returns = roas(fitted, slice(0, 25))
