@@ -16,7 +16,7 @@ process, one after the other, from the same seed.
    one data set and split (``--dataset boston``, ``--split 0``), BNN in-50-1 with a learned
    noise precision, SGLD, 20 particles, batches of 100, ``--iterations`` 2000 of which
    half burn-in, a draw every 10; the step is fixed at ``--step`` / N (default 1e-2 / N, the
-   step ``uci.py``'s validation chose for boston and SGLD in ``results/uci.md``; a setting,
+   step ``uci.py``'s validation chose for boston and SGLD in ``results/uci_thesis_protocol.md``; a setting,
    not a timing). Wall time of ``MCMC.run`` eager vs compiled, the compile seconds, and the
    test RMSE / log-likelihood of both (same model, same seed: they should agree closely).
 3. **BSTS fit** -- ``RetailBSTS(variant="RF", noise="gaussian").fit(method="sgld")`` on
@@ -225,7 +225,7 @@ def uci_run(name, split, step, cfg, jit):
     key = f"sgld, {MODES[jit]}"  # the "sgld" entry of uci.py, with its kernels recorded
     uci.SAMPLERS[key] = ("SGLD", _recording(SGLD, kernels)) + uci.SAMPLERS["sgld"][2:]
     n = data.x_train.shape[0]
-    net, samples, seconds = uci._run_chain(
+    net, samples, seconds, _ = uci._run_chain(
         key,
         data.x_train,
         data.y_train,

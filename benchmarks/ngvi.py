@@ -21,7 +21,7 @@ Every figure below is measured by this script in the same run, from fixed seeds.
    * SGLD and Adam+NR (``AdamSGLD`` with ``repulsion="rbf"``, uci.py's ``adamsgld+r``) run
      by ``uci.run_task`` (20 particles, batch 100, 2000 iterations, 1000 burn-in, a draw
      every 10: 2000 draws; ``jit_compile=True``) with the step sizes that ``uci.py``'s
-     validation chose, read from ``results/uci.md``'s "chosen step(s)" column (where it
+     validation chose, read from ``results/uci_thesis_protocol.md``'s "chosen step(s)" column (where it
      lists two for a data set, both are tried in the listed order, then the rest of the
      grid, as ``run_task`` falls back when a chain diverges).
    * Hyper-parameters of the VI methods, per data set, by the log-likelihood of the
@@ -154,7 +154,7 @@ except ImportError:  # the peer is optional
     ivon = None
 
 RESULTS = REPO / "benchmarks" / "results" / "ngvi.md"
-UCI_RESULTS = REPO / "benchmarks" / "results" / "uci.md"
+UCI_RESULTS = REPO / "benchmarks" / "results" / "uci_thesis_protocol.md"
 DEFAULT_DATASETS = ["all"]
 
 # Validation grids of the VI methods (see the module docstring).
@@ -568,7 +568,7 @@ def uci_section(args, cfg, sgmcmc_cfg):
         "the VI hyper-parameters chosen on split 0's "
         "validation rows (lr, hess_init h0, mc_samples, beta2 and clip_radius where not 1, "
         "0.99999 and infinite; Adam's lr for Bayes-by-backprop), the SG-MCMC step from "
-        "`results/uci.md` (SGLD in units of 1/N). A VI run whose posterior predictive scores "
+        "`results/uci_thesis_protocol.md` (SGLD in units of 1/N). A VI run whose posterior predictive scores "
         "below the constant predictor N(0, 1) on its own (standardised) training rows has "
         "failed even when finite (a collapsed noise precision): it is refitted with the next "
         "setting of the validation order, as a diverged run is, and counted as a refit "

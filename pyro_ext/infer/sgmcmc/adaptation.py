@@ -139,15 +139,19 @@ class StepSizeAdaptation:
     :param int initial_iterations: power iterations at the starting particles.
     :param float smoothing: weight of the past in the running estimates.
     :param float early_tolerance: the tolerance of :attr:`early_step_size`, the step of the
-        first half of warm-up. Warm-up draws are discarded, so their bias does not matter:
-        a variance error of 0.3 (SGLD's step then about ``0.46 / lambda``, against
-        ``0.1 / lambda`` at 0.05) brings the particles from their start several times
-        faster, and stays a factor of about 4 inside the stable range (``2 / lambda``), so
-        the curvature may grow fourfold between two estimates, as it does while a noise
-        scale falls from its start or AdamSGLD's preconditioner adapts. (At 1, a factor of
-        2, AdamSGLD on the mixture of ``benchmarks/gibbs.py --mixture`` diverged in its
-        first warm-up half.) The second half, at ``tolerance``, lets them settle into the
+        first half of warm-up. Warm-up draws are discarded, so their bias does not matter: a
+        variance error of 1 brings the particles from their start several times faster than
+        ``tolerance``; the second half, at ``tolerance``, lets them settle into the
         stationary law that is kept.
+    :param float stability_tolerance: the early step is also at most the step whose error
+        from the curvature alone (no minibatch noise) is this: 0.3 puts SGLD's step at about
+        ``0.46 / lambda``, a factor of 4 inside the stable range ``2 / lambda``, so the
+        curvature may grow fourfold between two estimates, as it does while a noise scale
+        falls from its start or AdamSGLD's preconditioner adapts. (With the curvature at a
+        variance error of 1, a factor of 2, ``Gibbs(AdamSGLD(gmm))`` diverged in its first
+        warm-up half on the mixture of ``benchmarks/gibbs.py --mixture``.) The minibatch
+        noise inflates the variance but cannot make the recursion unstable, so where it
+        dominates the early step stays at ``early_tolerance``.
     """
 
     def __init__(
@@ -158,7 +162,8 @@ class StepSizeAdaptation:
         every=10,
         initial_iterations=20,
         smoothing=0.8,
-        early_tolerance=0.3,
+        early_tolerance=1.0,
+        stability_tolerance=0.3,
     ):
         self.tolerance = tolerance
         self.friction = friction
@@ -167,6 +172,7 @@ class StepSizeAdaptation:
         self.initial_iterations = initial_iterations
         self.smoothing = smoothing
         self.early_tolerance = early_tolerance
+        self.stability_tolerance = stability_tolerance
         self.curvature_direction = None
         self.noise_direction = None
         self.noise_moment = None
@@ -298,13 +304,18 @@ class StepSizeAdaptation:
             self.coupling_eigenvalue = float(eigenvalue)
         self.estimates += 1
         self.step_size = self.bounded_step_size(self.tolerance)
-        self.early_step_size = self.bounded_step_size(max(self.early_tolerance, self.tolerance))
+        self.early_step_size = min(
+            self.bounded_step_size(max(self.early_tolerance, self.tolerance)),
+            self.bounded_step_size(max(self.stability_tolerance, self.tolerance), noise=False),
+        )
         return self.step_size
 
-    def bounded_step_size(self, tolerance: float) -> float:
-        """The step of stationary variance error ``tolerance`` at the current estimates."""
+    def bounded_step_size(self, tolerance: float, noise: bool = True) -> float:
+        """The step of stationary variance error ``tolerance`` at the current estimates
+        (``noise=False``: from the curvature alone)."""
+        noise_variance = float(self.noise_variance.max()) if noise else 0.0
         step_size = bias_bounded_step_size(
-            float(self.curvature.max()), float(self.noise_variance.max()), self.friction, tolerance
+            float(self.curvature.max()), noise_variance, self.friction, tolerance
         )
         return step_size / self.coupling_eigenvalue**self.coupling_power
 
