@@ -7,6 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pyro_ext.models.bsts import (
+    THESIS_GOODWILL,
     NoiseScales,
     PolarTransform,
     RetailBSTS,
@@ -27,7 +28,7 @@ def short_data():
 @pytest.fixture(scope="module")
 def fitted(short_data):
     d = short_data
-    m = RetailBSTS(variant="RF", noise="gaussian", seasonal_harmonics=1)
+    m = RetailBSTS(**THESIS_GOODWILL, variant="RF", noise="gaussian", seasonal_harmonics=1)
     m.fit(
         d.sales,
         d.spend,
@@ -110,7 +111,7 @@ def _dense_loglik(model, params, y, u, X, T):
 def test_likelihood_exact_dense_and_time_varying():
     T = 25
     d = simulate_retail(num_weeks=T, seed=3)
-    m = RetailBSTS(variant="RF", noise="gaussian", seasonal_harmonics=1)
+    m = RetailBSTS(**THESIS_GOODWILL, variant="RF", noise="gaussian", seasonal_harmonics=1)
     y, u, X = m._prepare(d.sales, d.spend, d.covariates, True)
     m._p, m._holiday_idx = X.shape[1], []
     f = lambda v: torch.tensor(v, dtype=torch.float64)  # noqa: E731
@@ -155,7 +156,7 @@ def test_goodwill_starts_as_the_simulator_does(spend_lag, num_weeks):
     d = simulate_retail(
         num_weeks=num_weeks, seed=5, goodwill_scale=0.0, spend_lag=spend_lag, delta=0.3
     )
-    m = RetailBSTS(variant="RF", noise="gaussian", spend_lag=spend_lag)
+    m = RetailBSTS(carryover="shared", variant="RF", noise="gaussian", spend_lag=spend_lag)
     y, u, X = m._prepare(d.sales, d.spend, d.covariates, True)
     params = dict(
         delta=torch.tensor(0.3, dtype=torch.float64),
@@ -168,7 +169,13 @@ def test_goodwill_starts_as_the_simulator_does(spend_lag, num_weeks):
     assert torch.allclose(m._adstock(params, u) @ params["q"], D, rtol=1e-12)
     # goodwill_start="zero" (D = 0 before the data) misses the steady state of the mean
     # inflow, decaying: phi^(t + 1 - lag) mean(q'u) / delta in week t (0-based).
-    zero = RetailBSTS(variant="RF", noise="gaussian", spend_lag=spend_lag, goodwill_start="zero")
+    zero = RetailBSTS(
+        carryover="shared",
+        variant="RF",
+        noise="gaussian",
+        spend_lag=spend_lag,
+        goodwill_start="zero",
+    )
     zero._prepare(d.sales, d.spend, d.covariates, True)
     D0, _ = zero._goodwill(params, u)
     steady = float(d.spend.double().mean(0) @ d.truth["q"].double()) / 0.3
@@ -176,14 +183,14 @@ def test_goodwill_starts_as_the_simulator_does(spend_lag, num_weeks):
     missed = steady * 0.7 ** (t + 1 - spend_lag)
     assert torch.allclose((D - D0) * m._y_scale, missed, rtol=1e-7)
     with pytest.raises(ValueError, match="goodwill_start"):
-        RetailBSTS(goodwill_start="steady-state")
+        RetailBSTS(**THESIS_GOODWILL, goodwill_start="steady-state")
 
 
 def test_goodwill_start_stays_finite_as_delta_vanishes():
     # delta -> 0: a year of undecayed spend (52 x the mean inflow), not a diverging steady
     # state; delta = 1: only the last pre-sample week's spend (lag 1).
     d = simulate_retail(num_weeks=60, seed=2)
-    m = RetailBSTS(variant="RF", noise="gaussian")
+    m = RetailBSTS(**THESIS_GOODWILL, variant="RF", noise="gaussian")
     _, u, _ = m._prepare(d.sales, d.spend, d.covariates, True)
     ubar = u[:52].mean(0)
     delta = torch.tensor([0.0, 1e-12, 1.0], dtype=torch.float64, requires_grad=True)
@@ -283,7 +290,7 @@ def test_sales_moments_match_monte_carlo(fitted, short_data):
 
 def test_variants_and_pi():
     d = simulate_retail(num_weeks=30, seed=2)
-    m = RetailBSTS(variant="RA", expected_model_size=6)
+    m = RetailBSTS(**THESIS_GOODWILL, variant="RA", expected_model_size=6)
     m.fit(
         d.sales,
         d.spend,
@@ -297,7 +304,13 @@ def test_variants_and_pi():
     assert torch.allclose(m._pi_q, torch.full((5,), 0.5, dtype=torch.float64))
     assert "obs_precision" in m.samples and "obs_precision" not in m.rhat()
     assert m.channel_inclusion_probabilities().shape == (5,)
-    b = RetailBSTS(variant="B", noise="gaussian", trend="local_linear_trend", seasonal_harmonics=0)
+    b = RetailBSTS(
+        **THESIS_GOODWILL,
+        variant="B",
+        noise="gaussian",
+        trend="local_linear_trend",
+        seasonal_harmonics=0,
+    )
     b.fit(
         d.sales,
         d.spend,
@@ -309,7 +322,7 @@ def test_variants_and_pi():
     )
     assert "beta" not in b.samples and "sigma_slope" in b.samples
     assert torch.equal(b.inclusion_probabilities(), torch.zeros(7, dtype=torch.float64))
-    rf = RetailBSTS(variant="RF", holidays=["x5"])
+    rf = RetailBSTS(**THESIS_GOODWILL, variant="RF", holidays=["x5"])
     rf.fit(
         d.sales,
         d.spend,
@@ -339,6 +352,7 @@ def test_errors():
         (dict(seasonal_harmonics=1.5), "seasonal_harmonics must be an integer >= 0"),
         (dict(seasonal_period="52"), "seasonal_period must be a finite number > 2"),
         (dict(spend_lag=True), r"spend_lag must be an integer in \[0, 1\]"),
+        (dict(carryover=1), "carryover must be a string"),
         (dict(delta_prior=(2.0, "2")), r"delta_prior\[1\] \(a Beta concentration\) must be"),
         (dict(q_scale=None), "q_scale must be a finite number > 0"),
     ]:
@@ -353,7 +367,7 @@ def test_errors():
     ]:
         with pytest.raises(name, match=next(iter(kw))):
             simulate_retail(**kw)
-    m = RetailBSTS()
+    m = RetailBSTS(**THESIS_GOODWILL)
     bad = d.spend.clone()
     bad[0, 0] = float("nan")
     with pytest.raises(ValueError, match="spend"):
@@ -389,7 +403,7 @@ def _sales_with(weeks, values):
 def test_fit_refuses_sales_it_cannot_handle(sales, standardize, match):
     d = simulate_retail(num_weeks=20)
     with pytest.raises(ValueError, match=match):
-        RetailBSTS().fit(sales, d.spend, d.covariates, standardize=standardize)
+        RetailBSTS(**THESIS_GOODWILL).fit(sales, d.spend, d.covariates, standardize=standardize)
 
 
 def test_fit_with_missing_sales_stays_finite():
@@ -397,7 +411,7 @@ def test_fit_with_missing_sales_stays_finite():
     d = simulate_retail(num_weeks=30, seed=1, noise="gaussian")
     sales = d.sales.clone()
     sales[::3] = math.nan
-    m = RetailBSTS(variant="B", noise="gaussian", seasonal_harmonics=0)
+    m = RetailBSTS(**THESIS_GOODWILL, variant="B", noise="gaussian", seasonal_harmonics=0)
     m.fit(
         sales,
         d.spend,
@@ -422,7 +436,7 @@ def test_one_step_predictions_refuse_infinite_sales(fitted, short_data):
 @pytest.mark.slow
 def test_recovery_sgld():
     d = simulate_retail(num_weeks=234, seed=0, noise="gaussian")
-    m = RetailBSTS(variant="RF", noise="gaussian")
+    m = RetailBSTS(**THESIS_GOODWILL, variant="RF", noise="gaussian")
     m.fit(d.sales, d.spend, d.covariates, method="sgld", seed=0)
     c = m.coefficients()
     assert abs(c["delta"]["mean"] - d.truth["delta"]) < 3 * c["delta"]["sd"] + 0.05
@@ -445,7 +459,7 @@ def test_recovery_vis():
     # fit(method="vis"): an AutoNormal refined by 5 Adam-preconditioned Langevin steps
     # (on the narrow spike: a guide cannot hold the point mass's indicators).
     d = simulate_retail(num_weeks=234, seed=0, noise="gaussian")
-    m = RetailBSTS(variant="RF", selection="ssvs", noise="gaussian")
+    m = RetailBSTS(**THESIS_GOODWILL, variant="RF", selection="ssvs", noise="gaussian")
     m.fit(
         d.sales,
         d.spend,
@@ -468,7 +482,9 @@ def test_vis_fit_reports_its_draws_as_pseudo_chains(short_data):
     # run, checks what it recovers): the refined guide's draws come back as num_particles
     # pseudo-chains of num_samples draws each, in every summary.
     d = short_data
-    m = RetailBSTS(variant="RF", selection="ssvs", noise="gaussian", seasonal_harmonics=1)
+    m = RetailBSTS(
+        **THESIS_GOODWILL, variant="RF", selection="ssvs", noise="gaussian", seasonal_harmonics=1
+    )
     m.fit(
         d.sales,
         d.spend,
@@ -489,7 +505,9 @@ def test_vis_fit_reports_its_draws_as_pseudo_chains(short_data):
 
 def test_vis_divergence_is_reported(short_data):
     d = short_data
-    m = RetailBSTS(variant="RF", selection="ssvs", noise="gaussian", seasonal_harmonics=1)
+    m = RetailBSTS(
+        **THESIS_GOODWILL, variant="RF", selection="ssvs", noise="gaussian", seasonal_harmonics=1
+    )
     with pytest.raises(RuntimeError, match="diverged at SVI iteration"):
         m.fit(
             d.sales,
@@ -540,7 +558,7 @@ def test_delta_and_q_interval_coverage_over_seeds():
     covered = total = 0
     for seed in range(4):
         d = simulate_retail(num_weeks=104, seed=seed, noise="gaussian")
-        m = RetailBSTS(variant="RF", noise="gaussian")
+        m = RetailBSTS(**THESIS_GOODWILL, variant="RF", noise="gaussian")
         m.fit(d.sales, d.spend, d.covariates, method="sgld", seed=seed)
         draws = torch.cat([m.samples["delta"][:, None], m._orig_q(m.samples["q"])], -1)
         truth = torch.tensor([d.truth["delta"], *d.truth["q"].tolist()], dtype=torch.float64)
@@ -557,7 +575,7 @@ def test_default_fit_converges():
     # Issue 5: the default SG-MCMC fit (preconditioned SGHMC, 8 particles) reaches
     # split-R-hat < 1.05 on every static parameter.
     d = simulate_retail(num_weeks=208, seed=0, noise="gaussian")
-    m = RetailBSTS(variant="RF", noise="gaussian")
+    m = RetailBSTS(**THESIS_GOODWILL, variant="RF", noise="gaussian")
     m.fit(d.sales, d.spend, d.covariates, method="sgld", seed=0)
     worst = max(float(r.max()) for r in m.rhat().values())
     assert worst < 1.05, m.rhat()
@@ -669,7 +687,7 @@ def test_point_mass_selection_on_random_truths():
     true_p, null_p = [], []
     for seed in range(200, 210):
         d = simulate_retail(num_weeks=234, seed=seed, random_truth=True)
-        m = RetailBSTS(variant="RF", selection="point_mass", noise="gaussian")
+        m = RetailBSTS(**THESIS_GOODWILL, variant="RF", selection="point_mass", noise="gaussian")
         m.fit(
             d.sales[:104],
             d.spend[:104],
@@ -683,3 +701,121 @@ def test_point_mass_selection_on_random_truths():
         null_p += p[~truth].tolist()
     assert sum(true_p) / len(true_p) >= 0.8, true_p
     assert sum(null_p) / len(null_p) <= 0.2, null_p
+
+
+# ---------------------------------------------------------------- per-channel carry-over
+def _channel_goodwill_by_hand(delta, q, u, lag, weeks=52):
+    """D_{i,t} = phi_i D_{i,t-1} + q_i u_{i,t-lag}, started by 52 weeks of each channel's
+    mean spend over the first min(T, 52) weeks (thesis eq. (1.4) per channel)."""
+    T, k = u.shape
+    out = torch.zeros(T, k, dtype=torch.float64)
+    for i in range(k):
+        phi, ubar = 1 - float(delta[i]), float(u[:weeks, i].mean())
+        D = 0.0
+        for _ in range(52):  # the year before the data
+            D = phi * D + q[i] * ubar
+        if lag == 1:
+            out[0, i] = D
+            for t in range(1, T):
+                out[t, i] = phi * out[t - 1, i] + q[i] * u[t - 1, i]
+        else:
+            for t in range(T):
+                D = phi * D + q[i] * u[t, i]
+                out[t, i] = D
+    return out
+
+
+@pytest.mark.parametrize("spend_lag", [0, 1])
+def test_per_channel_goodwill_is_the_recursion_written_out(spend_lag):
+    d = simulate_retail(num_weeks=40, seed=4)
+    m = RetailBSTS(variant="RF", noise="gaussian", spend_lag=spend_lag)
+    assert m.carryover == "per_channel"
+    y, u, X = m._prepare(d.sales, d.spend, d.covariates, True)
+    delta = torch.tensor([0.1, 0.3, 0.5, 0.7, 0.9], dtype=torch.float64)
+    q = torch.tensor([0.2, -0.1, 0.3, 0.05, 0.4], dtype=torch.float64)
+    params = dict(delta=delta, q=q)
+    expected = _channel_goodwill_by_hand(delta, q.tolist(), u, spend_lag)
+    assert torch.allclose(m._channel_goodwill(params, u), expected, rtol=1e-10, atol=1e-12)
+    assert torch.allclose(m._goodwill(params, u)[0], expected.sum(-1), rtol=1e-10)
+    # The point mass's design is the same goodwill per unit of q, batched over draws.
+    batch = dict(delta=torch.stack([delta, delta.flip(0)]), q=q)
+    design = m._adstock(batch, u)
+    assert design.shape == (2, 40, 5)
+    assert torch.allclose(design[0] * q, expected, rtol=1e-10, atol=1e-12)
+    flipped = _channel_goodwill_by_hand(delta.flip(0), q.tolist(), u, spend_lag)
+    assert torch.allclose(design[1] * q, flipped, rtol=1e-10, atol=1e-12)
+    # The unexplained goodwill (the AR(1) state) decays at the channels' mean rate.
+    params.update(
+        noise_scales=torch.tensor([0.3, 0.1], dtype=torch.float64),
+        sigma_level=torch.tensor(0.05, dtype=torch.float64),
+        sigma_season=torch.tensor(0.02, dtype=torch.float64),
+    )
+    G = m.state_space(m._params_of(params)).matrices(1).transition_matrix
+    assert float(G[..., 0, 0].reshape(-1)[0]) == pytest.approx(1 - 0.5)
+    # The shared decay is the thesis' eq. (1.4): every channel at the same rate.
+    shared = RetailBSTS(variant="RF", noise="gaussian", spend_lag=spend_lag, carryover="shared")
+    shared._prepare(d.sales, d.spend, d.covariates, True)
+    same = dict(delta=torch.tensor(0.3, dtype=torch.float64), q=q)
+    expected = _channel_goodwill_by_hand(
+        torch.full((5,), 0.3, dtype=torch.float64), q.tolist(), u, spend_lag
+    )
+    assert torch.allclose(shared._goodwill(same, u)[0], expected.sum(-1), rtol=1e-10)
+
+
+@pytest.mark.parametrize("spend_lag", [0, 1])
+@pytest.mark.parametrize("carryover", ["per_channel", "shared"])
+def test_forecast_goodwill_continues_the_training_recursion(spend_lag, carryover):
+    # The goodwill the forecast adds after the training weeks is the training recursion run
+    # on over the future spend, per draw and channel.
+    d = simulate_retail(num_weeks=50, seed=6, noise="gaussian")
+    m = RetailBSTS(
+        variant="RF",
+        noise="gaussian",
+        seasonal_harmonics=0,
+        spend_lag=spend_lag,
+        carryover=carryover,
+    )
+    m.fit(
+        d.sales[:40],
+        d.spend[:40],
+        d.covariates[:40],
+        num_samples=4,
+        warmup_steps=4,
+        num_particles=2,
+        map_init_steps=10,
+        rhat_target=None,
+    )
+    uf = d.spend[40:].double() / m._u_scale
+    Xf = torch.zeros(10, m._p, dtype=torch.float64)
+    draws = m._draw_subset(8)
+    state = m._end_state(draws)
+    params = state[-1]
+    future = m._future_offset(params, state[-2], uf, Xf)
+    _, u, _ = m._data
+    whole, _ = m._goodwill(params, torch.cat([u, uf]))
+    assert torch.allclose(future, whole[:, 40:], rtol=1e-9, atol=1e-9)
+
+
+@pytest.mark.parametrize("truth", [0, 1])
+def test_spend_lag_auto_chooses_the_simulated_lag(truth):
+    d = simulate_retail(num_weeks=104, seed=2, noise="gaussian", spend_lag=truth)
+    m = RetailBSTS(variant="RF", noise="gaussian", seasonal_harmonics=1)
+    assert m.spend_lag_requested == "auto" and m.spend_lag is None
+    with pytest.raises(ValueError, match="spend_lag='auto' is chosen by fit"):
+        m._adstock({"delta": torch.full((5,), 0.3)}, torch.ones(10, 5))
+    m.fit(
+        d.sales,
+        d.spend,
+        d.covariates,
+        num_samples=4,
+        warmup_steps=4,
+        num_particles=2,
+        map_init_steps=60,
+        rhat_target=None,
+    )
+    assert m.spend_lag == truth
+    (elbo0, sd0), (elbo1, sd1) = m.spend_lag_evidence[0], m.spend_lag_evidence[1]
+    gap = elbo1 - elbo0 if truth else elbo0 - elbo1
+    assert gap > 5 * (sd0**2 + sd1**2) ** 0.5
+    with pytest.raises(ValueError, match="spend_lag must be 0, 1 or 'auto'"):
+        RetailBSTS(spend_lag="automatic")

@@ -20,10 +20,15 @@ def data():
     return simulate_retail(num_weeks=60, seed=1, noise="gaussian")
 
 
-@pytest.fixture(scope="module", params=[1, 0], ids=["lag1", "lag0"])
+@pytest.fixture(
+    scope="module",
+    params=[(1, "shared"), (0, "per_channel")],
+    ids=["lag1-shared", "lag0-per_channel"],
+)
 def fitted(data, request):
+    lag, carryover = request.param
     model = RetailBSTS(
-        variant="RF", noise="gaussian", seasonal_harmonics=1, spend_lag=request.param
+        variant="RF", noise="gaussian", seasonal_harmonics=1, spend_lag=lag, carryover=carryover
     )
     model.fit(
         data.sales,
@@ -55,8 +60,9 @@ def test_contributions_are_the_goodwill_recursion_written_out(fitted, data):
     assert torch.equal(contributions, channel_contributions(fitted))
     for d in (0, 7):
         for i in range(data.spend.shape[1]):
+            delta = draws["delta"][d]
             expected = by_hand(
-                float(draws["delta"][d]),
+                float(delta if fitted.carryover == "shared" else delta[i]),
                 float(draws["q"][d, i]),
                 data.spend[:, i].double(),
                 fitted.spend_lag,

@@ -1,4 +1,4 @@
-"""RetailBSTS(selection="point_mass"): beta integrated out exactly, indicators by Gibbs."""
+"""RetailBSTS(**THESIS_GOODWILL, selection="point_mass"): beta integrated out exactly, indicators by Gibbs."""
 
 import itertools
 
@@ -6,7 +6,7 @@ import pyro
 import pytest
 import torch
 
-from pyro_ext.models.bsts import RetailBSTS, simulate_retail
+from pyro_ext.models.bsts import THESIS_GOODWILL, RetailBSTS, simulate_retail
 
 torch.set_num_threads(1)
 
@@ -14,7 +14,9 @@ torch.set_num_threads(1)
 def _set_up(noise, p_missing=(), variant="RF", expected_model_size=2, weeks=80, seed=3):
     """A model read for data (as fit does), the standardised data and one prior draw."""
     d = simulate_retail(num_weeks=weeks, seed=seed, noise=noise)
-    m = RetailBSTS(variant=variant, expected_model_size=expected_model_size, noise=noise)
+    m = RetailBSTS(
+        **THESIS_GOODWILL, variant=variant, expected_model_size=expected_model_size, noise=noise
+    )
     m.fit(
         d.sales,
         d.spend,
@@ -43,7 +45,7 @@ def _set_up(noise, p_missing=(), variant="RF", expected_model_size=2, weeks=80, 
 @pytest.fixture(scope="module")
 def point_mass_fit():
     d = simulate_retail(num_weeks=104, seed=21, noise="gaussian")
-    m = RetailBSTS(variant="RF", expected_model_size=2, noise="gaussian")
+    m = RetailBSTS(**THESIS_GOODWILL, variant="RF", expected_model_size=2, noise="gaussian")
     m.fit(
         d.sales,
         d.spend,
@@ -148,7 +150,13 @@ def test_point_mass_finds_the_strong_covariate_and_drops_random_walks(point_mass
 @pytest.mark.integration
 def test_variant_ra_moves_channel_indicators_too():
     d = simulate_retail(num_weeks=60, seed=4, noise="gaussian")
-    m = RetailBSTS(variant="RA", expected_model_size=3, noise="gaussian", seasonal_harmonics=1)
+    m = RetailBSTS(
+        **THESIS_GOODWILL,
+        variant="RA",
+        expected_model_size=3,
+        noise="gaussian",
+        seasonal_harmonics=1,
+    )
     m.fit(d.sales, d.spend, d.covariates, num_samples=20, warmup_steps=20, num_particles=2)
     assert m.discrete_sites == ["gamma", "gamma_q"]
     channels = m.channel_inclusion_probabilities()
@@ -164,7 +172,13 @@ def test_point_mass_draws_are_exactly_zero_where_excluded():
     # the integration run): beta is exactly 0 where gamma excludes a covariate and nonzero
     # elsewhere, in the samples and in coefficient_draws; inclusion is gamma's mean.
     d = simulate_retail(num_weeks=40, seed=2, noise="gaussian")
-    m = RetailBSTS(variant="RF", expected_model_size=2, noise="gaussian", seasonal_harmonics=0)
+    m = RetailBSTS(
+        **THESIS_GOODWILL,
+        variant="RF",
+        expected_model_size=2,
+        noise="gaussian",
+        seasonal_harmonics=0,
+    )
     m.fit(
         d.sales,
         d.spend,
@@ -188,7 +202,13 @@ def test_point_mass_draws_are_exactly_zero_where_excluded():
 
 def test_forced_covariates_need_no_indicators():
     d = simulate_retail(num_weeks=40, seed=2, noise="gaussian")
-    m = RetailBSTS(variant="RF", expected_model_size=7, noise="gaussian", seasonal_harmonics=0)
+    m = RetailBSTS(
+        **THESIS_GOODWILL,
+        variant="RF",
+        expected_model_size=7,
+        noise="gaussian",
+        seasonal_harmonics=0,
+    )
     m.fit(d.sales, d.spend, d.covariates, num_samples=10, warmup_steps=10, num_particles=2)
     assert m.discrete_sites == []
     assert m.inclusion_probabilities().tolist() == [1.0] * 7
@@ -199,9 +219,11 @@ def test_methods_that_cannot_move_indicators_say_what_to_do():
     d = simulate_retail(num_weeks=30, seed=2, noise="gaussian")
     for method in ("nuts", "vis"):
         with pytest.raises(ValueError, match="selection='ssvs'"):
-            RetailBSTS(expected_model_size=2).fit(d.sales, d.spend, d.covariates, method=method)
+            RetailBSTS(**THESIS_GOODWILL, expected_model_size=2).fit(
+                d.sales, d.spend, d.covariates, method=method
+            )
     with pytest.raises(ValueError, match="selection must be one of"):
-        RetailBSTS(selection="spike")
+        RetailBSTS(**THESIS_GOODWILL, selection="spike")
 
 
 def test_no_covariates_prepare_without_warnings():
@@ -210,13 +232,21 @@ def test_no_covariates_prepare_without_warnings():
     d = simulate_retail(num_weeks=30, seed=1, noise="gaussian")
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        _, _, X = RetailBSTS(noise="gaussian")._prepare(d.sales, d.spend, None, True)
+        _, _, X = RetailBSTS(**THESIS_GOODWILL, noise="gaussian")._prepare(
+            d.sales, d.spend, None, True
+        )
     assert X.shape == (30, 0)
 
 
 def test_unconverged_chains_are_reported():
     d = simulate_retail(num_weeks=40, seed=2, noise="gaussian")
-    m = RetailBSTS(variant="RF", expected_model_size=2, noise="gaussian", seasonal_harmonics=0)
+    m = RetailBSTS(
+        **THESIS_GOODWILL,
+        variant="RF",
+        expected_model_size=2,
+        noise="gaussian",
+        seasonal_harmonics=0,
+    )
     with pytest.warns(RuntimeWarning, match="have not converged: the largest split-R-hat"):
         m.fit(
             d.sales,
@@ -229,3 +259,29 @@ def test_unconverged_chains_are_reported():
             rhat_target=1.0001,
             max_samples=4,
         )
+
+
+@pytest.mark.parametrize(
+    "variant, k, p, expected",
+    [
+        ("RF", 5, 2, 0.5),
+        ("RF", 5, 7, 0.5),
+        ("RF", 5, 20, 0.25),
+        ("RA", 5, 2, 0.5),
+        ("RA", 5, 15, 0.25),
+    ],
+)
+def test_default_expected_model_size_adapts_to_the_candidates(variant, k, p, expected):
+    # A fixed 5 gave pi = 1 with 2 candidate controls: every one "included" with
+    # probability 1.0, silently. The default is min(5, n / 2) of the n candidates.
+    m = RetailBSTS(variant=variant)
+    m._holiday_idx = []
+    pi_q, pi_b = m._priors_pi(k, p)
+    assert torch.allclose(pi_b, torch.full((p,), expected, dtype=torch.float64))
+    assert torch.allclose(pi_q, torch.full((k,), expected if variant == "RA" else 1.0).double())
+    # Asked for, it is used as given (and refused above n by fit).
+    asked = RetailBSTS(variant=variant, expected_model_size=2)
+    asked._holiday_idx = []
+    assert float(asked._priors_pi(k, p)[1][0]) == pytest.approx(
+        min(1.0, 2 / (p if variant == "RF" else k + p))
+    )

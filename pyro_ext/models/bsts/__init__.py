@@ -10,10 +10,18 @@ from .allocation import (
     pareto_frontier,
 )
 from .attribution import channel_contributions, contribution_summary, roas
-from .model import NoiseScales, PolarTransform, RetailBSTS, SpikeSlabNormal, goodwill_offset
+from .model import (
+    THESIS_GOODWILL,
+    NoiseScales,
+    PolarTransform,
+    RetailBSTS,
+    SpikeSlabNormal,
+    goodwill_offset,
+)
 from .simulate import RetailData, simulate_retail
 
 __all__ = [
+    "THESIS_GOODWILL",
     "AllocationResult",
     "InfeasibleAllocationError",
     "NoiseScales",

@@ -28,7 +28,7 @@ only the goodwill still unspent at its end is left out.
 
 import torch
 
-from .model import RetailBSTS, goodwill_offset
+from .model import RetailBSTS
 
 __all__ = ["channel_contributions", "contribution_summary", "roas"]
 
@@ -69,20 +69,12 @@ def _weeks(weeks, num_weeks):
 def channel_goodwill(model) -> torch.Tensor:
     """The goodwill each channel's own training spend builds per unit of ``q``, per
     posterior draw: ``A`` ``(draws, T, k)`` in spend units (thesis eq. 1.4 with the
-    model's ``spend_lag``; no goodwill from before the data)."""
+    model's ``spend_lag`` and carry-over; no goodwill from before the data)."""
     _check_model(model)
     _, u, _ = model._data
-    spend = (u * model._u_scale).to(torch.float64)  # (T, k), original units
-    phi = (1.0 - model.samples["delta"]).to(torch.float64)  # (draws,)
-    inflow = spend.mT.unsqueeze(0)  # (1, k, T)
-    phi = phi.reshape(-1, 1)  # (draws, 1): one AR coefficient per draw, all channels
-    if model.spend_lag == 0:
-        pad = torch.zeros_like(inflow[..., :1])
-        inflow = torch.cat([inflow, pad], -1).expand(phi.shape[0], -1, -1)
-        goodwill = goodwill_offset(phi, inflow)[..., 1:]
-    else:
-        goodwill = goodwill_offset(phi, inflow.expand(phi.shape[0], -1, -1))
-    return goodwill.mT  # (draws, T, k)
+    params = {"delta": model.samples["delta"].to(torch.float64)}
+    # Linear in the spend: the standardised adstock times each channel's scale.
+    return model._adstock(params, u, with_start=False) * model._u_scale
 
 
 def channel_contributions(model, weeks=None) -> torch.Tensor:

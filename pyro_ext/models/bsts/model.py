@@ -6,6 +6,13 @@ Model (all on the standardised scale, see :meth:`RetailBSTS.fit`)::
     A_t = (1 - delta) A_{t-1} + sum_i q_i u_{i,t-lag} + e_t,        e_t ~ N(0, sigma_A^2)
     mu_t: local level (or local linear trend);  s_t: trigonometric seasonal, period 52.18
 
+That is the thesis' eq. (1.4) (``THESIS_GOODWILL``: ``spend_lag=1``,
+``carryover="shared"``).  By default each channel's goodwill decays at its own rate,
+``D_{i,t} = (1 - delta_i) D_{i,t-1} + q_i u_{i,t-lag}`` with ``A_t = sum_i D_{i,t} + a_t``
+(``carryover="per_channel"``), and the lag (0: this week's spend is in this week's
+goodwill; 1: last week's) is chosen by :meth:`RetailBSTS.fit` from the evidence
+(``spend_lag="auto"``).
+
 **How spend enters, exactly.**  The goodwill recursion is linear, so ``A_t = D_t + a_t`` with
 the deterministic distributed lag (Koyck) ``D_t = (1 - delta) D_{t-1} + sum_i q_i u_{i,t-lag}``
 and the zero-input AR(1) ``a_t = (1 - delta) a_{t-1} + e_t`` whose initial value carries the
@@ -91,7 +98,7 @@ unadjusted gradient samplers diverge.  Both scales are also reported as the draw
   ``pi = expected_model_size / (k + p)``: ``q_i`` *and* ``beta_j`` can be switched off.
 * ``"RF"`` as RA but investment channels are forced in (``pi = 1`` for ``q``) and the
   ambient variables get ``pi = expected_model_size / p`` (a value above ``p`` is refused;
-  the default, 5, is capped at ``p``).
+  by default ``pi = min(5, p / 2) / p``).
 
 ``q`` is real-valued (the thesis reports negative RADIO / TV coefficients).
 ``holidays`` names (or indexes) covariates that are calendar effects: always included
@@ -121,7 +128,14 @@ from ...timeseries.dlm import (
 )
 from ...timeseries.kalman import kalman_filter
 
-__all__ = ["NoiseScales", "PolarTransform", "RetailBSTS", "SpikeSlabNormal", "goodwill_offset"]
+__all__ = [
+    "THESIS_GOODWILL",
+    "NoiseScales",
+    "PolarTransform",
+    "RetailBSTS",
+    "SpikeSlabNormal",
+    "goodwill_offset",
+]
 
 VARIANTS = ("B", "RA", "RF")
 NOISES = ("gaussian", "student_t")
@@ -129,10 +143,17 @@ TRENDS = ("local_level", "local_linear_trend")
 METHODS = ("sgld", "vis", "nuts")
 SELECTIONS = ("point_mass", "ssvs")
 GOODWILL_STARTS = ("steady", "zero")
+CARRYOVERS = ("per_channel", "shared")
+# The goodwill of the thesis' eq. (1.4): one decay rate, last week's spend.
+THESIS_GOODWILL = {"spend_lag": 1, "carryover": "shared"}
 PERIOD = 365.25 / 7
 # goodwill_start="steady": the weeks of spend before the data, at the mean spend of the
 # first (at most) START_WEEKS weeks of the data.
 START_WEEKS = 52
+# expected_model_size=None: min(DEFAULT_MODEL_SIZE, n / 2) of the n candidates.
+DEFAULT_MODEL_SIZE = 5.0
+# spend_lag="auto": the SVI steps of each lag's Gaussian approximation whose ELBOs compare.
+EVIDENCE_STEPS = 150
 
 
 class SpikeSlabNormal(dist.TorchDistribution):
@@ -494,7 +515,10 @@ class RetailBSTS:
         number of regressors that the variant selects among (``p`` covariates for ``"RF"``,
         ``k + p`` channels and covariates for ``"RA"``; checked by :meth:`fit`): the prior
         inclusion probability is ``expected_model_size / that number``, and equal to it
-        forces every one in.  ``None`` (default): 5, capped at that number.
+        forces every one in.  ``None`` (default): ``min(5, n / 2)`` of the ``n``
+        candidates, i.e. a prior inclusion probability of 1/2 for up to ten candidates and
+        ``5 / n`` above (a fixed 5 would force every candidate in when there are at most
+        five).
     :param str selection: ``"point_mass"`` (default: ``beta_j`` exactly 0 or drawn from
         the slab, ``beta`` integrated out by the Kalman filter, indicators moved by Gibbs)
         or ``"ssvs"`` (narrow Gaussian spike of sd ``spike_scale``, indicators summed
@@ -506,12 +530,25 @@ class RetailBSTS:
     :param float seasonal_period: in weeks (52.18 by default; need not be an integer).
     :param holidays: covariate names or indices always included (calendar effects).
     :param float df: Student-t degrees of freedom (> 2).
-    :param int spend_lag: 1 (eq. (1.4): spend of week ``t-1`` builds goodwill of week ``t``)
-        or 0 (contemporaneous, as a bsts regression on spend would have it).
+    :param spend_lag: ``"auto"`` (default: :meth:`fit` chooses 0 or 1 by the evidence,
+        the larger ELBO of the two models' Gaussian approximations, and sets
+        ``spend_lag`` to it; ``spend_lag_evidence`` keeps both), 1 (eq. (1.4): spend of
+        week ``t-1`` builds goodwill of week ``t``) or 0 (contemporaneous: this week's
+        spend is in this week's goodwill, as geometric adstock and a bsts regression on
+        spend have it).  On the marketing-mix data of ``benchmarks/bsts_peers.py`` lag 0
+        forecast the holdout better on both data sets, and a lag the data do not have
+        turns contributions' signs (see ``benchmarks/results/bsts_attribution.md``).
+    :param str carryover: ``"per_channel"`` (default: each channel's goodwill decays at
+        its own rate ``delta_i``, a ``(k,)`` site with the ``delta_prior`` each; TV's and
+        search's carry-over differ) or ``"shared"`` (one ``delta``, eq. (1.4)).  The part
+        of the goodwill the spend does not explain (the AR(1) state) decays at the
+        channels' mean rate.  ``THESIS_GOODWILL`` (``spend_lag=1``,
+        ``carryover="shared"``) is the thesis' model.
     :param str goodwill_start: ``"steady"`` (default: the goodwill starts where a year of
         spend at the mean of the first weeks would have brought it, about its steady
         state) or ``"zero"`` (no goodwill before the data); see the module docstring.
-    :param delta_prior: Beta ``(a, b)`` concentrations of the decay rate (both > 0).
+    :param delta_prior: Beta ``(a, b)`` concentrations of the decay rate (both > 0; each
+        channel's with ``carryover="per_channel"``).
     :param delta_range: ``(lo, hi)`` within ``[0, 1]``; ``delta = lo + (hi - lo) Beta(a, b)``.
     :param float slab_scale: slab sd (standardised units).
     :param float spike_scale: with ``selection="ssvs"``, the spike sd (standardised
@@ -533,7 +570,8 @@ class RetailBSTS:
         seasonal_period=PERIOD,
         holidays=None,
         df=5.0,
-        spend_lag=1,
+        spend_lag="auto",
+        carryover="per_channel",
         goodwill_start="steady",
         delta_prior=(2.0, 2.0),
         delta_range=(0.0, 1.0),
@@ -546,11 +584,12 @@ class RetailBSTS:
         check_choice(selection, "selection", SELECTIONS)
         check_choice(noise, "noise", NOISES)
         check_choice(trend, "trend", TRENDS)
-        # None: the package's default, 5, which is capped at the number of regressors
-        # (fit refuses a larger value that was asked for: it would force every one in).
+        # None: min(5, n / 2) of the n candidates, set by fit (which refuses an asked-for
+        # value above n: it would force every one in).
         self._expected_model_size_given = expected_model_size is not None
         expected_model_size = check_positive(
-            5.0 if expected_model_size is None else expected_model_size, "expected_model_size"
+            DEFAULT_MODEL_SIZE if expected_model_size is None else expected_model_size,
+            "expected_model_size",
         )
         seasonal_period = check_real(seasonal_period, "seasonal_period", low=2, low_open=True)
         seasonal_harmonics = check_int(seasonal_harmonics, "seasonal_harmonics", low=0)
@@ -562,7 +601,12 @@ class RetailBSTS:
         df = check_real(df, "df", finite=False)
         if noise == "student_t" and not df > 2:
             raise ValueError(f"df must exceed 2 (finite variance), got {df!r}")
-        spend_lag = check_int(spend_lag, "spend_lag", 0, 1)
+        if isinstance(spend_lag, str):
+            if spend_lag != "auto":
+                raise ValueError(f"spend_lag must be 0, 1 or 'auto', got {spend_lag!r}")
+        else:
+            spend_lag = check_int(spend_lag, "spend_lag", 0, 1)
+        check_choice(carryover, "carryover", CARRYOVERS)
         check_choice(goodwill_start, "goodwill_start", GOODWILL_STARTS)
         _check_pair(delta_prior, "delta_prior", "(a, b), the Beta concentrations")
         _check_pair(delta_range, "delta_range", "(lo, hi) within [0, 1]")
@@ -586,7 +630,13 @@ class RetailBSTS:
             float(seasonal_period),
         )
         self.holidays = _check_holidays(holidays)
-        self.df, self.spend_lag = float(df), int(spend_lag)
+        self.df = float(df)
+        # spend_lag="auto": fit() chooses 0 or 1 by the evidence (its ELBO) and sets
+        # spend_lag to the lag it chose; spend_lag_requested keeps what was asked for.
+        self.spend_lag_requested = spend_lag
+        self.spend_lag = None if spend_lag == "auto" else int(spend_lag)
+        self.spend_lag_evidence = None
+        self.carryover = carryover
         self.goodwill_start = goodwill_start
         self._start_weeks = None  # set by fit: min(T, START_WEEKS) training weeks
         self.delta_prior, self.delta_range = (float(a), float(b)), (float(lo), float(hi))
@@ -680,15 +730,23 @@ class RetailBSTS:
         self._check_data_seen("uses_covariates")
         return self.variant != "B" and self._p > 0
 
+    def _prior_inclusion(self, n):
+        """The prior inclusion probability of each of ``n`` candidates: the asked-for
+        ``expected_model_size / n``, or by default ``min(DEFAULT_MODEL_SIZE, n / 2) / n``
+        (a half for up to ten candidates, so that a model with few candidates still
+        selects)."""
+        if getattr(self, "_expected_model_size_given", True):
+            return min(1.0, self.expected_model_size / n)
+        return min(DEFAULT_MODEL_SIZE, n / 2) / n
+
     def _priors_pi(self, k, p):
-        ems = self.expected_model_size
         pi_q = torch.ones(k, dtype=torch.float64)
         pi_b = torch.ones(p, dtype=torch.float64)
         if self.variant == "RA":
-            pi = min(1.0, ems / (k + p))
+            pi = self._prior_inclusion(k + p)
             pi_q[:], pi_b[:] = pi, pi
         elif self.variant == "RF" and p:
-            pi_b[:] = min(1.0, ems / p)
+            pi_b[:] = self._prior_inclusion(p)
         for h in self._holiday_idx:
             pi_b[h] = 1.0
         return pi_q, pi_b
@@ -704,6 +762,10 @@ class RetailBSTS:
         sigma_level, sigma_season = params["sigma_level"], params.get("sigma_season")
         sigma_slope = params.get("sigma_slope")
         phi = 1.0 - params["delta"]
+        if self._per_channel:
+            # The goodwill the spend does not explain (its shocks, and the start's error)
+            # decays at the channels' mean rate.
+            phi = phi.mean(-1)
         comps = [Autoregressive(phi.unsqueeze(-1), sigma_goodwill, init_scale=1.0)]
         if self.trend == "local_level":
             comps.append(LocalLevel(sigma_level, init_scale=2.0))
@@ -733,6 +795,8 @@ class RetailBSTS:
                     )
                 ],
             )
+        if self._per_channel:
+            base = base.expand([k]).to_event(1)
         out = {"delta": pyro.sample("delta", base)}
         pi_q, pi_b = self._pi_q, self._pi_b
         if self.selection == "point_mass":
@@ -777,29 +841,43 @@ class RetailBSTS:
         T = u.shape[-2]
         weeks = getattr(self, "_start_weeks", None) or min(T, START_WEEKS)
         ubar = u[..., :weeks, :].mean(-2)  # (..., k)
-        phi = torch.as_tensor(1.0 - params["delta"], dtype=u.dtype)
+        phi = self._channel_phi(params).to(u.dtype)  # (..., k) or (..., 1)
         logphi = torch.log(phi.clamp(min=torch.finfo(u.dtype).tiny))
         j = torch.arange(max(T + 1, START_WEEKS), dtype=u.dtype, device=u.device)
-        powers = torch.exp(logphi.unsqueeze(-1) * j)  # phi^0, phi^1, ...
+        powers = torch.exp(logphi.unsqueeze(-1) * j)  # phi^0, phi^1, ...: (..., k | 1, J)
         history = powers[..., :START_WEEKS].sum(-1, keepdim=True)  # D before the data
-        lag = self.spend_lag
-        decay = powers[..., 1 - lag : T + 1 - lag] * history  # (..., T)
-        return decay.unsqueeze(-1) * ubar.unsqueeze(-2)
+        lag = self._lag()
+        decay = powers[..., 1 - lag : T + 1 - lag] * history  # (..., k | 1, T)
+        return decay.mT * ubar.unsqueeze(-2)
+
+    @property
+    def _per_channel(self):
+        # A model pickled before carryover existed had one decay rate.
+        return getattr(self, "carryover", "shared") == "per_channel"
+
+    def _lag(self):
+        if self.spend_lag is None:
+            raise ValueError(
+                "spend_lag='auto' is chosen by fit() from the data: call fit() first, or pass "
+                "spend_lag=0 or 1"
+            )
+        return self.spend_lag
+
+    def _channel_phi(self, params):
+        """Each channel's AR coefficient ``1 - delta_i``: ``(..., k)``, or ``(..., 1)`` with
+        a shared decay rate (eq. (1.4))."""
+        phi = 1.0 - params["delta"]
+        return phi if self._per_channel else phi.unsqueeze(-1)
+
+    def _channel_goodwill(self, params, u):
+        """Each channel's deterministic goodwill ``D_{i,t} = q_i U_{i,t}`` (standardised),
+        ``(..., T, k)``."""
+        return self._adstock(params, u) * params["q"].unsqueeze(-2)
 
     def _goodwill(self, params, u):
         """Deterministic goodwill ``D_t`` (standardised), ``(..., T)``, and the inflow."""
-        phi = 1.0 - params["delta"]
         inflow = (u * params["q"].unsqueeze(-2)).sum(-1)  # (..., T)
-        if self.spend_lag == 0:
-            # D_t = phi D_{t-1} + inflow_t = (lag-1 recursion on inflow)_{t+1}
-            pad = torch.zeros_like(inflow[..., :1])
-            D = goodwill_offset(phi, torch.cat([inflow, pad], -1))[..., 1:]
-        else:
-            D = goodwill_offset(phi, inflow)
-        start = self._start(params, u)
-        if start is not None:
-            D = D + (start * params["q"].unsqueeze(-2)).sum(-1)
-        return D, inflow
+        return self._channel_goodwill(params, u).sum(-1), inflow
 
     def _mean_offset(self, params, u, X):
         """``D_t + x_t' beta`` (standardised), ``(..., T)``."""
@@ -828,17 +906,20 @@ class RetailBSTS:
         resid = y - self._mean_offset(params, u, X)
         dlm_observe("obs", self.state_space(params), resid)
 
-    def _adstock(self, params, u):
+    def _adstock(self, params, u, with_start=True):
         """The goodwill each channel's unit spend builds, ``(..., T, k)``: ``D = U q``
-        (with the goodwill from before the data, :meth:`_start`)."""
-        phi = (1.0 - params["delta"]).unsqueeze(-1)
+        (with the goodwill from before the data, :meth:`_start`, unless ``with_start`` is
+        false), each channel decaying at its own rate (``carryover="per_channel"``) or at
+        the shared one."""
+        phi = self._channel_phi(params)  # (..., k) or (..., 1)
         spend = u.mT  # (k, T)
-        if self.spend_lag == 0:
+        if self._lag() == 0:
+            # D_t = phi D_{t-1} + u_t = (lag-1 recursion on u)_{t+1}
             pad = torch.zeros_like(spend[..., :1])
             adstock = goodwill_offset(phi, torch.cat([spend, pad], -1))[..., 1:].mT
         else:
             adstock = goodwill_offset(phi, spend).mT
-        start = self._start(params, u)
+        start = self._start(params, u) if with_start else None
         return adstock if start is None else adstock + start
 
     def _design(self, params, u, X):
@@ -1152,9 +1233,16 @@ class RetailBSTS:
             )
         if kwargs.get("moves") is not None:
             self._check_moves(kwargs["moves"], method)
+        t0 = time.perf_counter()
+        self._selected_guide = None
+        if self.spend_lag_requested == "auto":
+            self.spend_lag = None
+            self._select_spend_lag(seed, kwargs.get("map_init_steps", 150))
         pyro.set_rng_seed(seed)
         pyro.clear_param_store()
-        t0 = time.perf_counter()
+        if self._selected_guide is not None:
+            # The chosen lag's Gaussian starts the particles (method="sgld").
+            pyro.get_param_store().set_state(self._selected_guide[1])
         if method == "sgld":
             self._fit_sgld(
                 MCMC,
@@ -1195,6 +1283,37 @@ class RetailBSTS:
         self.samples = {n: v.reshape(-1, *v.shape[2:]) for n, v in self._chains.items()}
         self._method = method
         return self
+
+    def _select_spend_lag(self, seed, map_init_steps, num_particles=32):
+        r"""``spend_lag="auto"``: the lag whose model has the larger evidence lower bound.
+
+        For each lag the :meth:`_map_init` Gaussian (AutoNormal, ``map_init_steps`` SVI
+        steps, or ``EVIDENCE_STEPS`` where that is 0; every indicator on) is fitted in its
+        own parameter store, and its ELBO estimated with ``num_particles`` draws; the
+        chosen lag's Gaussian then starts the particles of ``method="sgld"``.  ``q`` and ``beta`` are
+        integrated out exactly by the Kalman filter (the point mass's collapsed
+        likelihood) or sampled (``"ssvs"``), the same way for both lags, and the two models
+        have the same parameters, so the larger bound picks the lag the data support;
+        ``spend_lag_evidence`` keeps both estimates (nats, with their Monte Carlo sd)."""
+        evidence, guides = {}, {}
+        steps = int(map_init_steps) or EVIDENCE_STEPS
+        for lag in (0, 1):
+            self.spend_lag = lag
+            with pyro.get_param_store().scope() as state:
+                pyro.set_rng_seed(seed)
+                guide = self._map_init(steps)
+                model = self._all_indicators_on(self.model)
+                elbo = pyro.infer.Trace_ELBO(num_particles=1)
+                with torch.no_grad(), pyro.validation_enabled(False):
+                    draws = torch.tensor(
+                        [-elbo.loss(model, guide, *self._data) for _ in range(num_particles)]
+                    )
+            evidence[lag] = (float(draws.mean()), float(draws.std() / num_particles**0.5))
+            guides[lag] = (guide, state)
+        self.spend_lag = max(evidence, key=lambda lag: evidence[lag][0])
+        self.spend_lag_evidence = evidence
+        if map_init_steps:
+            self._selected_guide = guides[self.spend_lag]
 
     def _check_expected_model_size(self, k, p):
         """``expected_model_size / n`` is the prior inclusion probability of the ``n``
@@ -1258,7 +1377,7 @@ class RetailBSTS:
         y, u, X = self._data
         k = u.shape[1]
         p = X.shape[1] if self.uses_covariates else 0
-        shape = chains["delta"].shape  # (chains, draws)
+        shape = chains["noise_scales"].shape[:2]  # (chains, draws)
         flat = {n: v.reshape(-1, *v.shape[2:]) for n, v in chains.items()}
         indicator_sites = [n for n in ("gamma_q", "gamma") if n in flat]
         gamma = self._indicators(flat)
@@ -1290,15 +1409,20 @@ class RetailBSTS:
         if self.uses_covariates:
             chains["beta"] = coef[..., k:]
 
+    def _all_indicators_on(self, model):
+        """``model`` with every indicator of a point mass at 1 (a guide cannot hold
+        discrete sites)."""
+        if not self.discrete_sites:
+            return model
+        y, u, X = self._data
+        ones = {"gamma": torch.ones(X.shape[1], dtype=torch.float64)}
+        ones["gamma_q"] = torch.ones(u.shape[1], dtype=torch.float64)
+        return pyro.poutine.condition(model, data=ones)
+
     def _map_init(self, num_steps, lr=0.05):
         """Median of a short AutoNormal SVI fit, to start the particles near the mode (with
         every indicator of a point mass at 1: a guide cannot hold discrete sites)."""
-        model = self.model
-        if self.discrete_sites:
-            y, u, X = self._data
-            ones = {"gamma": torch.ones(X.shape[1], dtype=torch.float64)}
-            ones["gamma_q"] = torch.ones(u.shape[1], dtype=torch.float64)
-            model = pyro.poutine.condition(self.model, data=ones)
+        model = self._all_indicators_on(self.model)
         guide = pyro.infer.autoguide.AutoNormal(
             model, init_scale=0.05, init_loc_fn=self._init_to_median()
         )
@@ -1335,7 +1459,9 @@ class RetailBSTS:
             raise ValueError(f"kernel must be one of {sorted(kernels)}, got {kernel!r}")
         init = None
         if map_init_steps:
-            guide = self._map_init(map_init_steps)
+            selected = getattr(self, "_selected_guide", None)
+            guide = self._map_init(map_init_steps) if selected is None else selected[0]
+            self._selected_guide = None
             # Start every particle from a draw of the fitted Gaussian (overdispersed by the
             # guide's width, so R-hat across particles is meaningful).
             with torch.no_grad():
@@ -1501,7 +1627,8 @@ class RetailBSTS:
         return beta * self._y_scale / self._x_scale
 
     def coefficients(self):
-        """Posterior mean / sd in original units: ``delta``, ``ar`` (``1 - delta``), ``q``
+        """Posterior mean / sd in original units: ``delta`` and ``ar`` (``1 - delta``; one
+        per channel with ``carryover="per_channel"``), ``q``
         ``(k,)`` (sales per unit of spend), ``beta`` ``(p,)`` (zeros for variant B) and
         ``sigma_obs`` (sales units)."""
         self._check_fitted()
@@ -1520,7 +1647,8 @@ class RetailBSTS:
         return out
 
     def coefficient_draws(self) -> dict[str, torch.Tensor]:
-        """Posterior draws in original units: ``delta`` ``(n,)``, ``q`` ``(n, k)`` (sales per
+        """Posterior draws in original units: ``delta`` ``(n,)`` (``(n, k)`` with
+        ``carryover="per_channel"``), ``q`` ``(n, k)`` (sales per
         unit of spend), ``beta`` ``(n, p)`` (zeros for variant B, and for the draws that
         exclude a covariate) and ``sigma_obs`` ``(n,)`` (sales units), for intervals and
         coverage checks (:meth:`coefficients` gives their mean and sd)."""
@@ -1649,34 +1777,35 @@ class RetailBSTS:
         res = kalman_filter(*dlm._args(y - offset, prec))
         mT, PT = res.filtered_means[..., -1, :], res.filtered_covs[..., -1, :, :]
         G, F, W, V, _, _ = dlm.matrices(1)
-        D, inflow = self._goodwill(params, u)
-        if self.spend_lag:
-            D_T = (1 - params["delta"]) * D[..., -1] + inflow[..., -1]  # D_{T+1}
+        D = self._channel_goodwill(params, u)  # (..., T, k)
+        if self._lag():
+            # D_{T+1} per channel
+            D_T = self._channel_phi(params) * D[..., -1, :] + u[-1] * params["q"]
         else:
-            D_T = D[..., -1]
+            D_T = D[..., -1, :]
         var_obs = params["sigma_obs"] ** 2
         if self.noise == "student_t":
             var_obs = var_obs * self.df / (self.df - 2)
         return mT, PT, G, F[0], W, var_obs, D_T, params
 
     def _future_offset(self, params, D_T, uf, Xf):
-        """``D_{T+j} + x_{T+j}' beta`` for ``j = 1..h`` (standardised), ``(n, h)``."""
-        phi = 1 - params["delta"]
-        inflow = uf @ params["q"].unsqueeze(-1)  # (n, h, 1)
-        inflow = inflow.squeeze(-1)
+        """``D_{T+j} + x_{T+j}' beta`` for ``j = 1..h`` (standardised), ``(n, h)``, from
+        each channel's goodwill ``D_T`` ``(n, k)`` (``D_{T+1}`` for ``spend_lag=1``)."""
+        phi = self._channel_phi(params)  # (n, k) or (n, 1)
+        inflow = uf * params["q"].unsqueeze(-2)  # (n, h, k)
         h = uf.shape[0]
         out = []
-        if self.spend_lag:
+        if self._lag():
             d = D_T  # D_{T+1}
             for j in range(h):
                 out.append(d)
-                d = phi * d + inflow[..., j]
+                d = phi * d + inflow[..., j, :]
         else:
             d = D_T  # D_T
             for j in range(h):
-                d = phi * d + inflow[..., j]
+                d = phi * d + inflow[..., j, :]
                 out.append(d)
-        off = torch.stack(out, -1)
+        off = torch.stack(out, -2).sum(-1)
         if "beta" in params:
             off = off + (Xf * params["beta"].unsqueeze(-2)).sum(-1)
         return off

@@ -57,7 +57,11 @@ class RetailData(NamedTuple):
     :ivar truth: true values: ``delta``, ``ar`` (``1 - delta``), ``q`` ``(k,)``, ``beta``
         ``(p,)``, ``inclusion`` (bool ``(p,)``), ``goodwill`` ``(T,)``, ``level`` ``(T,)``,
         ``seasonal`` ``(T,)``, ``noise_scale``, ``goodwill_scale``, ``level_scale``,
-        ``df`` (``None`` for Gaussian noise), ``spend_lag``; with ``random_truth=True`` also
+        ``df`` (``None`` for Gaussian noise), ``spend_lag``, ``channel_contribution``
+        ``(T, k)`` (what each channel's spend within the simulated weeks adds to each
+        week's sales: the sales minus those with that spend switched off, the goodwill
+        from before the data kept; the truth of
+        :func:`~pyro_ext.models.bsts.channel_contributions`); with ``random_truth=True`` also
         ``random_truth`` (``True``), ``channel_inclusion`` (bool ``(k,)``, ``q != 0``),
         ``channel_effect`` ``(k,)`` (sd of each channel's goodwill contribution over the
         simulated weeks, in noise sds; 0 for an ineffective channel) and
@@ -317,6 +321,13 @@ def simulate_retail(
         u = inflow[s - spend_lag] if s - spend_lag >= 0 else inflow.mean()
         a = phi * a + u.item() + goodwill_scale * randn(1).item()
         goodwill[s] = a
+    # What each channel's own spend in the data adds to sales, week by week: the sales
+    # minus those with that spend switched off (the goodwill from before the data stays).
+    lagged = torch.cat([torch.zeros(spend_lag, spend.shape[1], dtype=spend.dtype), spend])[:T]
+    own = torch.zeros(T, spend.shape[1], dtype=torch.float64)
+    for s in range(T):
+        own[s] = (phi * own[s - 1] if s else 0.0) + lagged[s]
+    channel_contribution = own * q
     level = 100 + torch.cumsum(0.02 + level_scale * randn(T), 0)
     seasonal = 6 * christmas + 3 * easter + 4 * summer
     seasonal = seasonal - seasonal.mean()
@@ -339,6 +350,7 @@ def simulate_retail(
         "beta": beta.to(dtype),
         "inclusion": beta != 0,
         "goodwill": goodwill.to(dtype),
+        "channel_contribution": channel_contribution.to(dtype),
         "level": level.to(dtype),
         "seasonal": seasonal.to(dtype),
         "noise_scale": float(noise_scale),
