@@ -25,21 +25,20 @@ estimated and is dropped for every method (Robyn's event2 falls in the holdout, 
 
 - ``RetailBSTS`` (``pyro_ext.models.bsts``): one row per ``selection`` (``"point_mass"``,
   ``"ssvs"``), ``RetailBSTS(selection=s)`` with the package defaults otherwise (variant RF,
-  Student-t noise, spend lag 1, local level, 2-harmonic yearly seasonal) and
-  ``fit(method="sgld")`` with the package defaults (8 particles, 200 + 200 draws, R-hat
-  driven extension); plus one row with ``spend_lag=0`` (spend builds goodwill in the same
-  week, as the other two models and both simulators have it; first selection).  A fit that
-  still diverges after the model's own step-size halving is retried with seed + 1000.
-  Here ``selection`` has nothing to select: variant RF forces the channels in, and with
-  ``expected_model_size`` 5 and at most 4 controls every control too (``pi = 1``).  On
+  Student-t noise, the spend lag chosen by the evidence, a decay rate per channel, local
+  level, 2-harmonic yearly seasonal) and ``fit(method="sgld")`` with the package defaults
+  (8 particles, 200 + 200 draws, R-hat driven extension); plus one row with the thesis'
+  goodwill, ``**THESIS_MODEL`` (last week's spend, one decay rate; first selection).
+  A fit that still diverges after the model's own step-size halving is retried with
+  seed + 1000.  Variant RF forces the channels in; the controls are selected with the
+  default prior inclusion probability 1/2.  On
   the ROAS data (no controls) the two rows are the same model and the same run; on Robyn
   they differ in how the control coefficients are treated (``"point_mass"``: integrated
   out by the Kalman filter as static regression states; ``"ssvs"``: sampled).
   Forecast: mean over draws of ``RetailBSTS.forecast`` (the k-step forecast; the one-step
   ``one_step_predictions`` needs Gaussian noise and is not used).  Contribution of channel
-  i: the goodwill it builds over the training weeks, ``sum_t D_t^(i)`` with
-  ``D^(i) = goodwill_offset(1 - delta, q_i u_i)`` (shifted by one week for ``spend_lag=0``),
-  per posterior draw of ``delta`` and ``q`` in original units.  R-hat: ``rhat()``, the
+  i: ``RetailBSTS.channel_contributions()`` (the counterfactual "channel switched off"
+  over the training weeks, per posterior draw, original units).  R-hat: ``rhat()``, the
   largest split-R-hat over the static sites with the particles as chains.
 - PyMC-Marketing ``MMM`` (``pymc_marketing.mmm.multidimensional.MMM``, the class that
   replaces the deprecated ``pymc_marketing.mmm.MMM``): ``GeometricAdstock(l_max=8)`` (its
@@ -101,7 +100,7 @@ from _common import (  # noqa: E402
 )
 
 from pyro_ext.datasets import load_marketing_mix  # noqa: E402
-from pyro_ext.models.bsts import RetailBSTS, goodwill_offset  # noqa: E402
+from pyro_ext.models.bsts import THESIS_MODEL, RetailBSTS  # noqa: E402
 
 RESULTS = REPO / "benchmarks" / "results" / "bsts_peers.md"
 SELECTIONS = ("point_mass", "ssvs")
@@ -205,27 +204,6 @@ def fit_kwargs(quick):
     return {}
 
 
-def channel_goodwill(model, spend):
-    """Per posterior draw, the goodwill each channel builds over the weeks of ``spend``
-    (original units), summed over those weeks: ``(draws, k)``."""
-    if hasattr(model, "coefficient_draws"):
-        draws = model.coefficient_draws()
-    else:  # a RetailBSTS from before coefficient_draws(): the same conversion
-        draws = {"delta": model.samples["delta"], "q": model._orig_q(model.samples["q"])}
-    phi = 1 - draws["delta"]  # (n,)
-    q = draws["q"]  # (n, k), sales per unit of spend
-    out = []
-    for i in range(spend.shape[1]):
-        inflow = q[:, i : i + 1] * spend[:, i]  # (n, T)
-        if model.spend_lag == 0:  # D_t = phi D_{t-1} + inflow_t
-            pad = torch.zeros_like(inflow[:, :1])
-            goodwill = goodwill_offset(phi, torch.cat([inflow, pad], -1))[:, 1:]
-        else:  # D_t = phi D_{t-1} + inflow_{t-1}
-            goodwill = goodwill_offset(phi, inflow)
-        out.append(goodwill.sum(-1))
-    return torch.stack(out, -1)
-
-
 def run_bsts(data, selection, quick, seed, **spec):
     n = data.num_train
     model = RetailBSTS(selection=selection, holidays=data.holidays or None, **spec)
@@ -253,13 +231,18 @@ def run_bsts(data, selection, quick, seed, **spec):
         notes.append(f"step size halved {model.divergence_retries}x")
     notes += [f"failed fit {f}" for f in failures]
     label = f'RetailBSTS `selection="{selection}"`'
-    if spec:
+    if spec == THESIS_MODEL:
+        label += ", `**THESIS_MODEL` (the thesis' model)"
+    elif spec:
         label += ", " + ", ".join(f"`{k}={v}`" for k, v in spec.items())
+    if model.spend_lag_requested == "auto":
+        (elbo0, _), (elbo1, _) = model.spend_lag_evidence[0], model.spend_lag_evidence[1]
+        notes.insert(0, f"lag chosen: {model.spend_lag} (ELBO {elbo0:.1f} / {elbo1:.1f} at 0 / 1)")
     return Result(
         label,
         sum(errors) / len(errors),
         errors,
-        channel_goodwill(model, data.spend[:n]),
+        model.channel_contributions(),
         None,
         rhat,
         model.fit_seconds,
@@ -512,7 +495,7 @@ def main(argv=None):
         for selection in args.selections:
             results.append(run_bsts(data, selection, quick, args.seed))
             print(f"{name}: {results[-1][:2]} {results[-1].seconds:.1f}s", flush=True)
-        results.append(run_bsts(data, args.selections[0], quick, args.seed, spend_lag=0))
+        results.append(run_bsts(data, args.selections[0], quick, args.seed, **THESIS_MODEL))
         print(f"{name}: {results[-1][:2]} {results[-1].seconds:.1f}s", flush=True)
         results.append(run_pymc(data, quick, args.seed))
         print(f"{name}: {results[-1][:2]}", flush=True)
@@ -529,7 +512,9 @@ def main(argv=None):
         f"{total / 60:.1f} min. Generated by `python benchmarks/bsts_peers.py"
         f"{' ' + args_text if args_text else ''}`. Protocol in the script's docstring. "
         'RetailBSTS: `RetailBSTS(selection=s)` with the package defaults (variant "RF", '
-        'Student-t noise, spend lag 1), `fit(method="sgld")` with the package defaults'
+        "Student-t noise, the spend lag chosen by the evidence, a carry-over per channel), "
+        "and the thesis' model (`**THESIS_MODEL`: lag 1, one decay rate, real-valued q); "
+        '`fit(method="sgld")` with the package defaults'
         f"{' (quick: 20 draws, 30 warmup, 4 particles, 30 MAP steps, no R-hat extension)' if quick else ''}; "
         "holdout MAPE from the mean over draws of `forecast` (k-step, from the end of "
         "training). PyMC-Marketing: `GeometricAdstock(l_max=8)`, `LogisticSaturation()`, "

@@ -75,7 +75,7 @@ from _common import (
 )
 
 from pyro_ext.infer import SamplerDivergenceError
-from pyro_ext.models.bsts import THESIS_GOODWILL, RetailBSTS, simulate_retail
+from pyro_ext.models.bsts import THESIS_MODEL, RetailBSTS, simulate_retail
 from pyro_ext.models.bsts.simulate import PERIOD
 
 RESULTS = REPO / "benchmarks" / "results" / "bsts_selection.md"
@@ -112,7 +112,7 @@ def make_model(variant, selection, noise, expected_model_size=None):
     # The simulator's goodwill is the thesis' (one decay rate, last week's spend), and the
     # committed tables were made with expected_model_size 5 (the package's default then;
     # it now adapts to the number of candidates).
-    kwargs = dict(variant=variant, noise=noise, selection=selection, **THESIS_GOODWILL)
+    kwargs = dict(variant=variant, noise=noise, selection=selection, **THESIS_MODEL)
     kwargs["expected_model_size"] = expected_model_size or EXPECTED_MODEL_SIZE
     return RetailBSTS(**kwargs)
 
@@ -539,8 +539,8 @@ def report(
         f"`simulate_retail(num_weeks={NUM_WEEKS}, seed=s, random_truth=True)`, the first "
         f"{NUM_TRAIN} weeks train; `RetailBSTS(variant=v, selection=sel, noise=...)` (noise: "
         f"{noise}; expected_model_size: "
-        f"{args.expected_model_size or EXPECTED_MODEL_SIZE:g}; the thesis' goodwill, "
-        "`THESIS_GOODWILL`), "
+        f"{args.expected_model_size or EXPECTED_MODEL_SIZE:g}; the thesis' model, "
+        "`THESIS_MODEL`), "
         f'`fit(method="sgld", seed=s)` with {sizes}. Code: {version}.\n\n'
         f"**Targets**: mean inclusion probability of the true covariates ≥ {TARGET_TRUE} and "
         f"of the null covariates ≤ {TARGET_NULL}; split-R̂ < {TARGET_RHAT} for RA on every "

@@ -19,7 +19,7 @@ process, one after the other, from the same seed.
    step ``uci.py``'s validation chose for boston and SGLD in ``results/uci_thesis_protocol.md``; a setting,
    not a timing). Wall time of ``MCMC.run`` eager vs compiled, the compile seconds, and the
    test RMSE / log-likelihood of both (same model, same seed: they should agree closely).
-3. **BSTS fit** -- ``RetailBSTS(variant="RF", noise="gaussian", **THESIS_GOODWILL).fit(method="sgld")`` on
+3. **BSTS fit** -- ``RetailBSTS(variant="RF", noise="gaussian", **THESIS_MODEL).fit(method="sgld")`` on
    ``simulate_retail(num_weeks=104, seed=0)`` (the thesis' two training years), package
    sizes (200 draws after 200 warm-up steps, 8 particles, 150 MAP-init steps) with
    ``rhat_target=None`` so both fits draw the same number of samples; eager vs
@@ -83,7 +83,7 @@ from sgmcmc_speed import KERNELS, fmt_us, kin8nm, spread  # noqa: E402
 
 from pyro_ext.datasets import load_mnist, load_uci, standardize_split  # noqa: E402
 from pyro_ext.infer import SGLD, ModelNotTraceableError, SamplerDivergenceError  # noqa: E402
-from pyro_ext.models.bsts import THESIS_GOODWILL, RetailBSTS, simulate_retail  # noqa: E402
+from pyro_ext.models.bsts import THESIS_MODEL, RetailBSTS, simulate_retail  # noqa: E402
 
 RESULTS = REPO / "benchmarks" / "results" / "compiled_end_to_end.md"
 MODES = {False: "eager", True: "compiled"}
@@ -332,7 +332,7 @@ def _why_not_compiled(error):
 
 
 def bsts_fit(data, kernel, jit, sizes):
-    model = RetailBSTS(**THESIS_GOODWILL, variant="RF", noise="gaussian")
+    model = RetailBSTS(**THESIS_MODEL, variant="RF", noise="gaussian")
     options = dict(sizes, rhat_target=None, jit_compile=jit)
     if kernel is not None:
         options["kernel"] = kernel

@@ -107,7 +107,7 @@ def check_bsts_selection(text):
 
 
 def check_bsts_peers(text):
-    # Both data sets, each with a row per RetailBSTS selection, the spend_lag=0 row and the
+    # Both data sets, each with a row per RetailBSTS selection, the thesis' goodwill and the
     # peers (PyMC-Marketing as "not installed" where it is not); holdout MAPEs that are
     # numbers; the ROAS data's truth row beside the estimates.
     sections = text.split("\n## ")[1:]
@@ -122,7 +122,7 @@ def check_bsts_peers(text):
         assert methods == [
             'RetailBSTS `selection="point_mass"`',
             'RetailBSTS `selection="ssvs"`',
-            'RetailBSTS `selection="point_mass"`, `spend_lag=0`',
+            'RetailBSTS `selection="point_mass"`, `**THESIS_MODEL` (the thesis\' model)',
             "PyMC-Marketing `MMM` (NUTS)",
             "statsmodels `UnobservedComponents` (MLE)",
         ]
@@ -180,8 +180,35 @@ def check_ngvi(text):
     assert "| floor of any IVON step: forward + backward, then D normals |" in mnist
 
 
+def check_bsts_attribution(text):
+    # Both simulators x both models with errors, sign errors, coverage and the lag column;
+    # the default's lag came from the evidence (a lag, 0 or 1, per fit in the detail table).
+    table = text.split("## Contributions over the training weeks against the truth")[1]
+    table = table.split("\n## ")[0]
+    rows = [r.split("|")[1:-1] for r in table.splitlines() if r.startswith("| ")][1:]
+    assert [(r[0].strip(), r[1].strip()) for r in rows] == [
+        (sim, model) for sim in ("thesis", "adstock") for model in ("default", "thesis")
+    ]
+    for row in rows:
+        errors = row[3].strip()
+        assert errors == "-" or all(v.endswith("%") for v in errors.split(" / ")), row
+        signs, of = row[4].split(" of ")
+        assert 0 <= int(signs) <= int(of), row
+        assert 0 <= float(row[5].split("%")[0]) <= 100, row
+        if row[1].strip() == "thesis":
+            assert row[6].strip() == "fixed 1", row
+    detail = text.split("## Every fit")[1]
+    lags = [
+        r.split("|")[4].strip()
+        for r in detail.splitlines()
+        if r.startswith("| ") and "seed" not in r
+    ]
+    assert lags and set(lags) <= {"0", "1"}
+
+
 #: content checks of a quick run's results, beyond "a table was written", by script name
 CONTENT_CHECKS = {
+    "bsts_attribution": check_bsts_attribution,
     "bsts_peers": check_bsts_peers,
     "first_try": check_first_try,
     "ngvi": check_ngvi,

@@ -168,6 +168,12 @@ def test_default_expected_model_size_is_still_capped(data):
         ({"prior_scales": {"sigma_x": 1.0}}, ValueError, "prior_scales has unknown keys"),
         ({"expected_model_size": 0}, ValueError, "expected_model_size"),
         ({"expected_model_size": "5"}, TypeError, "expected_model_size"),
+        ({"spend_lag": "weekly"}, ValueError, "spend_lag must be 0, 1 or 'auto'"),
+        ({"spend_lag": 2}, ValueError, "spend_lag"),
+        ({"carryover": "per-channel"}, ValueError, "carryover must be one of"),
+        ({"carryover": None}, TypeError, "carryover must be a string"),
+        ({"effects": "positive"}, ValueError, "effects must be one of"),
+        ({"variant": "RA", "effects": "non_negative"}, ValueError, "variant='RA'"),
     ],
 )
 def test_constructor_arguments_name_themselves(kwargs, error, match):

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pyro_ext.models.bsts import (
-    THESIS_GOODWILL,
+    THESIS_MODEL,
     NoiseScales,
     PolarTransform,
     RetailBSTS,
@@ -28,7 +28,7 @@ def short_data():
 @pytest.fixture(scope="module")
 def fitted(short_data):
     d = short_data
-    m = RetailBSTS(**THESIS_GOODWILL, variant="RF", noise="gaussian", seasonal_harmonics=1)
+    m = RetailBSTS(**THESIS_MODEL, variant="RF", noise="gaussian", seasonal_harmonics=1)
     m.fit(
         d.sales,
         d.spend,
@@ -111,7 +111,7 @@ def _dense_loglik(model, params, y, u, X, T):
 def test_likelihood_exact_dense_and_time_varying():
     T = 25
     d = simulate_retail(num_weeks=T, seed=3)
-    m = RetailBSTS(**THESIS_GOODWILL, variant="RF", noise="gaussian", seasonal_harmonics=1)
+    m = RetailBSTS(**THESIS_MODEL, variant="RF", noise="gaussian", seasonal_harmonics=1)
     y, u, X = m._prepare(d.sales, d.spend, d.covariates, True)
     m._p, m._holiday_idx = X.shape[1], []
     f = lambda v: torch.tensor(v, dtype=torch.float64)  # noqa: E731
@@ -156,7 +156,9 @@ def test_goodwill_starts_as_the_simulator_does(spend_lag, num_weeks):
     d = simulate_retail(
         num_weeks=num_weeks, seed=5, goodwill_scale=0.0, spend_lag=spend_lag, delta=0.3
     )
-    m = RetailBSTS(carryover="shared", variant="RF", noise="gaussian", spend_lag=spend_lag)
+    m = RetailBSTS(
+        carryover="shared", effects="real", variant="RF", noise="gaussian", spend_lag=spend_lag
+    )
     y, u, X = m._prepare(d.sales, d.spend, d.covariates, True)
     params = dict(
         delta=torch.tensor(0.3, dtype=torch.float64),
@@ -171,6 +173,7 @@ def test_goodwill_starts_as_the_simulator_does(spend_lag, num_weeks):
     # inflow, decaying: phi^(t + 1 - lag) mean(q'u) / delta in week t (0-based).
     zero = RetailBSTS(
         carryover="shared",
+        effects="real",
         variant="RF",
         noise="gaussian",
         spend_lag=spend_lag,
@@ -183,14 +186,14 @@ def test_goodwill_starts_as_the_simulator_does(spend_lag, num_weeks):
     missed = steady * 0.7 ** (t + 1 - spend_lag)
     assert torch.allclose((D - D0) * m._y_scale, missed, rtol=1e-7)
     with pytest.raises(ValueError, match="goodwill_start"):
-        RetailBSTS(**THESIS_GOODWILL, goodwill_start="steady-state")
+        RetailBSTS(**THESIS_MODEL, goodwill_start="steady-state")
 
 
 def test_goodwill_start_stays_finite_as_delta_vanishes():
     # delta -> 0: a year of undecayed spend (52 x the mean inflow), not a diverging steady
     # state; delta = 1: only the last pre-sample week's spend (lag 1).
     d = simulate_retail(num_weeks=60, seed=2)
-    m = RetailBSTS(**THESIS_GOODWILL, variant="RF", noise="gaussian")
+    m = RetailBSTS(**THESIS_MODEL, variant="RF", noise="gaussian")
     _, u, _ = m._prepare(d.sales, d.spend, d.covariates, True)
     ubar = u[:52].mean(0)
     delta = torch.tensor([0.0, 1e-12, 1.0], dtype=torch.float64, requires_grad=True)
@@ -290,7 +293,7 @@ def test_sales_moments_match_monte_carlo(fitted, short_data):
 
 def test_variants_and_pi():
     d = simulate_retail(num_weeks=30, seed=2)
-    m = RetailBSTS(**THESIS_GOODWILL, variant="RA", expected_model_size=6)
+    m = RetailBSTS(**THESIS_MODEL, variant="RA", expected_model_size=6)
     m.fit(
         d.sales,
         d.spend,
@@ -305,7 +308,7 @@ def test_variants_and_pi():
     assert "obs_precision" in m.samples and "obs_precision" not in m.rhat()
     assert m.channel_inclusion_probabilities().shape == (5,)
     b = RetailBSTS(
-        **THESIS_GOODWILL,
+        **THESIS_MODEL,
         variant="B",
         noise="gaussian",
         trend="local_linear_trend",
@@ -322,7 +325,7 @@ def test_variants_and_pi():
     )
     assert "beta" not in b.samples and "sigma_slope" in b.samples
     assert torch.equal(b.inclusion_probabilities(), torch.zeros(7, dtype=torch.float64))
-    rf = RetailBSTS(**THESIS_GOODWILL, variant="RF", holidays=["x5"])
+    rf = RetailBSTS(**THESIS_MODEL, variant="RF", holidays=["x5"])
     rf.fit(
         d.sales,
         d.spend,
@@ -367,7 +370,7 @@ def test_errors():
     ]:
         with pytest.raises(name, match=next(iter(kw))):
             simulate_retail(**kw)
-    m = RetailBSTS(**THESIS_GOODWILL)
+    m = RetailBSTS(**THESIS_MODEL)
     bad = d.spend.clone()
     bad[0, 0] = float("nan")
     with pytest.raises(ValueError, match="spend"):
@@ -403,7 +406,7 @@ def _sales_with(weeks, values):
 def test_fit_refuses_sales_it_cannot_handle(sales, standardize, match):
     d = simulate_retail(num_weeks=20)
     with pytest.raises(ValueError, match=match):
-        RetailBSTS(**THESIS_GOODWILL).fit(sales, d.spend, d.covariates, standardize=standardize)
+        RetailBSTS(**THESIS_MODEL).fit(sales, d.spend, d.covariates, standardize=standardize)
 
 
 def test_fit_with_missing_sales_stays_finite():
@@ -411,7 +414,7 @@ def test_fit_with_missing_sales_stays_finite():
     d = simulate_retail(num_weeks=30, seed=1, noise="gaussian")
     sales = d.sales.clone()
     sales[::3] = math.nan
-    m = RetailBSTS(**THESIS_GOODWILL, variant="B", noise="gaussian", seasonal_harmonics=0)
+    m = RetailBSTS(**THESIS_MODEL, variant="B", noise="gaussian", seasonal_harmonics=0)
     m.fit(
         sales,
         d.spend,
@@ -436,7 +439,7 @@ def test_one_step_predictions_refuse_infinite_sales(fitted, short_data):
 @pytest.mark.slow
 def test_recovery_sgld():
     d = simulate_retail(num_weeks=234, seed=0, noise="gaussian")
-    m = RetailBSTS(**THESIS_GOODWILL, variant="RF", noise="gaussian")
+    m = RetailBSTS(**THESIS_MODEL, variant="RF", noise="gaussian")
     m.fit(d.sales, d.spend, d.covariates, method="sgld", seed=0)
     c = m.coefficients()
     assert abs(c["delta"]["mean"] - d.truth["delta"]) < 3 * c["delta"]["sd"] + 0.05
@@ -459,7 +462,7 @@ def test_recovery_vis():
     # fit(method="vis"): an AutoNormal refined by 5 Adam-preconditioned Langevin steps
     # (on the narrow spike: a guide cannot hold the point mass's indicators).
     d = simulate_retail(num_weeks=234, seed=0, noise="gaussian")
-    m = RetailBSTS(**THESIS_GOODWILL, variant="RF", selection="ssvs", noise="gaussian")
+    m = RetailBSTS(**THESIS_MODEL, variant="RF", selection="ssvs", noise="gaussian")
     m.fit(
         d.sales,
         d.spend,
@@ -483,7 +486,7 @@ def test_vis_fit_reports_its_draws_as_pseudo_chains(short_data):
     # pseudo-chains of num_samples draws each, in every summary.
     d = short_data
     m = RetailBSTS(
-        **THESIS_GOODWILL, variant="RF", selection="ssvs", noise="gaussian", seasonal_harmonics=1
+        **THESIS_MODEL, variant="RF", selection="ssvs", noise="gaussian", seasonal_harmonics=1
     )
     m.fit(
         d.sales,
@@ -506,7 +509,7 @@ def test_vis_fit_reports_its_draws_as_pseudo_chains(short_data):
 def test_vis_divergence_is_reported(short_data):
     d = short_data
     m = RetailBSTS(
-        **THESIS_GOODWILL, variant="RF", selection="ssvs", noise="gaussian", seasonal_harmonics=1
+        **THESIS_MODEL, variant="RF", selection="ssvs", noise="gaussian", seasonal_harmonics=1
     )
     with pytest.raises(RuntimeError, match="diverged at SVI iteration"):
         m.fit(
@@ -558,7 +561,7 @@ def test_delta_and_q_interval_coverage_over_seeds():
     covered = total = 0
     for seed in range(4):
         d = simulate_retail(num_weeks=104, seed=seed, noise="gaussian")
-        m = RetailBSTS(**THESIS_GOODWILL, variant="RF", noise="gaussian")
+        m = RetailBSTS(**THESIS_MODEL, variant="RF", noise="gaussian")
         m.fit(d.sales, d.spend, d.covariates, method="sgld", seed=seed)
         draws = torch.cat([m.samples["delta"][:, None], m._orig_q(m.samples["q"])], -1)
         truth = torch.tensor([d.truth["delta"], *d.truth["q"].tolist()], dtype=torch.float64)
@@ -575,7 +578,7 @@ def test_default_fit_converges():
     # Issue 5: the default SG-MCMC fit (preconditioned SGHMC, 8 particles) reaches
     # split-R-hat < 1.05 on every static parameter.
     d = simulate_retail(num_weeks=208, seed=0, noise="gaussian")
-    m = RetailBSTS(**THESIS_GOODWILL, variant="RF", noise="gaussian")
+    m = RetailBSTS(**THESIS_MODEL, variant="RF", noise="gaussian")
     m.fit(d.sales, d.spend, d.covariates, method="sgld", seed=0)
     worst = max(float(r.max()) for r in m.rhat().values())
     assert worst < 1.05, m.rhat()
@@ -687,7 +690,7 @@ def test_point_mass_selection_on_random_truths():
     true_p, null_p = [], []
     for seed in range(200, 210):
         d = simulate_retail(num_weeks=234, seed=seed, random_truth=True)
-        m = RetailBSTS(**THESIS_GOODWILL, variant="RF", selection="point_mass", noise="gaussian")
+        m = RetailBSTS(**THESIS_MODEL, variant="RF", selection="point_mass", noise="gaussian")
         m.fit(
             d.sales[:104],
             d.spend[:104],

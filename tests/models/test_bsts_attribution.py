@@ -22,13 +22,18 @@ def data():
 
 @pytest.fixture(
     scope="module",
-    params=[(1, "shared"), (0, "per_channel")],
-    ids=["lag1-shared", "lag0-per_channel"],
+    params=[(1, "shared", "real"), (0, "per_channel", "non_negative")],
+    ids=["lag1-shared-real", "lag0-per_channel-non_negative"],
 )
 def fitted(data, request):
-    lag, carryover = request.param
+    lag, carryover, effects = request.param
     model = RetailBSTS(
-        variant="RF", noise="gaussian", seasonal_harmonics=1, spend_lag=lag, carryover=carryover
+        variant="RF",
+        noise="gaussian",
+        seasonal_harmonics=1,
+        spend_lag=lag,
+        carryover=carryover,
+        effects=effects,
     )
     model.fit(
         data.sales,

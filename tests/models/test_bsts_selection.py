@@ -1,4 +1,4 @@
-"""RetailBSTS(**THESIS_GOODWILL, selection="point_mass"): beta integrated out exactly, indicators by Gibbs."""
+"""RetailBSTS(**THESIS_MODEL, selection="point_mass"): beta integrated out exactly, indicators by Gibbs."""
 
 import itertools
 
@@ -6,7 +6,7 @@ import pyro
 import pytest
 import torch
 
-from pyro_ext.models.bsts import THESIS_GOODWILL, RetailBSTS, simulate_retail
+from pyro_ext.models.bsts import THESIS_MODEL, RetailBSTS, simulate_retail
 
 torch.set_num_threads(1)
 
@@ -15,7 +15,7 @@ def _set_up(noise, p_missing=(), variant="RF", expected_model_size=2, weeks=80, 
     """A model read for data (as fit does), the standardised data and one prior draw."""
     d = simulate_retail(num_weeks=weeks, seed=seed, noise=noise)
     m = RetailBSTS(
-        **THESIS_GOODWILL, variant=variant, expected_model_size=expected_model_size, noise=noise
+        **THESIS_MODEL, variant=variant, expected_model_size=expected_model_size, noise=noise
     )
     m.fit(
         d.sales,
@@ -45,7 +45,7 @@ def _set_up(noise, p_missing=(), variant="RF", expected_model_size=2, weeks=80, 
 @pytest.fixture(scope="module")
 def point_mass_fit():
     d = simulate_retail(num_weeks=104, seed=21, noise="gaussian")
-    m = RetailBSTS(**THESIS_GOODWILL, variant="RF", expected_model_size=2, noise="gaussian")
+    m = RetailBSTS(**THESIS_MODEL, variant="RF", expected_model_size=2, noise="gaussian")
     m.fit(
         d.sales,
         d.spend,
@@ -151,7 +151,7 @@ def test_point_mass_finds_the_strong_covariate_and_drops_random_walks(point_mass
 def test_variant_ra_moves_channel_indicators_too():
     d = simulate_retail(num_weeks=60, seed=4, noise="gaussian")
     m = RetailBSTS(
-        **THESIS_GOODWILL,
+        **THESIS_MODEL,
         variant="RA",
         expected_model_size=3,
         noise="gaussian",
@@ -173,7 +173,7 @@ def test_point_mass_draws_are_exactly_zero_where_excluded():
     # elsewhere, in the samples and in coefficient_draws; inclusion is gamma's mean.
     d = simulate_retail(num_weeks=40, seed=2, noise="gaussian")
     m = RetailBSTS(
-        **THESIS_GOODWILL,
+        **THESIS_MODEL,
         variant="RF",
         expected_model_size=2,
         noise="gaussian",
@@ -203,7 +203,7 @@ def test_point_mass_draws_are_exactly_zero_where_excluded():
 def test_forced_covariates_need_no_indicators():
     d = simulate_retail(num_weeks=40, seed=2, noise="gaussian")
     m = RetailBSTS(
-        **THESIS_GOODWILL,
+        **THESIS_MODEL,
         variant="RF",
         expected_model_size=7,
         noise="gaussian",
@@ -219,11 +219,11 @@ def test_methods_that_cannot_move_indicators_say_what_to_do():
     d = simulate_retail(num_weeks=30, seed=2, noise="gaussian")
     for method in ("nuts", "vis"):
         with pytest.raises(ValueError, match="selection='ssvs'"):
-            RetailBSTS(**THESIS_GOODWILL, expected_model_size=2).fit(
+            RetailBSTS(**THESIS_MODEL, expected_model_size=2).fit(
                 d.sales, d.spend, d.covariates, method=method
             )
     with pytest.raises(ValueError, match="selection must be one of"):
-        RetailBSTS(**THESIS_GOODWILL, selection="spike")
+        RetailBSTS(**THESIS_MODEL, selection="spike")
 
 
 def test_no_covariates_prepare_without_warnings():
@@ -232,7 +232,7 @@ def test_no_covariates_prepare_without_warnings():
     d = simulate_retail(num_weeks=30, seed=1, noise="gaussian")
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        _, _, X = RetailBSTS(**THESIS_GOODWILL, noise="gaussian")._prepare(
+        _, _, X = RetailBSTS(**THESIS_MODEL, noise="gaussian")._prepare(
             d.sales, d.spend, None, True
         )
     assert X.shape == (30, 0)
@@ -241,7 +241,7 @@ def test_no_covariates_prepare_without_warnings():
 def test_unconverged_chains_are_reported():
     d = simulate_retail(num_weeks=40, seed=2, noise="gaussian")
     m = RetailBSTS(
-        **THESIS_GOODWILL,
+        **THESIS_MODEL,
         variant="RF",
         expected_model_size=2,
         noise="gaussian",
@@ -285,3 +285,72 @@ def test_default_expected_model_size_adapts_to_the_candidates(variant, k, p, exp
     assert float(asked._priors_pi(k, p)[1][0]) == pytest.approx(
         min(1.0, 2 / (p if variant == "RF" else k + p))
     )
+
+
+@pytest.mark.parametrize("noise", ["gaussian", "student_t"])
+def test_non_negative_effects_are_sampled_and_beta_still_integrated_out(noise):
+    # effects="non_negative" (the default): q is a HalfNormal site the sampler moves, its
+    # goodwill is known given the draw, and the point mass integrates only beta out: the
+    # collapsed likelihood of y - D on X * gamma is the Kalman filter's with static
+    # regression states on X * gamma.
+    d = simulate_retail(num_weeks=80, seed=3, noise=noise)
+    m = RetailBSTS(expected_model_size=2, noise=noise, spend_lag=1)
+    assert m.effects == "non_negative"
+    m.fit(
+        d.sales,
+        d.spend,
+        d.covariates,
+        num_samples=2,
+        warmup_steps=2,
+        num_particles=2,
+        map_init_steps=1,
+        rhat_target=None,
+    )
+    y, u, X = m._data
+    trace = pyro.poutine.trace(m.model).get_trace(y, u, X)
+    assert isinstance(trace.nodes["q"]["fn"].base_dist, pyro.distributions.HalfNormal)
+    values = {
+        name: site["value"]
+        for name, site in trace.nodes.items()
+        if site["type"] == "sample" and not site["is_observed"]
+    }
+    params = m._params_of(values)
+    design = m._design(params, u, X)
+    assert design.shape == X.shape  # only the covariates
+    precision = params.get("obs_precision")
+    resid = y - m._goodwill(params, u)[0]
+    stats = m._whitened_statistics(m.state_space(params), resid, design, precision)
+    for gamma in ([1.0, 0, 0, 1, 0, 1, 1], [0.0] * 7, [1.0] * 7):
+        gamma = torch.tensor(gamma, dtype=torch.float64)
+        collapsed = m._collapsed_log_likelihood(stats, gamma)
+        kalman = m.state_space(params, design * gamma).log_likelihood(resid, precision)
+        assert torch.allclose(collapsed, kalman, rtol=1e-9, atol=1e-8)
+    # The draws: q never negative; beta exactly 0 where excluded.
+    draws = m.coefficient_draws()
+    assert bool((draws["q"] >= 0).all())
+    excluded = m.samples["gamma"] == 0
+    assert bool((m.samples["beta"][excluded] == 0).all())
+    # Without covariates there is nothing left to integrate out.
+    b = RetailBSTS(variant="B", noise=noise, spend_lag=0, seasonal_harmonics=0).fit(
+        d.sales,
+        d.spend,
+        None,
+        num_samples=2,
+        warmup_steps=2,
+        num_particles=2,
+        map_init_steps=1,
+        rhat_target=None,
+    )
+    assert bool((b.coefficient_draws()["q"] >= 0).all()) and "beta" not in b.samples
+
+
+def test_non_negative_effects_refused_with_the_channel_spike_and_slab():
+    with pytest.raises(
+        ValueError, match="effects='non_negative' cannot be combined with variant='RA'"
+    ):
+        RetailBSTS(variant="RA", effects="non_negative")
+    assert RetailBSTS(variant="RA").effects == "real"
+    with pytest.raises(TypeError, match="effects must be a string"):
+        RetailBSTS(effects=1)
+    with pytest.raises(ValueError, match="effects must be one of"):
+        RetailBSTS(effects="positive")

@@ -11,7 +11,7 @@ from .allocation import (
 )
 from .attribution import channel_contributions, contribution_summary, roas
 from .model import (
-    THESIS_GOODWILL,
+    THESIS_MODEL,
     NoiseScales,
     PolarTransform,
     RetailBSTS,
@@ -21,7 +21,7 @@ from .model import (
 from .simulate import RetailData, simulate_retail
 
 __all__ = [
-    "THESIS_GOODWILL",
+    "THESIS_MODEL",
     "AllocationResult",
     "InfeasibleAllocationError",
     "NoiseScales",

@@ -6,8 +6,8 @@ Model (all on the standardised scale, see :meth:`RetailBSTS.fit`)::
     A_t = (1 - delta) A_{t-1} + sum_i q_i u_{i,t-lag} + e_t,        e_t ~ N(0, sigma_A^2)
     mu_t: local level (or local linear trend);  s_t: trigonometric seasonal, period 52.18
 
-That is the thesis' eq. (1.4) (``THESIS_GOODWILL``: ``spend_lag=1``,
-``carryover="shared"``).  By default each channel's goodwill decays at its own rate,
+That is the thesis' eq. (1.4) (``THESIS_MODEL``: ``spend_lag=1``,
+``carryover="shared"``, and real-valued ``q``: ``effects="real"``).  By default each channel's goodwill decays at its own rate,
 ``D_{i,t} = (1 - delta_i) D_{i,t-1} + q_i u_{i,t-lag}`` with ``A_t = sum_i D_{i,t} + a_t``
 (``carryover="per_channel"``), and the lag (0: this week's spend is in this week's
 goodwill; 1: last week's) is chosen by :meth:`RetailBSTS.fit` from the evidence
@@ -129,7 +129,7 @@ from ...timeseries.dlm import (
 from ...timeseries.kalman import kalman_filter
 
 __all__ = [
-    "THESIS_GOODWILL",
+    "THESIS_MODEL",
     "NoiseScales",
     "PolarTransform",
     "RetailBSTS",
@@ -144,8 +144,10 @@ METHODS = ("sgld", "vis", "nuts")
 SELECTIONS = ("point_mass", "ssvs")
 GOODWILL_STARTS = ("steady", "zero")
 CARRYOVERS = ("per_channel", "shared")
-# The goodwill of the thesis' eq. (1.4): one decay rate, last week's spend.
-THESIS_GOODWILL = {"spend_lag": 1, "carryover": "shared"}
+EFFECTS = ("non_negative", "real")
+# The thesis' model: the goodwill of eq. (1.4) (one decay rate, last week's spend) and
+# real-valued channel effects.
+THESIS_MODEL = {"spend_lag": 1, "carryover": "shared", "effects": "real"}
 PERIOD = 365.25 / 7
 # goodwill_start="steady": the weeks of spend before the data, at the mean spend of the
 # first (at most) START_WEEKS weeks of the data.
@@ -542,8 +544,15 @@ class RetailBSTS:
         its own rate ``delta_i``, a ``(k,)`` site with the ``delta_prior`` each; TV's and
         search's carry-over differ) or ``"shared"`` (one ``delta``, eq. (1.4)).  The part
         of the goodwill the spend does not explain (the AR(1) state) decays at the
-        channels' mean rate.  ``THESIS_GOODWILL`` (``spend_lag=1``,
-        ``carryover="shared"``) is the thesis' model.
+        channels' mean rate.  ``THESIS_MODEL`` (``spend_lag=1``,
+        ``carryover="shared"``, ``effects="real"``) is the thesis' model.
+    :param effects: ``"non_negative"`` (the default, except with variant ``"RA"``): each
+        channel's ``q_i >= 0`` with a HalfNormal(``q_scale``) prior, a site of its own that
+        the sampler moves with ``delta`` and the noise scales (the covariates' ``beta``
+        stay integrated out); spend cannot lower sales.  ``"real"``: the thesis' Gaussian
+        ``q`` (``N(0, q_scale^2)``, integrated out by the point mass), which the thesis
+        needed for its negative RADIO / TV estimates; variant RA's spike and slab on ``q``
+        needs it.
     :param str goodwill_start: ``"steady"`` (default: the goodwill starts where a year of
         spend at the mean of the first weeks would have brought it, about its steady
         state) or ``"zero"`` (no goodwill before the data); see the module docstring.
@@ -572,6 +581,7 @@ class RetailBSTS:
         df=5.0,
         spend_lag="auto",
         carryover="per_channel",
+        effects=None,
         goodwill_start="steady",
         delta_prior=(2.0, 2.0),
         delta_range=(0.0, 1.0),
@@ -607,6 +617,13 @@ class RetailBSTS:
         else:
             spend_lag = check_int(spend_lag, "spend_lag", 0, 1)
         check_choice(carryover, "carryover", CARRYOVERS)
+        check_choice(effects, "effects", EFFECTS, allow_none=True)
+        if effects == "non_negative" and variant == "RA":
+            raise ValueError(
+                "effects='non_negative' cannot be combined with variant='RA': RA's spike and "
+                "slab on the channels' q is Gaussian (the thesis' prior). Pass effects='real' "
+                "(or None) with RA, or use variant='RF' for non-negative effects"
+            )
         check_choice(goodwill_start, "goodwill_start", GOODWILL_STARTS)
         _check_pair(delta_prior, "delta_prior", "(a, b), the Beta concentrations")
         _check_pair(delta_range, "delta_range", "(lo, hi) within [0, 1]")
@@ -637,6 +654,8 @@ class RetailBSTS:
         self.spend_lag = None if spend_lag == "auto" else int(spend_lag)
         self.spend_lag_evidence = None
         self.carryover = carryover
+        # None: non-negative effects, except for RA, whose spike and slab on q is Gaussian.
+        self.effects = effects or ("real" if variant == "RA" else "non_negative")
         self.goodwill_start = goodwill_start
         self._start_weeks = None  # set by fit: min(T, START_WEEKS) training weeks
         self.delta_prior, self.delta_range = (float(a), float(b)), (float(lo), float(hi))
@@ -800,8 +819,11 @@ class RetailBSTS:
         out = {"delta": pyro.sample("delta", base)}
         pi_q, pi_b = self._pi_q, self._pi_b
         if self.selection == "point_mass":
-            # q and beta are integrated out (the model, below); only indicators are sampled.
-            if not self._q_forced:
+            # beta, and q unless it is non-negative, are integrated out (the model, below);
+            # only the indicators are sampled.
+            if self._q_sampled:
+                out["q"] = pyro.sample("q", self._coef_prior(pi_q, self.q_scale, True).to_event(1))
+            elif not self._q_forced:
                 out["gamma_q"] = pyro.sample("gamma_q", dist.Bernoulli(pi_q).to_event(1))
             if self.uses_covariates and not self._beta_forced:
                 out["gamma"] = pyro.sample("gamma", dist.Bernoulli(pi_b).to_event(1))
@@ -825,6 +847,8 @@ class RetailBSTS:
 
     def _coef_prior(self, pi, slab, forced):
         # forced: every pi is 1 (read once at fit, not from the tensor at every call).
+        if forced and slab is self.q_scale and self._non_negative:
+            return dist.HalfNormal(torch.full_like(pi, slab))
         if forced:
             return dist.Normal(torch.zeros_like(pi), torch.full_like(pi, slab))
         return SpikeSlabNormal(pi, torch.full_like(pi, self.spike_scale), torch.full_like(pi, slab))
@@ -849,6 +873,24 @@ class RetailBSTS:
         lag = self._lag()
         decay = powers[..., 1 - lag : T + 1 - lag] * history  # (..., k | 1, T)
         return decay.mT * ubar.unsqueeze(-2)
+
+    @property
+    def _non_negative(self):
+        # A model pickled before effects existed had Gaussian q.
+        return getattr(self, "effects", "real") == "non_negative"
+
+    @property
+    def _q_sampled(self):
+        """Whether ``q`` is a sampled site (``ssvs``, or non-negative effects) rather than
+        integrated out with ``beta`` by the point mass."""
+        return self.selection == "ssvs" or self._non_negative
+
+    def _response(self, params, y, u):
+        """What the point mass regresses on its design: ``y``, or ``y - D`` when ``q`` is
+        sampled (its goodwill is then known given the draw)."""
+        if self._q_sampled:
+            return y - self._goodwill(params, u)[0]
+        return y
 
     @property
     def _per_channel(self):
@@ -900,7 +942,8 @@ class RetailBSTS:
                 precision = pyro.sample(
                     "obs_precision", dist.Gamma(half, half).expand([y.shape[-1]]).to_event(1)
                 )
-            stats = self._whitened_statistics(dlm, y, self._design(params, u, X), precision)
+            design = self._design(params, u, X)
+            stats = self._whitened_statistics(dlm, self._response(params, y, u), design, precision)
             pyro.factor("obs", self._collapsed_log_likelihood(stats, self._indicators(params)))
             return
         resid = y - self._mean_offset(params, u, X)
@@ -923,15 +966,24 @@ class RetailBSTS:
         return adstock if start is None else adstock + start
 
     def _design(self, params, u, X):
-        """The point mass's regression: adstocked spend and the covariates, ``(T, k + p)``."""
+        """The point mass's regression: adstocked spend and the covariates, ``(T, k + p)``;
+        only the covariates, ``(T, p)``, when ``q`` is sampled."""
+        if self._q_sampled:
+            return X if self.uses_covariates else X[..., :0]
         adstock = self._adstock(params, u)
         if not self.uses_covariates:
             return adstock
         return torch.cat([adstock, X.expand(*adstock.shape[:-1], X.shape[-1])], -1)
 
+    @property
+    def _design_channels(self):
+        """How many of the design's columns are channels (0 when ``q`` is sampled)."""
+        return 0 if self._q_sampled else self._pi_q.shape[0]
+
     def _indicators(self, params):
-        """``[gamma_q, gamma]`` with 1 for forced-in coefficients; ``None`` if all are."""
-        k = self._pi_q.shape[0]
+        """``[gamma_q, gamma]`` with 1 for forced-in coefficients (the design's columns);
+        ``None`` if all are."""
+        k = self._design_channels
         p = self._p if self.uses_covariates else 0
         if "gamma_q" not in params and "gamma" not in params:
             return None
@@ -943,7 +995,7 @@ class RetailBSTS:
     def _slab_variances(self):
         """Prior variances of ``[q, beta]``, built once per fit (the collapsed likelihood
         reads them at every evaluation)."""
-        k = self._pi_q.shape[0]
+        k = self._design_channels
         p = self._p if self.uses_covariates else 0
         cached = getattr(self, "_slab_variance_cache", None)
         if cached is None or cached[0] != (k, p, self.q_scale, self.slab_scale):
@@ -983,6 +1035,8 @@ class RetailBSTS:
         ``S = diag(prior sd * gamma)`` (Sylvester and Woodbury on the whitened model
         ``W r = Z beta + N(0, I)``). Batched over leading dims of ``stats`` and ``gamma``."""
         log_likelihood, M, b = stats
+        if M.shape[-1] == 0:
+            return log_likelihood  # nothing to integrate out
         scale = self._slab_variances().to(M).sqrt()  # the prior sd of each coefficient
         if gamma is not None:
             scale = scale * gamma
@@ -1006,7 +1060,10 @@ class RetailBSTS:
         """Whitened statistics of the point mass's regression for one draw of the values."""
         params = self._params_of(values)
         return self._whitened_statistics(
-            self.state_space(params), y, self._design(params, u, X), params.get("obs_precision")
+            self.state_space(params),
+            self._response(params, y, u),
+            self._design(params, u, X),
+            params.get("obs_precision"),
         )
 
     def _indicator_move(self, site):
@@ -1028,8 +1085,8 @@ class RetailBSTS:
             {n: v for n, v in values.items() if n not in sites}
         )
         gamma = self._indicators(values).clone()
-        k = self._pi_q.shape[0]
-        pi = torch.cat([self._pi_q, self._pi_b[: gamma.shape[-1] - k]]).to(gamma)
+        k = self._design_channels
+        pi = torch.cat([self._pi_q[:k], self._pi_b[: gamma.shape[-1] - k]]).to(gamma)
         movable = (pi < 1).nonzero().flatten().tolist()
         if site is not None:
             movable = [j for j in movable if (j < k) == (site == "gamma_q")]
@@ -1375,8 +1432,10 @@ class RetailBSTS:
         indicator is 0."""
         chains = self._chains
         y, u, X = self._data
-        k = u.shape[1]
+        k = self._design_channels
         p = X.shape[1] if self.uses_covariates else 0
+        if k + p == 0:
+            return  # q sampled and no covariates: nothing integrated out
         shape = chains["noise_scales"].shape[:2]  # (chains, draws)
         flat = {n: v.reshape(-1, *v.shape[2:]) for n, v in chains.items()}
         indicator_sites = [n for n in ("gamma_q", "gamma") if n in flat]
@@ -1405,7 +1464,8 @@ class RetailBSTS:
                     coef = coef * g
                 draws.append(coef)
         coef = torch.cat(draws).reshape(*shape, k + p)
-        chains["q"] = coef[..., :k]
+        if k:
+            chains["q"] = coef[..., :k]
         if self.uses_covariates:
             chains["beta"] = coef[..., k:]
 
