@@ -110,7 +110,7 @@ def evaluate(model, sales, spend, covariates, num_train, year):
 def interval_coverage(model, truth, level=0.9):
     """How many true values lie in their central ``level`` posterior intervals (original
     units): ``{"delta, q": (covered, total), "beta": (covered, total)}``."""
-    s = model.samples
+    s = model.coefficient_draws()  # original units
     probs = torch.tensor([(1 - level) / 2, (1 + level) / 2], dtype=torch.float64)
 
     def count(draws, values):
@@ -118,10 +118,10 @@ def interval_coverage(model, truth, level=0.9):
         values = torch.as_tensor(values, dtype=torch.float64)
         return int(((lo <= values) & (values <= hi)).sum()), values.numel()
 
-    delta_q = torch.cat([s["delta"][:, None], model._orig_q(s["q"])], -1)
+    delta_q = torch.cat([s["delta"].reshape(s["q"].shape[0], -1), s["q"]], -1)
     out = {"delta, q": count(delta_q, [truth["delta"], *truth["q"].tolist()])}
-    if "beta" in s:
-        out["beta"] = count(model._orig_beta(s["beta"]), truth["beta"])
+    if model.uses_covariates:
+        out["beta"] = count(s["beta"], truth["beta"])
     return out
 
 

@@ -11,12 +11,12 @@ from pyro_ext.models.bsts import THESIS_MODEL, RetailBSTS, simulate_retail
 torch.set_num_threads(1)
 
 
-def _set_up(noise, p_missing=(), variant="RF", expected_model_size=2, weeks=80, seed=3):
+def _set_up(
+    noise, p_missing=(), variant="RF", expected_model_size=2, weeks=80, seed=3, model=THESIS_MODEL
+):
     """A model read for data (as fit does), the standardised data and one prior draw."""
     d = simulate_retail(num_weeks=weeks, seed=seed, noise=noise)
-    m = RetailBSTS(
-        **THESIS_MODEL, variant=variant, expected_model_size=expected_model_size, noise=noise
-    )
+    m = RetailBSTS(**model, variant=variant, expected_model_size=expected_model_size, noise=noise)
     m.fit(
         d.sales,
         d.spend,
@@ -293,27 +293,10 @@ def test_non_negative_effects_are_sampled_and_beta_still_integrated_out(noise):
     # goodwill is known given the draw, and the point mass integrates only beta out: the
     # collapsed likelihood of y - D on X * gamma is the Kalman filter's with static
     # regression states on X * gamma.
-    d = simulate_retail(num_weeks=80, seed=3, noise=noise)
-    m = RetailBSTS(expected_model_size=2, noise=noise, spend_lag=1)
+    m, (y, u, X), values = _set_up(noise, model={"spend_lag": 1})
     assert m.effects == "non_negative"
-    m.fit(
-        d.sales,
-        d.spend,
-        d.covariates,
-        num_samples=2,
-        warmup_steps=2,
-        num_particles=2,
-        map_init_steps=1,
-        rhat_target=None,
-    )
-    y, u, X = m._data
     trace = pyro.poutine.trace(m.model).get_trace(y, u, X)
     assert isinstance(trace.nodes["q"]["fn"].base_dist, pyro.distributions.HalfNormal)
-    values = {
-        name: site["value"]
-        for name, site in trace.nodes.items()
-        if site["type"] == "sample" and not site["is_observed"]
-    }
     params = m._params_of(values)
     design = m._design(params, u, X)
     assert design.shape == X.shape  # only the covariates
@@ -331,6 +314,7 @@ def test_non_negative_effects_are_sampled_and_beta_still_integrated_out(noise):
     excluded = m.samples["gamma"] == 0
     assert bool((m.samples["beta"][excluded] == 0).all())
     # Without covariates there is nothing left to integrate out.
+    d = simulate_retail(num_weeks=80, seed=3, noise=noise)
     b = RetailBSTS(variant="B", noise=noise, spend_lag=0, seasonal_harmonics=0).fit(
         d.sales,
         d.spend,
