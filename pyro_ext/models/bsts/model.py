@@ -1023,6 +1023,11 @@ class RetailBSTS:
         each channel's mean (not centred, so it stays non-negative and the goodwill
         recursion is unchanged).  Coefficients are reported back in original units.
 
+        With ``spend_lag="auto"`` (the default) the lag is chosen first, on these data:
+        each lag's AutoNormal approximation is fitted
+        (``map_init_steps`` SVI steps) and the one with the larger ELBO wins;
+        ``spend_lag`` and ``spend_lag_evidence`` say which and by how much.
+
         :param str method: ``"sgld"`` (:class:`pyro_ext.infer.MCMC` with a particle
             kernel, particles as chains), ``"vis"`` (:class:`pyro_ext.infer.VIS` over an
             AutoNormal base guide trained by SVI for ``num_steps`` iterations, then
