@@ -7,7 +7,8 @@ Model (all on the standardised scale, see :meth:`RetailBSTS.fit`)::
     mu_t: local level (or local linear trend);  s_t: trigonometric seasonal, period 52.18
 
 That is the thesis' eq. (1.4) (``THESIS_MODEL``: ``spend_lag=1``,
-``carryover="shared"``, and real-valued ``q``: ``effects="real"``).  By default each channel's goodwill decays at its own rate,
+``carryover="shared"``, and real-valued ``q``: ``effects="real"``).  By default each
+channel's goodwill decays at its own rate, ``q >= 0`` (``effects="non_negative"``),
 ``D_{i,t} = (1 - delta_i) D_{i,t-1} + q_i u_{i,t-lag}`` with ``A_t = sum_i D_{i,t} + a_t``
 (``carryover="per_channel"``), and the lag (0: this week's spend is in this week's
 goodwill; 1: last week's) is chosen by :meth:`RetailBSTS.fit` from the evidence
@@ -100,7 +101,11 @@ unadjusted gradient samplers diverge.  Both scales are also reported as the draw
   ambient variables get ``pi = expected_model_size / p`` (a value above ``p`` is refused;
   by default ``pi = min(5, p / 2) / p``).
 
-``q`` is real-valued (the thesis reports negative RADIO / TV coefficients).
+``q`` is non-negative by default (``effects="non_negative"``: a HalfNormal site that the
+sampler moves, so the point mass then integrates out only ``beta``; the regression of the
+point mass above is on the covariates alone, its response ``y - D``).  With
+``effects="real"`` it is the thesis' real-valued ``q`` (the thesis reports negative
+RADIO / TV coefficients), integrated out with ``beta``.
 ``holidays`` names (or indexes) covariates that are calendar effects: always included
 (``pi = 1``).
 """
@@ -650,15 +655,15 @@ class RetailBSTS:
             # beta, and q unless it is non-negative, are integrated out (the model, below);
             # only the indicators are sampled.
             if self._q_sampled:
-                out["q"] = pyro.sample("q", self._coef_prior(pi_q, self.q_scale, True).to_event(1))
+                prior = self._coef_prior(pi_q, self.q_scale, True, non_negative=True)
+                out["q"] = pyro.sample("q", prior.to_event(1))
             elif not self._q_forced:
                 out["gamma_q"] = pyro.sample("gamma_q", dist.Bernoulli(pi_q).to_event(1))
             if self.uses_covariates and not self._beta_forced:
                 out["gamma"] = pyro.sample("gamma", dist.Bernoulli(pi_b).to_event(1))
         else:
-            out["q"] = pyro.sample(
-                "q", self._coef_prior(pi_q, self.q_scale, self._q_forced).to_event(1)
-            )
+            prior = self._coef_prior(pi_q, self.q_scale, self._q_forced, self._non_negative)
+            out["q"] = pyro.sample("q", prior.to_event(1))
         if self.uses_covariates and self.selection == "ssvs":
             prior = self._coef_prior(pi_b, self.slab_scale, self._beta_forced)
             out["beta"] = pyro.sample("beta", prior.to_event(1))
@@ -673,9 +678,10 @@ class RetailBSTS:
             out["sigma_season"] = pyro.sample("sigma_season", _hn(ps["sigma_season"], f64))
         return out
 
-    def _coef_prior(self, pi, slab, forced):
+    def _coef_prior(self, pi, slab, forced, non_negative=False):
         # forced: every pi is 1 (read once at fit, not from the tensor at every call).
-        if forced and slab is self.q_scale and self._non_negative:
+        if non_negative:
+            # Only forced-in channels are non-negative (RA's spike and slab is refused).
             return dist.HalfNormal(torch.full_like(pi, slab))
         if forced:
             return dist.Normal(torch.zeros_like(pi), torch.full_like(pi, slab))
@@ -1125,7 +1131,8 @@ class RetailBSTS:
             self._check_moves(kwargs["moves"], method)
         t0 = time.perf_counter()
         self._selected_guide = None
-        if self.spend_lag_requested == "auto":
+        # A model pickled before spend_lag="auto" existed has no spend_lag_requested.
+        if getattr(self, "spend_lag_requested", self.spend_lag) == "auto":
             self.spend_lag = None
             self._select_spend_lag(seed, kwargs.get("map_init_steps", 150))
         pyro.set_rng_seed(seed)
