@@ -33,7 +33,10 @@ posterior mean contribution (median / mean / p90 / max of its absolute value) fo
 channels whose true contribution is at least 10 % of media's total (the issue's target: a
 median at most 20 %), the sign errors (posterior mean of the sign opposite to a true
 contribution that is at least 10 % of the total), the coverage of the 90 % central
-credible intervals over every channel (target 80-95 %), and for ``default`` how often the
+credible intervals over the channels with an effect (target 80-95 %), the share of the
+estimated media total given to channels without effect (the project's simulator has some;
+a central interval of a non-negative contribution cannot hold 0), and for ``default`` how
+often the
 evidence chose the lag each simulator has (thesis: 1; adstock: 0).  A channel's ROAS is
 its contribution over its own training spend, the same for the truth and the estimate,
 so its relative error is the contribution's and is not repeated.
@@ -170,10 +173,15 @@ def summarise(results):
             runs = [r for r in results if r["simulator"] == simulator and r["model"] == model]
             if not runs:
                 continue
-            errors, signs, big, covered, channels = [], 0, 0, 0, 0
+            errors, signs, big, covered, channels, nulls = [], 0, 0, 0, 0, []
             for r in runs:
                 total = sum(abs(t) for t in r["truth"])
                 for t, m, lo, hi in zip(r["truth"], r["mean"], r["low"], r["high"]):
+                    if t == 0:
+                        # A channel without effect: a central interval of a non-negative
+                        # quantity cannot hold 0, so its share of media is reported instead.
+                        nulls.append(abs(m) / sum(abs(v) for v in r["mean"]))
+                        continue
                     channels += 1
                     covered += lo <= t <= hi
                     if total > 0 and abs(t) >= SHARE * total:
@@ -191,6 +199,9 @@ def summarise(results):
                     spread(errors) if errors else "-",
                     f"{signs} of {big}",
                     f"{covered / channels:.0%} ({covered} of {channels})",
+                    f"{len(nulls)}: {statistics.median(nulls):.1%} / {max(nulls):.1%}"
+                    if nulls
+                    else "none",
                     f"{right} of {len(runs)}" if model == "default" else "fixed 1",
                     f"{max(r['rhat'] for r in runs):.2f}",
                     f"{statistics.median(seconds):.0f} / {max(seconds):.0f}",
@@ -208,7 +219,8 @@ def summarise(results):
         "seeds",
         f"abs. rel. error, channels >= {SHARE:.0%} of media (median / mean / p90 / max)",
         "sign errors",
-        f"{INTERVAL:.0%} interval coverage",
+        f"{INTERVAL:.0%} interval coverage, channels with an effect",
+        "channels without effect: their share of the estimated media total (median / max)",
         "lag chosen as simulated",
         "max R-hat",
         "fit s (median / max)",

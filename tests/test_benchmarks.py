@@ -195,8 +195,9 @@ def check_bsts_attribution(text):
         signs, of = row[4].split(" of ")
         assert 0 <= int(signs) <= int(of), row
         assert 0 <= float(row[5].split("%")[0]) <= 100, row
+        assert row[6].strip() == "none" or "%" in row[6], row
         if row[1].strip() == "thesis":
-            assert row[6].strip() == "fixed 1", row
+            assert row[7].strip() == "fixed 1", row
     detail = text.split("## Every fit")[1]
     lags = [
         r.split("|")[4].strip()
