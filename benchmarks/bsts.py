@@ -87,6 +87,13 @@ ROBYN_CHANNELS = ["tv_S", "ooh_S", "print_S", "facebook_S", "search_S"]
 ROBYN_COVARIATES = ["competitor_sales_B", "newsletter", "event1", "event2"]
 
 
+def thesis_size(variant, num_channels, num_covariates):
+    """The expected model size of the committed tables: the package default then, 5, capped
+    at the number of candidates (the default now is min(5, n / 2))."""
+    n = num_covariates if variant == "RF" else num_channels + num_covariates
+    return min(5.0, n) if variant != "B" and n else None
+
+
 # ----------------------------------------------------------------------------- helpers
 def mape(actual, predicted):
     return float(100 * ((actual - predicted).abs() / actual.abs()).mean())
@@ -163,7 +170,12 @@ def table_1_1_simulator(seeds, num_weeks, num_train, year, quick):
     for seed in seeds:
         data = simulate_retail(num_weeks=num_weeks, seed=seed, dtype=torch.float64)
         for variant in VARIANTS:
-            model = RetailBSTS(**THESIS_MODEL, variant=variant, noise="gaussian")
+            model = RetailBSTS(
+                **THESIS_MODEL,
+                variant=variant,
+                noise="gaussian",
+                expected_model_size=thesis_size(variant, 5, 7),
+            )
             failures = robust_fit(
                 model,
                 data.sales[:num_train],
@@ -198,6 +210,7 @@ def table_1_1_robyn(num_weeks, num_train, year, quick):
             noise="gaussian",
             spend_lag=0,
             holidays=["event1", "event2"],
+            expected_model_size=thesis_size(variant, 5, len(ROBYN_COVARIATES)),
         )
         failures = robust_fit(
             model,
@@ -227,6 +240,7 @@ def speed(num_weeks, nuts_warmup, nuts_samples, quick):
         carryover="shared",
         effects="real",
         holidays=["event1", "event2"],
+        expected_model_size=thesis_size("RF", 5, len(ROBYN_COVARIATES)),
     )
     rows = []
     sgld = RetailBSTS(**spec)
