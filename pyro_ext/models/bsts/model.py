@@ -1187,10 +1187,11 @@ class RetailBSTS:
         For each lag the :meth:`_map_init` Gaussian (AutoNormal, ``map_init_steps`` SVI
         steps, or ``EVIDENCE_STEPS`` where that is 0; every indicator on) is fitted in its
         own parameter store, and its ELBO estimated with ``num_particles`` draws; the
-        chosen lag's Gaussian then starts the particles of ``method="sgld"``.  ``q`` and ``beta`` are
-        integrated out exactly by the Kalman filter (the point mass's collapsed
-        likelihood) or sampled (``"ssvs"``), the same way for both lags, and the two models
-        have the same parameters, so the larger bound picks the lag the data support;
+        chosen lag's Gaussian then starts the particles of ``method="sgld"``.  Whatever the
+        point mass integrates out (``beta``, and ``q`` with ``effects="real"``) is integrated
+        out by the Kalman filter and the rest is sampled, the same way for both lags, and
+        the two models have the same parameters, so the larger bound picks the lag the
+        data support;
         ``spend_lag_evidence`` keeps both estimates (nats, with their Monte Carlo sd)."""
         evidence, guides = {}, {}
         steps = int(map_init_steps) or EVIDENCE_STEPS
