@@ -2,7 +2,12 @@
 moves on discrete sites, a particle-aware MCMC,
 variationally inferred sampling (VIS), and natural-gradient VI (IVON, VOGN, VON)."""
 
-from .errors import DivergenceError, SamplerDivergenceError, SlowMixingWarning
+from .errors import (
+    DivergenceError,
+    EscapedParticleWarning,
+    SamplerDivergenceError,
+    SlowMixingWarning,
+)
 from .gibbs import Gibbs
 from .mcmc import MCMC
 from .ngvi import NaturalGradientVI, NGVIDivergenceError
@@ -39,6 +44,7 @@ __all__ = [
     "SGMCMCKernel",
     "SamplerDivergenceError",
     "SlowMixingWarning",
+    "EscapedParticleWarning",
     "StepSizeTrial",
     "StepSizeTuning",
     "VIS",

@@ -19,6 +19,16 @@ class SlowMixingWarning(UserWarning):
     """
 
 
+class EscapedParticleWarning(UserWarning):
+    """
+    Particles that escaped: every value finite, but a mean log density over the kept steps
+    far below the rest of the ensemble's (see
+    :meth:`pyro_ext.infer.SGMCMCKernel.escaped_particles` for the criterion). Their draws
+    lie where the posterior has no mass. :attr:`pyro_ext.infer.MCMC.escaped_particles`
+    lists them; the message says what to change.
+    """
+
+
 class DivergenceError(FloatingPointError):
     """
     The base class of every inference family's divergence error: a sampler, a variational

@@ -29,7 +29,7 @@ from pyro.ops.streaming import StatsOfDict
 
 from ..ops.validation import check_int
 from . import checkpoint as ckpt
-from .errors import SamplerDivergenceError, SlowMixingWarning
+from .errors import EscapedParticleWarning, SamplerDivergenceError, SlowMixingWarning
 from .sgmcmc.distributed import RankFailedError, is_collective_failure
 from .sgmcmc.kernels import ParticleKernel
 
@@ -87,6 +87,10 @@ class MCMC(AbstractMCMC):
       kernel setting, particle count, model or data set) is refused, naming what differs;
     - :meth:`extend` continues a finished run for more draws (e.g. until ``r_hat`` is
       small enough) without a second warm-up.
+    - when a run ends, particles whose mean log density over the kept steps is far below
+      the ensemble's (finite, but escaped to where the posterior has no mass) are listed
+      in :attr:`escaped_particles` and reported by an
+      :class:`~pyro_ext.infer.EscapedParticleWarning`;
     - in a :mod:`torch.distributed` process group (a script launched with ``torchrun``) a
       kernel shards its particles or its minibatch over the ranks (``shard=`` of
       :class:`~pyro_ext.infer.SGMCMCKernel`); every rank then ends the run with the draws
@@ -221,6 +225,9 @@ class MCMC(AbstractMCMC):
         self._flat = self._local_flat = None
         self._draws = None
         self._chain_diagnostics = None
+        #: the particles (chains) the last run reported as escaped (see
+        #: :class:`~pyro_ext.infer.EscapedParticleWarning`); empty when none did
+        self.escaped_particles = []
 
     # -- the only names of pyro.infer.MCMC's private state this class keeps ----------------
     # ArviZ (``arviz.from_pyro``) reads the model arguments of the run from
@@ -458,6 +465,7 @@ class MCMC(AbstractMCMC):
 
     def _run_particles(self, start, draws):
         kernel = self.kernel
+        self.escaped_particles = []
         params = kernel.initial_params
         every = self.checkpoint_every or max(1, self._total_steps // 10)
         shard = kernel.shard
@@ -545,6 +553,7 @@ class MCMC(AbstractMCMC):
             progress.close()
             kernel.cleanup()
         self._collect(draws)
+        self._warn_if_escaped()
 
     def _warn_if_slow_mixing(self):
         """When warm-up has set the default step: warn if the steps to be kept are fewer
@@ -556,6 +565,35 @@ class MCMC(AbstractMCMC):
         message = advice(self.num_samples * self.thinning)
         if message is not None:
             warnings.warn(message[0].upper() + message[1:], SlowMixingWarning, stacklevel=4)
+
+    def _warn_if_escaped(self):
+        """When the run ends: list (:attr:`escaped_particles`) and warn about the particles
+        whose mean log density over the kept steps is far below the ensemble's."""
+        check = getattr(self.kernel, "escaped_particles", None)
+        if check is None:
+            return
+        escape = check()  # collective when sharded: every rank calls it
+        self.escaped_particles = escape.particles
+        shard = getattr(self.kernel, "shard", None)
+        if not escape.particles or (shard is not None and shard.rank != 0):
+            return
+        shown = ", ".join(
+            f"{i} ({gap:.3g} below)" for i, gap in zip(escape.particles[:10], escape.gaps[:10])
+        )
+        more = "..." if len(escape.particles) > 10 else ""
+        warnings.warn(
+            f"{len(escape.particles)} of {self.kernel.num_particles} particles escaped: their "
+            f"mean log density over the {escape.num_steps} kept steps is below the ensemble's "
+            f"median by more than {escape.threshold:.3g} nats (ten robust standard deviations "
+            f"of the ensemble, and more than a Gaussian posterior allows): particle(s) "
+            f"{shown}{more}. Their values are finite but lie where the posterior has no mass, "
+            "so every average over the draws (a posterior predictive above all) is distorted. "
+            "Reduce the step size (or leave step_size=None for the default rule); to keep "
+            "this run, drop those chains from get_samples(group_by_chain=True) "
+            "(MCMC.escaped_particles lists them).",
+            EscapedParticleWarning,
+            stacklevel=4,
+        )
 
     def _take(self):
         z = self.kernel.particles.detach()

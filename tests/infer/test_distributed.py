@@ -11,6 +11,7 @@ import re
 import subprocess
 import sys
 import traceback
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -22,7 +23,7 @@ import torch.distributed as dist_c10d
 import torch.multiprocessing as mp
 from pyro.ops.streaming import CountMeanVarianceStats, StatsOfDict
 
-from pyro_ext.infer import MCMC, Gibbs, SamplerDivergenceError
+from pyro_ext.infer import MCMC, EscapedParticleWarning, Gibbs, SamplerDivergenceError
 from pyro_ext.infer.sgmcmc import KERNELS
 from pyro_ext.infer.sgmcmc.distributed import RankFailedError
 
@@ -162,6 +163,33 @@ def scenario_divergence(rank):
         kept = mcmc.get_samples(group_by_chain=True)["u"].shape
         return type(error).__name__, error.step, error.particles, error.sites, tuple(kept)
     return "no error", None, None, None, None
+
+
+def escaping(x, y, batch):
+    # Negligible mass (weight e^-1000) spread wide: a particle at u = 1000 stays there,
+    # finite, a thousand nats below the others (whose spread, 40 steps from their start,
+    # is tens of nats).
+    wide_tail = dist.MixtureSameFamily(
+        dist.Categorical(logits=torch.tensor([0.0, -1000.0])),
+        dist.Normal(torch.zeros(2), torch.tensor([1.0, 1e4])),
+    )
+    pyro.sample("u", wide_tail)
+    regression(x, y, batch)
+
+
+def scenario_escape(rank):
+    pyro.set_rng_seed(1)
+    x, y = data()
+    u = torch.zeros(NUM_PARTICLES)
+    u[7] = 1000.0  # rank 1's
+    init = {"u": u, "w": torch.zeros(NUM_PARTICLES, 3), "s": torch.zeros(NUM_PARTICLES)}
+    kernel = KERNELS["sgld"](escaping, 2e-3, num_particles=NUM_PARTICLES, shard="particles")
+    mcmc = MCMC(kernel, num_samples=40, warmup_steps=10, disable_progbar=True, initial_params=init)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        mcmc.run(x, y, 16)
+    warned = sum(issubclass(w.category, EscapedParticleWarning) for w in caught)
+    return mcmc.escaped_particles, warned
 
 
 class _Interrupt(Exception):
@@ -336,6 +364,13 @@ def test_a_divergence_on_one_rank_stops_both_with_the_same_error(tmp_path):
     assert sites == ["push"]
     assert 0 < step < 20
     assert kept == (NUM_PARTICLES, step)  # the draws before the divergent step, all particles
+
+
+@pytest.mark.integration
+def test_an_escaped_particle_on_one_rank_is_reported_by_every_rank_warned_once(tmp_path):
+    results = spawn(tmp_path, "scenario_escape")
+    assert results[0] == ([7], 1)  # rank 0 warns for the run
+    assert results[1] == ([7], 0)
 
 
 # About 12-15 s of spawned ranks: in the integration run (make test stays near 5 minutes);

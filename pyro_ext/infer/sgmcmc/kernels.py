@@ -16,6 +16,7 @@ from ..potential import VECTORIZE, ParticlePotential
 from .adaptation import StepSizeAdaptation
 from .compiled import CompiledStep, check_jit_compile
 from .distributed import SHARD_MODES, resolve_shard
+from .escape import Escape, KeptLogDensity, find_escaped
 from .repulsion import RBFKernel
 from .schedules import as_schedule
 from .step import step
@@ -297,6 +298,7 @@ class SGMCMCKernel(ParticleKernel):
         self._step_size_tensor = None
         self._flags = None
         self._verification = DeferredVerification()
+        self._kept_log_density = KeptLogDensity()
         self._check_every = 1
         self.rewound_to = None
         self.divergence = None
@@ -345,6 +347,7 @@ class SGMCMCKernel(ParticleKernel):
         self._conditioned = {}
         self._compiled = None
         self._verification.reset()
+        self._kept_log_density.reset()
         self.rewound_to = None
         self.divergence = None
         # Reads of the compiled step's finiteness flags: free on the CPU, a sync elsewhere.
@@ -460,6 +463,32 @@ class SGMCMCKernel(ParticleKernel):
             "the minibatch."
         )
 
+    def escaped_particles(self) -> Escape:
+        """
+        The particles that escaped: finite, but whose mean log density over the kept steps
+        (those after warm-up) is far below the ensemble's median (the criterion and the
+        evidence behind it: :mod:`pyro_ext.infer.sgmcmc.escape`). Their draws lie where the
+        posterior has no mass and distort every average over the draws.
+        :class:`~pyro_ext.infer.MCMC` calls this when a run ends and warns
+        (:class:`~pyro_ext.infer.EscapedParticleWarning`); sharded, every rank must call it
+        (it gathers the ranks' means) and all get the same answer.
+        """
+        kept = self._kept_log_density
+        means, num_steps = kept.means(), kept.count
+        if self.shard is not None:
+            local = None if means is None else means.tolist()
+            everyone = self.shard.gather_object((list(self.shard.particle_indices), local))
+            if any(values is None for _, values in everyone):
+                means = None
+            else:
+                means = torch.empty(self.num_particles, dtype=torch.float64)
+                for indices, values in everyone:
+                    means[indices] = torch.tensor(values, dtype=torch.float64)
+        if means is None:
+            return Escape([], [], math.inf, num_steps)
+        dim = self._state.z.shape[-1]
+        return find_escaped(means, dim, self.temperature, num_steps)
+
     @property
     def last_params(self):
         """What the last :meth:`sample` returned (``None`` before the first step): a caller
@@ -559,10 +588,12 @@ class SGMCMCKernel(ParticleKernel):
         """
         rewind = self._verification.check()
         if rewind is not None:
+            self._kept_log_density.discard_from(rewind.step)
             self._step, self._state = rewind.step, rewind.state
             self._last_params = None
             self.rewound_to = rewind.step
             return False
+        self._kept_log_density.commit(self._step)
         if self._deferred_checks:
             self._verification.take_snapshot(self._step, self._state)
         return True
@@ -688,6 +719,10 @@ class SGMCMCKernel(ParticleKernel):
         self._state = state
         self._last_log_density = log_density
         self._current_step_size = step_size
+        if self._step >= self._warmup_steps:
+            self._kept_log_density.add(self._step, log_density)
+            if not deferred:
+                self._kept_log_density.commit(self._step + 1)
         self._step += 1
         if deferred_checks and (not deferred or verification.unverified >= self._check_every):
             self.verify()
@@ -752,6 +787,11 @@ class SGMCMCKernel(ParticleKernel):
         state = {"step": self._step, "state": self._state._asdict()}
         if self.step_size_adaptation is not None:
             state["step_size_adaptation"] = self.step_size_adaptation.state_dict()
+        # A resumed run's escape check covers the kept steps before the checkpoint too.
+        kept = self._kept_log_density
+        z = self._state.z
+        total = kept.total if kept.total is not None else z.new_zeros(z.shape[0])
+        state["kept_log_density"] = {"total": total, "count": kept.count}
         return state
 
     def load_state_dict(self, state_dict):
@@ -766,6 +806,11 @@ class SGMCMCKernel(ParticleKernel):
         self._state = type(self._state)(**state)
         self._last_params = None
         self._verification.reset()
+        self._kept_log_density.reset()
+        kept = state_dict.get("kept_log_density")
+        if kept is not None and kept["count"] > 0:  # None: a state saved before the escape check
+            self._kept_log_density.total = kept["total"]
+            self._kept_log_density.count = kept["count"]
         self.rewound_to = None
 
 

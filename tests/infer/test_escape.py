@@ -1,0 +1,139 @@
+"""Particles that escaped with finite values are reported when a run ends (issue 30)."""
+
+import math
+import warnings
+
+import pyro
+import pyro.distributions as dist
+import pytest
+import torch
+
+from pyro_ext.infer import MCMC, SGLD, AdamSGLD, EscapedParticleWarning
+from pyro_ext.infer.sgmcmc.escape import KeptLogDensity, find_escaped, gaussian_floor
+
+NUM_PARTICLES = 8
+
+
+def wide_tail_model():
+    # N(0, 1), plus a component of weight e^-69 (about 1e-30) and scale 1e4: a particle at
+    # z = 1000 sits 78 nats below the others, where the gradient (-1e-5) cannot bring it
+    # back in a run's length. Every value stays finite.
+    mixture = dist.MixtureSameFamily(
+        dist.Categorical(logits=torch.tensor([0.0, -69.0])),
+        dist.Normal(torch.zeros(2), torch.tensor([1.0, 1e4])),
+    )
+    pyro.sample("z", mixture)
+
+
+def _run(kernel, start, num_samples=300, warmup_steps=200):
+    kernel.initial_params = {"z": start}
+    mcmc = MCMC(kernel, num_samples=num_samples, warmup_steps=warmup_steps, disable_progbar=True)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        mcmc.run()
+    escaped = [w for w in caught if issubclass(w.category, EscapedParticleWarning)]
+    return mcmc, escaped
+
+
+@pytest.mark.parametrize("tail", [1e-2, 1e-3])
+@pytest.mark.parametrize("dim", [1, 10, 500])
+def test_gaussian_floor_bounds_the_gamma_tail(dim, tail):
+    # Bernstein's bound on Gamma(d / 2, 1) - d / 2 holds at the empirical quantile, and is
+    # not loose by more than a factor 4 (else healthy ensembles could hide an escape).
+    torch.manual_seed(0)
+    draws = torch.distributions.Gamma(dim / 2, 1.0).sample((200_000,)).double() - dim / 2
+    quantile = float(torch.quantile(draws, 1 - tail))
+    floor = gaussian_floor(dim, tail=tail)
+    assert quantile <= floor <= 4 * quantile + 4
+    assert gaussian_floor(dim, temperature=0.5) == pytest.approx(0.5 * gaussian_floor(dim))
+
+
+def test_find_escaped_flags_only_the_outlier():
+    torch.manual_seed(0)
+    # The spread of healthy UCI ensembles (about 100 nats), and the escaped particle of
+    # benchmarks/uci.py's energy split 11 (24 000 below).
+    means = -5000.0 + 100.0 * torch.randn(20)
+    assert find_escaped(means, dim=502).particles == []
+    means[7] -= 24_000.0
+    escape = find_escaped(means, dim=502, num_steps=1000)
+    assert escape.particles == [7]
+    assert escape.gaps[0] > 20_000 and escape.threshold < 5_000 and escape.num_steps == 1000
+    # A gap below the Gaussian floor is not reported, however tight the ensemble.
+    tight = torch.zeros(20)
+    tight[3] = -0.9 * gaussian_floor(502)
+    assert find_escaped(tight, dim=502).particles == []
+    tight[3] = -1.1 * gaussian_floor(502)
+    assert find_escaped(tight, dim=502).particles == [3]
+    # Optimisation (temperature 0) and ensembles too small for a median report none.
+    assert find_escaped(means, dim=502, temperature=0).particles == []
+    assert find_escaped(means[:2], dim=502).particles == []
+
+
+def test_kept_log_density_drops_rewound_steps():
+    kept = KeptLogDensity()
+    for step in range(5):
+        kept.add(step, torch.full((2,), float(step)))
+    kept.commit(3)  # steps 0, 1, 2 verified
+    kept.discard_from(3)  # a rewind to step 3 drops steps 3 and 4
+    kept.add(3, torch.full((2,), 10.0))  # their replay
+    kept.commit(4)
+    assert kept.count == 4
+    assert torch.equal(kept.means(), torch.full((2,), (0 + 1 + 2 + 10) / 4))
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: SGLD(wide_tail_model, step_size=0.1, num_particles=NUM_PARTICLES),
+        lambda: SGLD(
+            wide_tail_model,
+            step_size=0.1,
+            num_particles=NUM_PARTICLES,
+            jit_compile=True,
+            divergence_check_every=7,
+        ),
+        lambda: AdamSGLD(wide_tail_model, num_particles=NUM_PARTICLES),
+    ],
+    ids=["sgld", "sgld-compiled-deferred", "adamsgld-default-step"],
+)
+def test_run_reports_the_escaped_particle(make, device):
+    pyro.set_rng_seed(0)
+    start = 0.5 * torch.randn(NUM_PARTICLES, device=device)
+    start[5] = 1000.0
+    mcmc, escaped = _run(make(), start)
+    assert mcmc.escaped_particles == [5]
+    assert len(escaped) == 1
+    message = str(escaped[0].message)
+    assert "particle(s) 5 (" in message and "300 kept steps" in message
+    assert "Reduce the step size" in message
+    # The draws are all kept: dropping the chain is the user's call.
+    assert mcmc.get_samples(group_by_chain=True)["z"].shape == (NUM_PARTICLES, 300)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_healthy_runs_report_nothing(seed, device):
+    # The same target, every particle started in its mass: no false alarm, with a few
+    # kept steps (noisy means) as with many.
+    pyro.set_rng_seed(seed)
+    for num_samples in (5, 300):
+        kernel = SGLD(wide_tail_model, step_size=0.1, num_particles=20)
+        start = torch.randn(20, device=device)
+        mcmc, escaped = _run(kernel, start, num_samples=num_samples)
+        assert mcmc.escaped_particles == [] and escaped == []
+
+
+def test_checkpoint_carries_the_kept_log_density(tmp_path):
+    pyro.set_rng_seed(0)
+    start = 0.5 * torch.randn(NUM_PARTICLES)
+    start[2] = 1000.0
+    kernel = SGLD(wide_tail_model, step_size=0.1, num_particles=NUM_PARTICLES)
+    mcmc, _ = _run(kernel, start)
+    state = kernel.state_dict()
+    assert state["kept_log_density"]["count"] == 300
+    means = kernel._kept_log_density.means().clone()
+    other = SGLD(wide_tail_model, step_size=0.1, num_particles=NUM_PARTICLES)
+    other.setup(0)
+    other.load_state_dict(state)
+    assert torch.equal(other._kept_log_density.means(), means)
+    assert other.escaped_particles().particles == [2]
+    assert math.isfinite(other.escaped_particles().threshold)
