@@ -117,11 +117,13 @@ def test_hutchinson_estimate_is_the_mean_curvature(device):
         adaptation.observe(potential, z)
     mean = float(precision.diagonal().mean())
     assert float(adaptation.mean_curvature.mean()) == pytest.approx(mean, rel=0.05)
-    # SGLD relaxes a direction of curvature lambda at rate step * lambda.
+    # In six dimensions the relaxation reads the median eigenvalue of the whole Hessian
+    # (exact here: no minibatch), not the mean: SGLD relaxes a direction of curvature
+    # lambda at rate step * lambda.
+    median = float(torch.linalg.eigvalsh(precision).median())
+    assert adaptation.median_curvature.tolist() == pytest.approx([median, median], rel=1e-10)
     step = adaptation.step_size
-    assert adaptation.relaxation_steps() == pytest.approx(
-        1.0 / (step * float(adaptation.mean_curvature.max())), rel=1e-12
-    )
+    assert adaptation.relaxation_steps() == pytest.approx(1.0 / (step * median), rel=1e-10)
 
 
 def _stiff_gaussian(num_flat):
@@ -153,6 +155,43 @@ def test_a_run_too_short_to_mix_at_the_default_step_is_warned_about():
     # from their start (variance within a particle far below the target's 1).
     flat = mcmc.get_samples(group_by_chain=True)["z"][..., 1:]
     assert float(flat.var(1).mean()) < 0.2
+
+
+def test_a_low_dimensional_stiff_direction_is_warned_about():
+    # Four dimensions, one 10^4 times stiffer: the mean curvature (10^4 + 3) / 4 = 2500
+    # would put a typical direction's relaxation at about 40 steps and stay silent with
+    # 1000 kept; the median eigenvalue (1) puts it near 10^5, as the flat coordinates show.
+    from pyro_ext.infer import SlowMixingWarning
+
+    pyro.set_rng_seed(0)
+    kernel = SGLD(_stiff_gaussian(3), num_particles=4)
+    mcmc = MCMC(kernel, num_samples=1000, warmup_steps=100, disable_progbar=True)
+    with pytest.warns(SlowMixingWarning, match="keeps 1000"):
+        mcmc.run()
+    adaptation = kernel.step_size_adaptation
+    assert torch.allclose(adaptation.median_curvature, torch.ones(4, dtype=torch.float64))
+    assert 5e4 < kernel.relaxation_steps() < 2e5
+    flat = mcmc.get_samples(group_by_chain=True)["z"][..., 1:]
+    assert float(flat.var(1).mean()) < 0.2
+
+
+def test_the_median_curvature_is_in_the_mass_coordinates():
+    # AdamSGLD's estimates are in its preconditioned coordinates: with the mass M the
+    # Hessian seen is M^-1/2 H M^-1/2, here diag(precision / mass).
+    precision = torch.tensor([1e4, 1.0, 4.0]).double()
+    potential = ParticlePotential(
+        lambda: pyro.sample(
+            "z", dist.Normal(torch.zeros(3).double(), precision.rsqrt()).to_event(1)
+        ),
+        (),
+        {},
+    )
+    adaptation = StepSizeAdaptation()
+    z = torch.zeros(2, 3, dtype=torch.float64)
+    mass = torch.tensor([[1e4, 1.0, 1.0], [1.0, 1.0, 1.0]]).double()
+    adaptation.observe(potential, z, mass=mass)
+    # Particle 0 sees (1, 1, 4), median 1; particle 1 sees (1e4, 1, 4), median 4.
+    assert adaptation.median_curvature.tolist() == pytest.approx([1.0, 4.0])
 
 
 def test_a_long_enough_run_or_a_given_step_is_not_warned_about():

@@ -39,6 +39,11 @@ estimator, Rademacher signs, one more Hessian-vector product), from which
 :meth:`StepSizeAdaptation.relaxation_steps` gives a lower bound on how many steps a typical
 direction takes to relax, and :class:`~pyro_ext.infer.MCMC` warns
 (:class:`~pyro_ext.infer.SlowMixingWarning`) when a run keeps fewer than ten times as many.
+In :data:`SPECTRUM_MAX_DIM` dimensions or fewer the mean says little about a typical
+direction (one stiff noise scale among six parameters of a mixture makes the mean a sixth
+of the largest curvature while the locations' curvature is hundreds of times smaller), so
+there each estimate computes the whole Hessian (``D`` more Hessian-vector products, no
+random draws) and the bound uses its median eigenvalue instead.
 On a UCI BNN this bound is about 10 000 steps at the default step (the bias is bounded in
 the stiffest direction, which the minibatch noise and a few data-pinned weights make
 thousands of times stiffer than the mean); ``bias_tolerance=1`` shortens it about
@@ -53,6 +58,11 @@ import torch
 from .repulsion import stein_coupling
 
 __all__ = ["StepSizeAdaptation", "bias_bounded_step_size", "stationary_variance_error"]
+
+#: up to this many dimensions, :meth:`StepSizeAdaptation.relaxation_steps` reads the median
+#: eigenvalue of the whole Hessian (``D`` Hessian-vector products per estimate), above it
+#: Hutchinson's mean curvature
+SPECTRUM_MAX_DIM = 32
 
 
 def stationary_variance_error(
@@ -178,6 +188,9 @@ class StepSizeAdaptation:
         self.noise_moment = None
         self.curvature = None
         self.mean_curvature = None
+        #: the median eigenvalue of the Hessian per particle, in ``SPECTRUM_MAX_DIM``
+        #: dimensions or fewer (else ``None``)
+        self.median_curvature = None
         self.noise_variance = None
         self.coupling_eigenvalue = 1.0
         #: the step of stationary variance error ``tolerance``: the second half of warm-up
@@ -203,6 +216,7 @@ class StepSizeAdaptation:
         """Forget the running estimates (not the power-iteration directions): the first
         iterations from a random direction underestimate the curvature."""
         self.curvature = self.mean_curvature = self.noise_variance = None
+        self.median_curvature = None
         self._since_restart = 0
 
     @property
@@ -266,7 +280,21 @@ class StepSizeAdaptation:
             log_density = potential.log_density_all(leaf, first, conditioned=conditioned)
             (grad,) = torch.autograd.grad(log_density.sum(), leaf, create_graph=True)
             (hessian_probe,) = torch.autograd.grad((grad * probe).sum(), leaf, retain_graph=True)
-            (hessian_signs,) = torch.autograd.grad((grad * signs_probe).sum(), leaf)
+            low_dimensional = z.shape[-1] <= SPECTRUM_MAX_DIM
+            (hessian_signs,) = torch.autograd.grad(
+                (grad * signs_probe).sum(), leaf, retain_graph=low_dimensional
+            )
+            if low_dimensional:
+                # The whole Hessian, one coordinate (in the mass's coordinates) at a time.
+                columns = []
+                for k in range(z.shape[-1]):
+                    unit = torch.zeros_like(z)
+                    unit[:, k] = 1.0 if scale is None else scale[:, k]
+                    last = k == z.shape[-1] - 1
+                    (column,) = torch.autograd.grad(
+                        (grad * unit).sum(), leaf, retain_graph=not last
+                    )
+                    columns.append(column)
         _, other_grad = potential.log_density_and_grad(z, second, conditioned)
         # H of the potential -log p: the Hessian-vector product of log p, negated.
         product, difference = -hessian_probe, grad.detach() - other_grad
@@ -280,6 +308,16 @@ class StepSizeAdaptation:
         if scale is not None:
             signs_product = signs_product * scale
         mean_curvature = (signs * signs_product).mean(-1)
+        median_curvature = None
+        if low_dimensional:
+            hessian = -torch.stack(columns, -1)  # (L, D, D): column k is H e_k
+            if shard is not None and shard.mode == "data":
+                hessian = shard.mean(hessian)
+            if scale is not None:
+                hessian = hessian * scale.unsqueeze(-1)
+            hessian = (hessian + hessian.transpose(-1, -2)) / 2
+            median_curvature = torch.linalg.eigvalsh(hessian.double()).median(-1).values
+            median_curvature = median_curvature.to(z.dtype)
         curvature = (direction * product).sum(-1).abs()
         self.curvature_direction = _unit(product, direction)
         # Var(difference) = 2 C: the Rayleigh quotient of C at a direction chosen before
@@ -292,7 +330,11 @@ class StepSizeAdaptation:
             curvature, noise = shard.gather(curvature), shard.gather(noise)
         if shard is not None and shard.mode == "particles":
             mean_curvature = shard.gather(mean_curvature)
+            if median_curvature is not None:
+                median_curvature = shard.gather(median_curvature)
         self.mean_curvature = self._running(self.mean_curvature, mean_curvature)
+        if median_curvature is not None:
+            self.median_curvature = self._running(self.median_curvature, median_curvature)
         self.curvature = self._running(self.curvature, curvature)
         self.noise_variance = self._running(self.noise_variance, noise)
         self._since_restart += 1
@@ -322,19 +364,22 @@ class StepSizeAdaptation:
     def relaxation_steps(self) -> float:
         r"""
         About how many steps a typical direction of the local Gaussian approximation takes
-        to relax at the current step: :math:`a / (\epsilon \mu^p \bar\lambda)` for the
-        mean curvature :math:`\bar\lambda = \mathrm{tr}(H) / D` (Hutchinson's estimate,
-        the largest over the particles), the friction :math:`a` (1 for SGLD) and the
-        repulsion's coupling :math:`\mu^p`; ``2 / a`` where the momentum recursion is
-        underdamped. The mean curvature is at least the median one, so this is a lower
-        bound on a typical direction's relaxation: when even it exceeds the steps a run
-        keeps, the draws have not mixed. ``inf`` before the first estimate or where the
-        mean curvature is not positive.
+        to relax at the current step: :math:`a / (\epsilon \mu^p \bar\lambda)` for a
+        typical curvature :math:`\bar\lambda` (the largest over the particles), the
+        friction :math:`a` (1 for SGLD) and the repulsion's coupling :math:`\mu^p`;
+        ``2 / a`` where the momentum recursion is underdamped. The typical curvature is the
+        median eigenvalue of the Hessian in :data:`SPECTRUM_MAX_DIM` dimensions or fewer,
+        else the mean curvature :math:`\mathrm{tr}(H) / D` (Hutchinson's estimate), which
+        is at least the median where most directions are flat. So this is a lower bound on
+        a typical direction's relaxation: when even it exceeds the steps a run keeps, the
+        draws have not mixed. ``inf`` before the first estimate or where the typical
+        curvature is not positive.
         """
         if self.step_size is None or self.mean_curvature is None:
             return math.inf
+        typical = self.mean_curvature if self.median_curvature is None else self.median_curvature
         rate = self.step_size * self.coupling_eigenvalue**self.coupling_power
-        rate = rate * float(self.mean_curvature.max())
+        rate = rate * float(typical.max())
         if not rate > 0:
             return math.inf
         a = self.friction
@@ -349,6 +394,7 @@ class StepSizeAdaptation:
                 "noise_moment",
                 "curvature",
                 "mean_curvature",
+                "median_curvature",
                 "noise_variance",
                 "coupling_eigenvalue",
                 "step_size",
