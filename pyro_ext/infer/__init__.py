@@ -19,6 +19,7 @@ from .sgmcmc import (
     CyclicalStepSize,
     ModelNotTraceableError,
     PolynomialDecay,
+    PreconditionedSGHMC,
     RankFailedError,
     RBFKernel,
     SGMCMCKernel,
@@ -28,6 +29,7 @@ from .vis import VIS, VISDivergenceError
 
 __all__ = [
     "AdamSGLD",
+    "PreconditionedSGHMC",
     "ConstantStepSize",
     "CyclicalStepSize",
     "DivergenceError",

@@ -306,8 +306,8 @@ def kernel_config(kernel) -> dict:
     The kernel's class and the settings that shape its chain: for a compound kernel
     (:class:`~pyro_ext.infer.Gibbs`) its discrete sites, moves and sweep interval and its
     inner kernel's class; then the (inner) kernel's ``step_size`` schedule, ``repulsion``,
-    ``temperature``, ``adapt_after_warmup`` where it has one, and every entry of its
-    ``hyper`` (``friction``, ``betas``, ``eps``).
+    ``temperature``, ``adapt_after_warmup``, ``adapt_window`` and ``adam_floor`` where it
+    has them, and every entry of its ``hyper`` (``friction``, ``betas``, ``eps``).
     """
     config = {}
     source = kernel
@@ -318,7 +318,14 @@ def kernel_config(kernel) -> dict:
         config["every"] = describe(getattr(kernel, "every", None))
         config["inner kernel"] = type(inner).__name__
         source = inner
-    for name in ("step_size", "repulsion", "temperature", "adapt_after_warmup"):
+    for name in (
+        "step_size",
+        "repulsion",
+        "temperature",
+        "adapt_after_warmup",
+        "adapt_window",
+        "adam_floor",
+    ):
         if hasattr(source, name):
             config[name] = describe(getattr(source, name))
     for name, value in dict(getattr(source, "hyper", {})).items():

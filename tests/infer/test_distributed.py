@@ -67,7 +67,7 @@ CONFIGS = [
     ("sgld", "data", None, False),
     ("sghmc", "data", "rbf", "trace"),
 ]
-STEP_SIZES = {"sgld": 2e-3, "sghmc": 1e-3, "adam": 1e-2}
+STEP_SIZES = {"sgld": 2e-3, "sghmc": 1e-3, "adam": 1e-2, "preconditioned_sghmc": 1e-3}
 
 
 def run_chain(
@@ -217,6 +217,12 @@ def scenario_checkpoint(rank, path):
     return as_numpy(mcmc.get_samples(group_by_chain=True)), files
 
 
+def scenario_preconditioned(rank):
+    # Warm-up 40: the mass window [10, 20) gathers both ranks' draws and gradient sums.
+    mcmc = run_chain("preconditioned_sghmc", "particles", "rbf", False, 16, warmup_steps=40)
+    return as_numpy(mcmc.get_samples(group_by_chain=True)), mcmc.kernel.state.mass.numpy()
+
+
 def scenario_extend(rank):
     mcmc = run_chain("sghmc", "particles", "rbf", False, 16, draws_device="cpu")
     mcmc.extend(5)
@@ -364,6 +370,19 @@ def test_a_divergence_on_one_rank_stops_both_with_the_same_error(tmp_path):
     assert sites == ["push"]
     assert 0 < step < 20
     assert kept == (NUM_PARTICLES, step)  # the draws before the divergent step, all particles
+
+
+@pytest.mark.integration
+def test_preconditioned_sghmc_on_two_ranks_gives_the_single_process_chain(tmp_path):
+    results = spawn(tmp_path, "scenario_preconditioned")
+    single = run_chain("preconditioned_sghmc", None, "rbf", False, 16, warmup_steps=40)
+    expected = as_numpy(single.get_samples(group_by_chain=True))
+    mass = single.kernel.state.mass.numpy()
+    assert not np.allclose(mass, 1.0)  # the window set it
+    for rank in range(WORLD_SIZE):
+        samples, local_mass = results[rank]
+        assert_close(samples, expected)
+        np.testing.assert_allclose(local_mass, mass[rank * 4 : (rank + 1) * 4], rtol=1e-6)
 
 
 @pytest.mark.integration

@@ -8,6 +8,7 @@ from pyro_ext.models.bsts import (
     RetailBSTS,
     channel_contributions,
     contribution_summary,
+    plot_contributions,
     roas,
     simulate_retail,
 )
@@ -123,3 +124,30 @@ def test_bad_arguments_are_refused(fitted, data):
         channel_contributions(object())
     with pytest.raises((RuntimeError, ValueError), match="fit"):
         RetailBSTS().channel_contributions()
+
+
+def test_plot_contributions_draws_the_summary_and_the_truth(fitted, data):
+    matplotlib = pytest.importorskip("matplotlib")
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    truth = data.truth["channel_contribution"].sum(0)
+    ax = fitted.plot_contributions(truth=truth)
+    summary = fitted.contribution_summary()
+    names = fitted.channel_names
+    # One row per channel, the first on top; the dots are the posterior means.
+    labels = {label.get_text(): label.get_position()[1] for label in ax.get_yticklabels()}
+    assert sorted(labels, key=labels.get, reverse=True) == names
+    dots = ax.lines[0].get_xdata()
+    assert list(dots) == pytest.approx([summary[n]["contribution"] for n in names])
+    crosses = ax.collections[-1].get_offsets()[:, 0]
+    assert list(crosses) == pytest.approx(truth.tolist())
+    roas_ax = plot_contributions(fitted, kind="roas", interval=0.5)
+    assert list(roas_ax.lines[0].get_xdata()) == pytest.approx(
+        [fitted.contribution_summary(interval=0.5)[n]["roas"] for n in names]
+    )
+    with pytest.raises(ValueError, match="kind must be one of"):
+        fitted.plot_contributions(kind="profit")
+    with pytest.raises(ValueError, match="one value per channel"):
+        fitted.plot_contributions(truth=[1.0])
+    plt.close("all")

@@ -5,10 +5,26 @@ from ..potential import LogJointMessenger, ParticlePotential, SupportMap
 from .adaptation import StepSizeAdaptation, bias_bounded_step_size, stationary_variance_error
 from .compiled import ModelNotTraceableError
 from .distributed import RankFailedError, Shard
-from .kernels import KERNELS, SGHMC, SGLD, AdamSGLD, SGMCMCKernel, get_kernel
+from .kernels import (
+    KERNELS,
+    SGHMC,
+    SGLD,
+    AdamSGLD,
+    PreconditionedSGHMC,
+    SGMCMCKernel,
+    get_kernel,
+)
 from .repulsion import Coupling, RBFKernel, stein_coupling
 from .schedules import ConstantStepSize, CyclicalStepSize, PolynomialDecay
-from .updates import SAMPLERS, Sampler, adam_sgld_update, get_sampler, sghmc_update, sgld_update
+from .updates import (
+    SAMPLERS,
+    Sampler,
+    adam_sgld_update,
+    get_sampler,
+    preconditioned_sghmc_update,
+    sghmc_update,
+    sgld_update,
+)
 
 __all__ = [
     "AdamSGLD",
@@ -24,6 +40,7 @@ __all__ = [
     "CyclicalStepSize",
     "ParticlePotential",
     "PolynomialDecay",
+    "PreconditionedSGHMC",
     "RBFKernel",
     "RankFailedError",
     "SGHMC",
@@ -35,6 +52,7 @@ __all__ = [
     "SupportMap",
     "adam_sgld_update",
     "bias_bounded_step_size",
+    "preconditioned_sghmc_update",
     "sghmc_update",
     "sgld_update",
     "stein_coupling",

@@ -17,6 +17,7 @@ from .adaptation import StepSizeAdaptation
 from .compiled import CompiledStep, check_jit_compile
 from .distributed import SHARD_MODES, resolve_shard
 from .escape import Escape, KeptLogDensity, find_escaped
+from .mass import rescale_momenta, windowed_mass
 from .repulsion import RBFKernel
 from .schedules import as_schedule
 from .step import step
@@ -569,6 +570,14 @@ class SGMCMCKernel(ParticleKernel):
         """Whether a preconditioner adapts at this step (AdamSGLD; ignored by the others)."""
         return False
 
+    def _after_step(self):
+        """Between two steps, outside the (possibly compiled) step: a kernel whose state
+        is set from the chain's history (:class:`PreconditionedSGHMC`'s mass) does it here."""
+
+    def _discard_from(self, step):
+        """Forget what the steps from ``step`` on recorded: the chain was rewound to it."""
+        self._kept_log_density.discard_from(step)
+
     @property
     def verified_steps(self) -> int:
         """Steps whose results are known to be finite (all of them but unread compiled ones)."""
@@ -588,7 +597,7 @@ class SGMCMCKernel(ParticleKernel):
         """
         rewind = self._verification.check()
         if rewind is not None:
-            self._kept_log_density.discard_from(rewind.step)
+            self._discard_from(rewind.step)
             self._step, self._state = rewind.step, rewind.state
             self._last_params = None
             self.rewound_to = rewind.step
@@ -724,6 +733,7 @@ class SGMCMCKernel(ParticleKernel):
             if not deferred:
                 self._kept_log_density.commit(self._step + 1)
         self._step += 1
+        self._after_step()
         if deferred_checks and (not deferred or verification.unverified >= self._check_every):
             self.verify()
         return self._to_params(self._state.z)
@@ -952,11 +962,159 @@ class AdamSGLD(SGMCMCKernel):
         return self.adapt_after_warmup or self._step < max(self._warmup_steps, 1)
 
 
+class PreconditionedSGHMC(SGMCMCKernel):
+    r"""
+    SGHMC with a constant diagonal mass ``M = 1 / Var(z)``, the inverse posterior variance
+    of each unconstrained coordinate, set once from a window of warm-up draws: the
+    constant diagonal metric NUTS adapts, for a sampler without accept/reject. See
+    :func:`~pyro_ext.infer.sgmcmc.updates.preconditioned_sghmc_update` for the update and
+    :mod:`pyro_ext.infer.sgmcmc.mass` for the estimate and why it beats Adam's mass on
+    weakly identified coordinates.
+
+    ``M`` starts from ``init_scale`` (e.g. an :class:`~pyro.infer.autoguide.AutoNormal`
+    fit's scales; unit otherwise) and is re-estimated once, at the end of the window
+    ``adapt_window`` (fractions of the warm-up), from the draws pooled over particles and
+    steps (:func:`~pyro_ext.infer.sgmcmc.mass.windowed_mass`); the momenta are rescaled to
+    their stationary law for the new mass. Fixed afterwards, so the chain that is kept is
+    a valid sampler as ``step_size -> 0``. The window's draws are collected between steps,
+    so the step itself is the registered pure update: it compiles (``jit_compile``) and
+    shards (the window's draws are gathered over the ranks) like the other kernels.
+    Momenta start at rest.
+
+    The default window ends at mid-warm-up, so that with the default step size
+    (``step_size=None``) the second half of warm-up sets the step in the final mass's
+    coordinates; :class:`~pyro_ext.models.RetailBSTS` passes its own step and the window
+    ``(0.3, 1.0)``.
+
+    :param float friction: ``1 - momentum``, in ``(0, 1]``.
+    :param dict init_scale: per-site scales ``{site: tensor}`` in unconstrained space (the
+        site's shape, or with a leading particle dimension); the initial mass is
+        ``1 / scale^2``, averaged over particles.
+    :param tuple adapt_window: ``(start, end)``, fractions of the warm-up, ``0 <= start <
+        end <= 1``.
+    :param float adam_floor: the mass is never below this times Adam's mass
+        ``sqrt(E[grad^2])`` over the window (default 0: no floor). ``1 / Var`` and Adam's
+        ``1 / sd`` agree only at unit scale, so the floor is a heuristic for coordinates of
+        about unit scale: :class:`~pyro_ext.models.RetailBSTS` uses 0.6, where its skewed
+        noise scales' stiff flank made an unfloored step unstable; on wider coordinates it
+        takes over from ``1 / Var`` and the dynamics lose their scale invariance.
+
+    Other parameters as in :class:`SGMCMCKernel`.
+    """
+
+    sampler_name = "preconditioned_sghmc"
+    coupling_power = 2
+    #: the fewest window draws per particle that re-estimate the mass
+    MIN_WINDOW = 10
+
+    def __init__(
+        self,
+        model: Callable,
+        step_size: float | Callable[[int], float] | None = None,
+        friction: float = 0.1,
+        init_scale: Mapping | None = None,
+        adapt_window: tuple[float, float] = (0.25, 0.5),
+        adam_floor: float = 0.0,
+        **kwargs,
+    ):
+        self.friction = check_real(friction, "friction", 0, 1, low_open=True)
+        if init_scale is not None and not isinstance(init_scale, Mapping):
+            raise TypeError(
+                "init_scale must be a dict {site: scale tensor} or None, got "
+                f"{type(init_scale).__name__}"
+            )
+        self.init_scale = init_scale
+        if not (isinstance(adapt_window, (tuple, list)) and len(adapt_window) == 2):
+            raise TypeError(
+                f"adapt_window must be a pair (start, end) of warm-up fractions, got {adapt_window!r}"
+            )
+        start = check_real(adapt_window[0], "adapt_window[0]", 0, 1)
+        end = check_real(adapt_window[1], "adapt_window[1]", 0, 1)
+        if not start < end:
+            raise ValueError(f"adapt_window must have start < end, got {adapt_window!r}")
+        self.adapt_window = (start, end)
+        self.adam_floor = check_real(adam_floor, "adam_floor", low=0)
+        super().__init__(model, step_size, **kwargs)
+        self._window_draws = []
+
+    @property
+    def hyper(self):
+        return {"friction": self.friction}
+
+    @property
+    def adaptation_friction(self) -> float:
+        return self.friction
+
+    def adaptation_mass(self, state, z):
+        return state.mass
+
+    def _init_state(self, z):
+        state = self.sampler.init_state(z, 0.0, self.temperature, at_rest=True, **self.hyper)
+        if self.init_scale is None:
+            variance = torch.ones_like(z)
+        else:
+            variance = self.potential.flatten(self.init_scale, z.shape[0]).to(z).pow(2)
+        # Every particle (and, sharded, every rank) starts from the same mass.
+        self._initial_variance = variance.mean(0)
+        self._window_draws = []
+        return state._replace(mass=(1.0 / self._initial_variance).expand_as(z).clone())
+
+    def window(self) -> tuple[int, int]:
+        """The warm-up steps ``[start, end)`` whose draws set the mass."""
+        start, end = self.adapt_window
+        return int(round(start * self._warmup_steps)), int(round(end * self._warmup_steps))
+
+    def _adapting(self):
+        # The update sums grad^2 over the window (the floor of the mass).
+        start, end = self.window()
+        return start <= self._step < end
+
+    def _after_step(self):
+        taken = self._step - 1
+        start, end = self.window()
+        if not start <= taken < end:
+            return
+        self._window_draws.append((taken, self._state.z.detach().clone()))
+        if taken == end - 1 and len(self._window_draws) >= self.MIN_WINDOW:
+            self._set_mass()
+
+    def _discard_from(self, step):
+        super()._discard_from(step)
+        self._window_draws = [(s, z) for s, z in self._window_draws if s < step]
+
+    def _set_mass(self):
+        state = self._state
+        draws = torch.stack([z for _, z in self._window_draws], 1)  # (L, S, D)
+        grad_sq = state.grad_sq
+        shard = self.shard
+        if shard is not None and shard.num_local_particles < shard.num_particles:
+            draws, grad_sq = shard.gather(draws), shard.gather(grad_sq)
+        count = state.count.clamp(min=1)
+        grad_sq_mean = grad_sq.mean(0) / count
+        mass = windowed_mass(draws, grad_sq_mean, self._initial_variance, self.adam_floor)
+        self._state = rescale_momenta(state, mass)
+        self._window_draws = []
+
+    def state_dict(self):
+        state = super().state_dict()
+        # A checkpoint inside the window resumes with the window's draws so far.
+        state["mass_window"] = [[step, z] for step, z in self._window_draws]
+        state["initial_variance"] = self._initial_variance
+        return state
+
+    def load_state_dict(self, state_dict):
+        super().load_state_dict(state_dict)
+        self._window_draws = [(int(s), z) for s, z in state_dict.get("mass_window", [])]
+        if "initial_variance" in state_dict:
+            self._initial_variance = state_dict["initial_variance"]
+
+
 #: sampler name -> kernel class, keyed like :data:`~.updates.SAMPLERS`: the one registry of
 #: kernels that callers choosing a sampler by name (ARA training, BSTS) look up.
-KERNELS = {kernel.sampler_name: kernel for kernel in (SGLD, SGHMC, AdamSGLD)}
+KERNELS = {kernel.sampler_name: kernel for kernel in (SGLD, SGHMC, AdamSGLD, PreconditionedSGHMC)}
 
 
 def get_kernel(name: str) -> type[SGMCMCKernel]:
-    """The kernel class registered as ``name`` (``"sgld"``, ``"sghmc"`` or ``"adam"``)."""
+    """The kernel class registered as ``name`` (``"sgld"``, ``"sghmc"``, ``"adam"`` or
+    ``"preconditioned_sghmc"``)."""
     return lookup(KERNELS, name, "kernel")

@@ -149,6 +149,48 @@ def adam_sgld_update(
     return AdamState(z, velocity, second_moment, count)
 
 
+class PreconditionedState(NamedTuple):
+    z: torch.Tensor
+    velocity: torch.Tensor
+    #: the constant diagonal mass ``M`` ``(L, D)``, set between steps (see
+    #: :func:`~.mass.windowed_mass`)
+    mass: torch.Tensor
+    #: per-particle sum of ``grad^2`` over the steps that observed it ``(L, D)``
+    grad_sq: torch.Tensor
+    #: how many steps observed it, a 0-dim tensor
+    count: torch.Tensor
+
+
+def preconditioned_sghmc_update(
+    state, grad, step_size, noise, coupling=None, temperature=1.0, friction=0.1, observe=False
+):
+    r"""
+    SGHMC with a constant diagonal mass ``M`` (eq. 2.5 with ``D = diag(0, a M)``), the
+    kernel of :class:`~pyro_ext.infer.PreconditionedSGHMC`::
+
+        u <- (1 - a) u + step_size * drift(grad) + sqrt(2 a step_size T M) xi
+        z <- z + K (M^{-1} u) / L                       (z + M^{-1} u alone)
+
+    :func:`adam_sgld_update` with its mass frozen is this update with ``M = sqrt(v) +
+    eps``. With ``M`` constant the chain targets the posterior exactly as ``step_size ->
+    0``, whatever ``M``. ``observe`` (a bool, or a 0-dim bool tensor so that a compiled
+    step need not recompile) adds ``grad^2`` to :attr:`PreconditionedState.grad_sq`: the
+    mass estimate between steps floors ``1 / Var`` by the gradients seen.
+    """
+    mass = state.mass
+    velocity = (1.0 - friction) * state.velocity + step_size * drift(grad, coupling)
+    if temperature != 0:
+        velocity = velocity + _sqrt(2.0 * friction * step_size * temperature) * mass.sqrt() * noise
+    z = state.z + _couple(velocity / mass, coupling)
+    grad_sq, count = state.grad_sq, state.count
+    if isinstance(observe, torch.Tensor):
+        grad_sq = torch.where(observe, grad_sq + grad.pow(2), grad_sq)
+        count = count + observe.to(count.dtype)
+    elif observe:
+        grad_sq, count = grad_sq + grad.pow(2), count + 1
+    return PreconditionedState(z, velocity, mass, grad_sq, count)
+
+
 # -- the registry --------------------------------------------------------------------------
 class Sampler(NamedTuple):
     r"""
@@ -201,6 +243,23 @@ def _adam_update(
     return adam_sgld_update(state, grad, step_size, noise, coupling, temperature, betas, eps, adapt)
 
 
+def _preconditioned_init(z, step_size, temperature, at_rest=False, friction=0.1):
+    # Unit mass until one is set between steps; momenta at rest or at N(0, M).
+    state = _momentum_init(z, step_size, temperature, at_rest)
+    zeros = torch.zeros_like(z)
+    return PreconditionedState(
+        z, state.velocity, torch.ones_like(z), zeros, z.new_zeros((), dtype=torch.long)
+    )
+
+
+def _preconditioned_update(
+    state, grad, step_size, noise, coupling, temperature, adapt, friction=0.1
+):
+    return preconditioned_sghmc_update(
+        state, grad, step_size, noise, coupling, temperature, friction, observe=adapt
+    )
+
+
 #: name -> :class:`Sampler`: the one place the samplers are listed. ``"sgd"`` is noise-free
 #: gradient ascent (with a coupling: SVGD), the deterministic limit of ``"sgld"``.
 SAMPLERS = {
@@ -208,6 +267,7 @@ SAMPLERS = {
     "sgld": Sampler(_position_init, _sgld_update),
     "sghmc": Sampler(_momentum_init, _sghmc_update, ("friction",)),
     "adam": Sampler(_adam_init, _adam_update, ("betas", "eps")),
+    "preconditioned_sghmc": Sampler(_preconditioned_init, _preconditioned_update, ("friction",)),
 }
 
 

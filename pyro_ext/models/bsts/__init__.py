@@ -9,7 +9,7 @@ from .allocation import (
     evaluate_strategies,
     pareto_frontier,
 )
-from .attribution import channel_contributions, contribution_summary, roas
+from .attribution import channel_contributions, contribution_summary, plot_contributions, roas
 from .model import (
     THESIS_MODEL,
     NoiseScales,
@@ -34,6 +34,7 @@ __all__ = [
     "allocate_budget",
     "channel_contributions",
     "contribution_summary",
+    "plot_contributions",
     "evaluate_strategies",
     "goodwill_offset",
     "pareto_frontier",

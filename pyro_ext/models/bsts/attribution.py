@@ -30,7 +30,7 @@ import torch
 
 from .model import RetailBSTS
 
-__all__ = ["channel_contributions", "contribution_summary", "roas"]
+__all__ = ["channel_contributions", "contribution_summary", "plot_contributions", "roas"]
 
 
 def _check_model(model):
@@ -141,3 +141,63 @@ def contribution_summary(model, weeks=None, interval: float = 0.9) -> dict:
             "probability_positive": float((contributions[:, i] > 0).double().mean()),
         }
     return summary
+
+
+PLOT_KINDS = ("contribution", "roas")
+
+
+def plot_contributions(
+    model, weeks=None, interval: float = 0.9, kind: str = "contribution", truth=None, ax=None
+):
+    """
+    Each channel's posterior mean (dot) and central ``interval`` credible interval (bar)
+    of its contribution (``kind="contribution"``, sales units) or its ROAS (``"roas"``)
+    over ``weeks``, one row per channel, with ``truth`` (a sequence of ``k`` known values,
+    e.g. a simulator's ``channel_contribution`` summed over the weeks) marked where given.
+    Needs matplotlib, the ``plot`` extra (``pip install "pyro-ext[plot]"``).
+
+    :returns: the matplotlib axes (a new figure's unless ``ax`` is given).
+    """
+    if not isinstance(kind, str) or kind not in PLOT_KINDS:
+        raise ValueError(f"kind must be one of {PLOT_KINDS}, got {kind!r}")
+    summary = contribution_summary(model, weeks, interval)
+    names = list(summary)
+    if truth is not None:
+        truth = torch.as_tensor(truth, dtype=torch.float64).detach().cpu().flatten()
+        if truth.numel() != len(names):
+            raise ValueError(
+                f"truth must have one value per channel ({len(names)}: {names}), got "
+                f"{truth.numel()}"
+            )
+    try:
+        import matplotlib.pyplot as plt
+    except ImportError as error:  # the plot extra
+        raise ImportError(
+            'plot_contributions needs matplotlib: pip install "pyro-ext[plot]"'
+        ) from error
+    if ax is None:
+        _, ax = plt.subplots(figsize=(6, 0.5 * len(names) + 1.5))
+    key = "contribution" if kind == "contribution" else "roas"
+    means = [summary[name][key] for name in names]
+    lows = [summary[name][f"{key}_interval"][0] for name in names]
+    highs = [summary[name][f"{key}_interval"][1] for name in names]
+    rows = list(range(len(names)))[::-1]  # the first channel on top
+    errors = [[m - lo for m, lo in zip(means, lows)], [hi - m for m, hi in zip(means, highs)]]
+    ax.errorbar(
+        means,
+        rows,
+        xerr=errors,
+        fmt="o",
+        capsize=3,
+        label=f"posterior mean, {interval:.0%} interval",
+    )
+    if truth is not None:
+        ax.scatter(truth.tolist(), rows, marker="x", color="black", zorder=3, label="truth")
+    ax.axvline(0.0, color="grey", linewidth=0.8)
+    ax.set_yticks(rows)
+    ax.set_yticklabels(names)
+    ax.set_xlabel(
+        "contribution (sales units)" if kind == "contribution" else "ROAS (sales per unit spent)"
+    )
+    ax.legend(loc="best")
+    return ax

@@ -164,106 +164,6 @@ DEFAULT_MODEL_SIZE = 5.0
 EVIDENCE_STEPS = 150
 
 
-def _preconditioned_kernel():
-    """The :class:`AdamSGLD` subclass below, built lazily (``pyro_ext.infer`` imports late)."""
-    from ...infer import AdamSGLD
-    from ...infer.sgmcmc.updates import AdamState, adam_sgld_update
-
-    class PreconditionedSGHMC(AdamSGLD):
-        r"""SGHMC with a constant diagonal mass ``M = 1 / Var(z)`` (inverse posterior variance
-        of each unconstrained coordinate), i.e. :class:`AdamSGLD`'s dynamics with the mass
-        set from scales instead of from ``sqrt(E[grad^2])``.
-
-        Adam's mass ``sqrt(E[grad^2]) ~ 1 / sd`` leaves an oscillation frequency
-        ``~ 1 / sqrt(sd)`` per coordinate, so weakly identified coordinates with a wide
-        posterior (``delta`` and the noise scales here) move far slower than the stiff ones
-        that bound the step size.  With ``M = 1 / Var`` every coordinate of a Gaussian target
-        turns by ``sqrt(step_size)`` radians per step: the dynamics are scale invariant
-        (the constant diagonal metric NUTS adapts).  ``M`` starts from ``init_scale`` (the
-        AutoNormal fit's scales) and is re-estimated once, at the end of the warmup window
-        ``adapt_window`` (fractions of the warmup), from the variance of the draws pooled
-        over particles and steps (interquartile range), shrunk towards the initial
-        variance, floored at ``adam_floor`` x Adam's mass.  Fixed afterwards: a valid
-        sampler as
-        ``step_size -> 0`` for any constant mass.
-        """
-
-        def __init__(
-            self,
-            model,
-            step_size,
-            init_scale=None,
-            adapt_window=(0.3, 1.0),
-            adam_floor=0.6,
-            **kw,
-        ):
-            self.init_scale = init_scale
-            self.adam_floor = float(adam_floor)
-            self.adapt_window = adapt_window
-            super().__init__(model, step_size, **kw)
-
-        def _init_state(self, z):
-            if self.init_scale is None:
-                var = torch.ones_like(z)
-            else:
-                var = self.potential.flatten(self.init_scale, z.shape[0]).to(z).pow(2)
-            self._var0 = var.mean(0)
-            self._sums = self._g2 = None
-            zeros = torch.zeros_like(z)
-            # adam_sgld_update's mass is sqrt(v / (1 - beta2^count)) + eps: v = M^2, count
-            # large (no bias correction), never adapted.
-            return AdamState(z, zeros, (1.0 / var).pow(2), z.new_tensor(10**9, dtype=torch.long))
-
-        def _window(self):
-            lo, hi = self.adapt_window
-            w = self._warmup_steps
-            return int(round(lo * w)), int(round(hi * w))
-
-        def _update(self, state, grad, step_size, noise, coupling, adapt):
-            start, end = self._window()
-            if start <= self._step < end:
-                if self._sums is None:
-                    self._sums = []
-                self._sums.append(state.z.detach().clone())
-                g2 = grad.detach().pow(2).mean(0)
-                self._g2 = g2 if self._g2 is None else self._g2 + g2
-            if self._step == end - 1 and self._sums is not None and len(self._sums) >= 10:
-                draws = torch.stack(self._sums).reshape(-1, state.z.shape[-1])
-                m = draws.shape[0]
-                # Pooled over particles and steps (slowly mixing coordinates have not yet
-                # explored their range within one particle: the within-particle variance
-                # under-estimates them ~4x on Robyn), but robust: the interquartile range,
-                # so that one stray particle cannot inflate a variance (a too-small mass
-                # makes the stiff side of a skewed posterior unstable).
-                q = torch.quantile(draws, torch.tensor([0.25, 0.75], dtype=draws.dtype), dim=0)
-                total = ((q[1] - q[0]) / 1.349).pow(2)
-                var = (m / (m + 5.0)) * total + (5.0 / (m + 5.0)) * self._var0
-                # Never below adam_floor x Adam's mass sqrt(E[grad^2]): where the gradients
-                # seen were
-                # large (the stiff flank of a skewed posterior), 1 / Var alone can make
-                # an unadjusted step unstable.
-                adam = self.adam_floor * (self._g2 / len(self._sums)).sqrt()
-                old = state.second_moment.sqrt()
-                new = torch.maximum(1.0 / var, adam).expand_as(old)
-                # keep the momenta at their stationary law N(0, step_size M) for the new M
-                velocity = state.velocity * (new / old).sqrt()
-                state = AdamState(state.z, velocity, new.pow(2), state.count)
-                self._sums = self._g2 = None
-            return adam_sgld_update(
-                state,
-                grad,
-                step_size,
-                noise,
-                coupling,
-                self.temperature,
-                self.betas,
-                self.eps,
-                adapt=False,
-            )
-
-    return PreconditionedSGHMC
-
-
 def _split_rhat(draws):
     """Split-R-hat, 1 where it is 0 / 0: an indicator that no chain ever moved."""
     rhat = split_rhat(draws)
@@ -1351,7 +1251,11 @@ class RetailBSTS:
     ):
         from ...infer import Gibbs
 
-        kernels = dict(kernels, preconditioned=_preconditioned_kernel())
+        # "preconditioned": the registered PreconditionedSGHMC, its mass re-estimated over
+        # the last 70 % of warm-up (the step is given, so the window may reach its end).
+        kernels = dict(kernels, preconditioned=kernels["preconditioned_sghmc"])
+        if kernel == "preconditioned_sghmc":
+            kernel = "preconditioned"
         if kernel is None:
             # The preconditioned kernel takes its initial mass from the AutoNormal scales;
             # without that fit, Adam's gradient-based mass is the safer start.
@@ -1373,6 +1277,9 @@ class RetailBSTS:
                 kernel_kwargs["init_scale"] = {
                     n: guide._get_loc_and_scale(n)[1].detach() for n in init
                 }
+        if kernel == "preconditioned":
+            kernel_kwargs.setdefault("adapt_window", (0.3, 1.0))
+            kernel_kwargs.setdefault("adam_floor", 0.6)
         if step_size is None:
             step_size = {"sgld": 2e-4, "adam": 2e-3, "sghmc": 5e-4, "preconditioned": 0.05}[kernel]
         initial_params = None if init is None else self._unconstrain(init)
@@ -1589,6 +1496,16 @@ class RetailBSTS:
         from .attribution import contribution_summary
 
         return contribution_summary(self, weeks, interval)
+
+    def plot_contributions(
+        self, weeks=None, interval=0.9, kind="contribution", truth=None, ax=None
+    ):
+        """Each channel's contribution (or ROAS, ``kind="roas"``) with its credible
+        interval, and ``truth`` where known; needs the ``plot`` extra
+        (:func:`~pyro_ext.models.bsts.attribution.plot_contributions`)."""
+        from .attribution import plot_contributions
+
+        return plot_contributions(self, weeks, interval, kind, truth, ax)
 
     def _responsibility(self, values, pi, slab):
         d = SpikeSlabNormal(pi, torch.full_like(pi, self.spike_scale), torch.full_like(pi, slab))
