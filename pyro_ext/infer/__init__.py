@@ -8,6 +8,7 @@ from .errors import (
     SamplerDivergenceError,
     SlowMixingWarning,
 )
+from .evidence import ELBOEstimate, elbo_estimate
 from .gibbs import Gibbs
 from .mcmc import MCMC
 from .ngvi import NaturalGradientVI, NGVIDivergenceError
@@ -28,6 +29,8 @@ from .tuning import StepSizeTrial, StepSizeTuning, tune_step_size
 from .vis import VIS, VISDivergenceError
 
 __all__ = [
+    "ELBOEstimate",
+    "elbo_estimate",
     "AdamSGLD",
     "PreconditionedSGHMC",
     "ConstantStepSize",

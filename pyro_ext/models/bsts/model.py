@@ -119,6 +119,7 @@ import pyro.distributions as dist
 import torch
 
 from ...infer.errors import SamplerDivergenceError
+from ...infer.evidence import elbo_estimate
 from ...ops.stats import split_rhat
 from ...ops.validation import check_choice, check_int, check_positive, check_real
 from ...timeseries.dlm import (
@@ -1101,12 +1102,8 @@ class RetailBSTS:
                 pyro.set_rng_seed(seed)
                 guide = self._map_init(steps)
                 model = self._all_indicators_on(self.model)
-                elbo = pyro.infer.Trace_ELBO(num_particles=1)
-                with torch.no_grad(), pyro.validation_enabled(False):
-                    draws = torch.tensor(
-                        [-elbo.loss(model, guide, *self._data) for _ in range(num_particles)]
-                    )
-            evidence[lag] = (float(draws.mean()), float(draws.std() / num_particles**0.5))
+                estimate = elbo_estimate(model, guide, *self._data, num_particles=num_particles)
+            evidence[lag] = tuple(estimate)
             guides[lag] = (guide, state)
         self.spend_lag = max(evidence, key=lambda lag: evidence[lag][0])
         self.spend_lag_evidence = evidence
