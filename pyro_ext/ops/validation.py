@@ -18,6 +18,7 @@ __all__ = [
     "check_choice",
     "check_int",
     "check_positive",
+    "as_real_tensor",
     "check_real",
     "check_real_tensor",
     "values_checked",
@@ -131,6 +132,22 @@ def check_choice(value, name, choices, allow_none=False):
     if value not in choices:
         raise ValueError(f"{name} must be {expected}; got {value!r}")
     return value
+
+
+def as_real_tensor(x, name):
+    """``x`` as a real tensor, or a :class:`TypeError` naming the argument (torch's own
+    error for a string or a ragged list names neither)."""
+    if isinstance(x, (str, bytes)):
+        raise TypeError(f"{name} must be a real tensor or array of numbers, got a string")
+    try:
+        x = torch.as_tensor(x)
+    except (TypeError, ValueError, RuntimeError) as error:
+        raise TypeError(
+            f"{name} must be a real tensor or array of numbers, got {type(x).__name__} ({error})"
+        ) from None
+    if x.is_complex():
+        raise TypeError(f"{name} must be real, got dtype {x.dtype}")
+    return x
 
 
 def check_real_tensor(value, name):

@@ -1,4 +1,15 @@
-"""Retail Bayesian structural time series with Nerlove-Arrow goodwill (thesis sec. 1.2)."""
+"""
+Retail Bayesian structural time series with Nerlove-Arrow goodwill (thesis sec. 1.2).
+
+The package is split by concern: ``distributions`` (the spike-and-slab prior, the polar
+noise scales), ``goodwill`` (the eq. 1.4 recursion), ``model`` (:class:`RetailBSTS`: its
+priors and the model function), ``collapsed`` (the point mass's likelihood with the
+coefficients integrated out, and its indicator moves), ``fit`` (data preparation, the lag
+chosen by the evidence, the samplers), ``forecast`` (the posterior predictive),
+``attribution`` (contributions and ROAS), ``allocation`` (budget allocation) and
+``simulate`` (data with known truth). ``collapsed``, ``fit`` and ``forecast`` are mixins of
+:class:`RetailBSTS`, so its methods stay where a user looks for them.
+"""
 
 from .allocation import (
     AllocationResult,

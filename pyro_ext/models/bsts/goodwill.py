@@ -7,6 +7,10 @@ import torch
 
 __all__ = ["goodwill_offset"]
 
+# goodwill_start="steady": the weeks of spend before the data, at the mean spend of the
+# first (at most) START_WEEKS weeks of the data.
+START_WEEKS = 52
+
 
 def goodwill_offset(phi, inflow):
     r"""Deterministic goodwill ``D_t = phi D_{t-1} + inflow_{t-1}``, ``D_1 = 0``.
