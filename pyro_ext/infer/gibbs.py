@@ -293,6 +293,11 @@ class Gibbs(ParticleKernel):
     def mixing_advice(self, kept_steps: int):
         return self.kernel.mixing_advice(kept_steps)
 
+    def escaped_particles(self):
+        """The inner kernel's escaped particles (their log density over the kept steps is
+        at the discrete sites' values of each step)."""
+        return self.kernel.escaped_particles()
+
     def verify(self) -> bool:
         return self.kernel.verify()
 

@@ -8,7 +8,7 @@ import pyro.distributions as dist
 import pytest
 import torch
 
-from pyro_ext.infer import MCMC, SGLD, AdamSGLD, EscapedParticleWarning
+from pyro_ext.infer import MCMC, SGLD, AdamSGLD, EscapedParticleWarning, Gibbs
 from pyro_ext.infer.sgmcmc.escape import KeptLogDensity, find_escaped, gaussian_floor
 
 NUM_PARTICLES = 8
@@ -108,6 +108,19 @@ def test_run_reports_the_escaped_particle(make, device):
     assert "Reduce the step size" in message
     # The draws are all kept: dropping the chain is the user's call.
     assert mcmc.get_samples(group_by_chain=True)["z"].shape == (NUM_PARTICLES, 300)
+
+
+def test_gibbs_reports_its_inner_kernels_escaped_particle():
+    def model():
+        wide_tail_model()
+        pyro.sample("coin", dist.Bernoulli(0.5))
+
+    pyro.set_rng_seed(0)
+    start = 0.5 * torch.randn(NUM_PARTICLES)
+    start[3] = 1000.0
+    kernel = Gibbs(SGLD(model, step_size=0.1, num_particles=NUM_PARTICLES), ["coin"])
+    mcmc, escaped = _run(kernel, start, num_samples=100, warmup_steps=50)
+    assert mcmc.escaped_particles == [3] and len(escaped) == 1
 
 
 @pytest.mark.parametrize("seed", range(3))
