@@ -85,12 +85,16 @@ def test_kept_log_density_drops_rewound_steps():
     "make",
     [
         lambda: SGLD(wide_tail_model, step_size=0.1, num_particles=NUM_PARTICLES),
-        lambda: SGLD(
-            wide_tail_model,
-            step_size=0.1,
-            num_particles=NUM_PARTICLES,
-            jit_compile=True,
-            divergence_check_every=7,
+        # The compile takes most of its 10 s: in the integration run.
+        pytest.param(
+            lambda: SGLD(
+                wide_tail_model,
+                step_size=0.1,
+                num_particles=NUM_PARTICLES,
+                jit_compile=True,
+                divergence_check_every=7,
+            ),
+            marks=pytest.mark.integration,
         ),
         lambda: AdamSGLD(wide_tail_model, num_particles=NUM_PARTICLES),
     ],
