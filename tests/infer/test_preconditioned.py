@@ -93,6 +93,9 @@ def _run(kernel, num_samples=1000, warmup_steps=400, seed=0):
     return mcmc
 
 
+# About 5 s each, the next two run in the integration run; the default run keeps the update,
+# the mass estimate and the compiled chain.
+@pytest.mark.integration
 def test_the_window_sets_the_mass_and_the_chain_samples_the_target(device):
     # Started from unit scales, the mass after the window is 1 / Var within the sampling
     # error of the window's draws, and every coordinate's variance is right although the
@@ -145,6 +148,7 @@ def test_bad_settings_are_refused(kwargs, error, match):
         PreconditionedSGHMC(scaled_gaussian, 0.05, **kwargs)
 
 
+@pytest.mark.integration
 def test_a_checkpoint_inside_the_window_resumes_to_the_same_draws(tmp_path):
     class Interrupt(Exception):
         pass
