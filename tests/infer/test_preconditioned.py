@@ -151,7 +151,7 @@ def test_bad_settings_are_refused(kwargs, error, match):
 @pytest.mark.integration
 def test_a_checkpoint_inside_the_window_resumes_to_the_same_draws(tmp_path):
     class Interrupt(Exception):
-        pass
+        """A simulated crash inside the mass window."""
 
     def crash(kernel, params, stage, index):
         if stage == "Warmup" and index == 150:  # inside the window [100, 200)
