@@ -195,6 +195,11 @@ class LangevinAttacker(TorchDistribution):
 
     arg_constraints = {}
     has_rsample = False
+    #: :meth:`sample` calls ``predict_logits`` only on whole batches whose row ``i`` is a
+    #: version of ``x[i]``, and treats rows independently: a caller may then attack
+    #: stacked copies of ``x`` against different models in one draw
+    #: (:class:`~pyro_ext.ara.training.ARATrainer` does, one copy per particle).
+    row_aligned = True
 
     def __init__(
         self,

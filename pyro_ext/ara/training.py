@@ -14,6 +14,7 @@ training. All trainers share ``fit`` / ``epoch_times`` / ``predict_logits`` /
 ``predict``, so that a benchmark can treat the defenses alike.
 """
 
+import functools
 import math
 import time
 
@@ -23,12 +24,17 @@ import torch.nn.functional as F
 from pyro.infer.autoguide.initialization import init_to_median
 from pyro.poutine.messenger import Messenger
 
+from pyro_ext.infer.potential import PerParticle
 from pyro_ext.infer.sgmcmc import get_kernel
 
 from ..ops.validation import check_choice, check_int, check_positive, check_real
 from .attacks import pgd, predictive_logits
 
-__all__ = ["ARATrainer", "AdversarialTrainer", "init_fan_in"]
+__all__ = ["ATTACKS", "ARATrainer", "AdversarialTrainer", "init_fan_in"]
+
+#: How :class:`ARATrainer` attacks: one attacked batch per particle (Algorithm 3.2), or one
+#: shared by all particles.
+ATTACKS = ("per_particle", "shared")
 
 
 def init_fan_in(site):
@@ -109,18 +115,24 @@ class ARATrainer:
     Large-scale ARA-robust training of a differentiable Bayesian classifier, thesis
     Algorithm 3.2. Every step
 
-    1. draws a minibatch and picks one of the ``K`` particles uniformly at random: the
-       attacker's uncertainty about the defender's weights, a draw from the current
-       posterior approximation (eq. 3.15 paragraph);
-    2. replaces a ``1 - clean_fraction`` share of the minibatch rows by a draw of the
+    1. draws a minibatch;
+    2. for each of the ``K`` particles :math:`\beta_k`, replaces a ``1 - clean_fraction``
+       share of the minibatch rows by a draw :math:`x_k \sim p_C(x' \mid x)` of the
        attacker model against that particle (white box, detached from the weights); the
        thesis keeps clean and attacked data 1:1;
-    3. moves all particles with one SG-MCMC step (SGLD, eq. 3.15, or SGHMC, the thesis'
-       SGD with momentum plus noise) on the log joint of that mixed minibatch, its
+    3. moves each particle with one SG-MCMC step (SGLD, eq. 3.15, or SGHMC, the thesis'
+       SGD with momentum plus noise) on the log joint of its own mixed minibatch, its
        likelihood scaled by ``N / |batch|``.
 
-    Algorithm 3.2 draws a separate attacked batch per particle; sharing one (attacked
-    against a random particle) evaluates all particles in one vectorised pass.
+    An attacker model that declares ``row_aligned`` (as
+    :class:`~pyro_ext.ara.attackers.LangevinAttacker` does: rows attacked independently,
+    scored in whole batches) draws the ``K`` attacks as one attack on ``K`` stacked copies
+    of the rows, copy ``k`` scored by particle ``k``; any other is drawn once per
+    particle. The ``K`` updates run in one vectorised pass, each particle on its own data
+    (:class:`~pyro_ext.infer.PerParticle`). ``attacks="shared"`` is the cheaper departure
+    from the algorithm: one attacked batch, against a particle drawn at random each step,
+    moves every particle. It crafts ``K`` times fewer attacks and measurably less
+    robustness (``benchmarks/results/ara_scalable.md``).
 
     The SG-MCMC machinery is :mod:`pyro_ext.infer.sgmcmc`'s: the kernel's update
     (:func:`~pyro_ext.infer.sgmcmc.sgld_update`, :func:`~pyro_ext.infer.sgmcmc.sghmc_update`),
@@ -142,6 +154,9 @@ class ARATrainer:
         ``step_size = lr / N``.
     :param str kernel: ``"sgld"`` (Algorithm 3.2) or ``"sghmc"`` (SGD with momentum
         ``1 - friction`` plus noise).
+    :param str attacks: ``"per_particle"`` (default, Algorithm 3.2: each particle moves on
+        its own attacked rows) or ``"shared"`` (one attacked batch, against a random
+        particle, moves them all).
     :param int num_particles: the number ``K`` of particles (5 in the thesis).
     :param float friction: ``1 - momentum`` for ``"sghmc"`` (thesis MNIST: momentum 0.5).
     :param int batch_size: minibatch size (32 in the thesis).
@@ -165,6 +180,7 @@ class ARATrainer:
         *,
         step_size,
         kernel="sgld",
+        attacks="per_particle",
         num_particles=5,
         friction=0.5,
         batch_size=32,
@@ -179,6 +195,7 @@ class ARATrainer:
         if attacker is not None and not callable(attacker):
             raise ValueError("attacker must be None or a factory (predict_logits, x, y) -> model")
         get_kernel(kernel)  # a ValueError naming the registered kernels
+        self.attacks = check_choice(attacks, "attacks", ATTACKS)
         self.model, self.attacker = model, attacker
         self.step_size = check_positive(step_size, "step_size")
         self.num_particles = check_int(num_particles, "num_particles", low=1)
@@ -208,6 +225,21 @@ class ARATrainer:
     def _attack_logits(self, x):
         """The attacker's white-box target: the particle drawn for this step."""
         return self._particle_logits(self.kernel.particles[self._target].detach(), x)
+
+    def _stacked_logits(self, x):
+        """Logits of ``K`` stacked blocks of rows ``(K n, ...)``, block ``k`` by particle
+        ``k``: ``K`` white-box targets in one vectorised pass, differentiable in ``x``."""
+        particles = self.kernel.particles.detach()
+        if x.shape[0] % particles.shape[0]:
+            raise RuntimeError(
+                f"the attacker scored {x.shape[0]} rows, not {particles.shape[0]} stacked "
+                "blocks of its rows: an attacker model with row_aligned = True must call "
+                "predict_logits on whole batches of its inputs"
+            )
+        blocks = x.reshape((particles.shape[0], -1) + x.shape[1:])
+        # The trace draws the unobserved "obs" site (thrown away): vmap must allow it.
+        logits = torch.func.vmap(self._particle_logits, randomness="different")(particles, blocks)
+        return logits.reshape((-1,) + logits.shape[2:])
 
     def _check_fitted(self):
         if self.kernel is None:
@@ -268,13 +300,37 @@ class ARATrainer:
         self._target = int(torch.randint(self.num_particles, ()))
         return self.attacker(self._attack_logits, x, y).sample().detach()
 
+    def _attacked_per_particle(self, x, y):
+        """``(K, n, ...)``: row block ``k`` attacked against particle ``k``. An attacker
+        model that declares ``row_aligned`` (e.g. :class:`~pyro_ext.ara.attackers.LangevinAttacker`)
+        draws the ``K`` attacks as one, on stacked copies of the rows; any other (one that
+        scores candidate rows, or subsets of them) is built and drawn once per particle."""
+        num_particles, rows = self.num_particles, x.shape[0]
+        stacked_x = x.expand((num_particles,) + x.shape).reshape((-1,) + x.shape[1:])
+        stacked = self.attacker(self._stacked_logits, stacked_x, y.repeat(num_particles))
+        if getattr(stacked, "row_aligned", False):
+            attacked = stacked.sample().detach()
+            return attacked.reshape((num_particles, rows) + x.shape[1:])
+        particles = self.kernel.particles.detach()
+        return torch.stack(
+            [
+                self.attacker(functools.partial(self._particle_logits, z), x, y).sample().detach()
+                for z in particles
+            ]
+        )
+
     def _step(self, x, y, scale):
         num_attacked = (
             0 if self.attacker is None else _num_attacked(x.shape[0], self.clean_fraction)
         )
-        if num_attacked:
+        if num_attacked and self.attacks == "shared":
             x_attacked = self._attacked(x[:num_attacked], y[:num_attacked])
             x = torch.cat([x_attacked, x[num_attacked:]])
+        elif num_attacked:
+            attacked = self._attacked_per_particle(x[:num_attacked], y[:num_attacked])
+            clean = x[num_attacked:].expand((self.num_particles,) + x[num_attacked:].shape)
+            # Particle k's minibatch: its own attacked rows, then the shared clean rows.
+            x = PerParticle(torch.cat([attacked, clean], dim=1))
         self.kernel.set_data(x, y, scale)
         self._params = self.kernel.sample(self._params)
 

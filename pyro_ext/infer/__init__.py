@@ -12,6 +12,7 @@ from .evidence import ELBOEstimate, elbo_estimate
 from .gibbs import Gibbs
 from .mcmc import MCMC
 from .ngvi import NaturalGradientVI, NGVIDivergenceError
+from .potential import PerParticle
 from .sgmcmc import (
     SGHMC,
     SGLD,
@@ -33,6 +34,7 @@ __all__ = [
     "elbo_estimate",
     "AdamSGLD",
     "PreconditionedSGHMC",
+    "PerParticle",
     "ConstantStepSize",
     "CyclicalStepSize",
     "DivergenceError",

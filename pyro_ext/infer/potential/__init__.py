@@ -10,9 +10,12 @@ the online filters and the BSTS sampler evaluate. Its parts:
   handler behind every log joint of the package, :class:`LogJointMessenger`;
 * :mod:`~pyro_ext.infer.potential.init`: the starting points (the model's declared start, a
   Pyro init strategy, the prior-scaled start);
-* :mod:`~pyro_ext.infer.potential.checks`: the data contract, :func:`check_model_data`.
+* :mod:`~pyro_ext.infer.potential.checks`: the data contract, :func:`check_model_data`;
+* :mod:`~pyro_ext.infer.potential.arguments`: :class:`PerParticle`, a model argument with one
+  value per particle.
 """
 
+from .arguments import PerParticle
 from .checks import check_model_data
 from .density import VECTORIZE, GaussianPriors, LogJointMessenger, ParticlePotential
 from .layout import DiscreteSite, SupportMap
@@ -23,6 +26,7 @@ __all__ = [
     "GaussianPriors",
     "LogJointMessenger",
     "ParticlePotential",
+    "PerParticle",
     "SupportMap",
     "check_model_data",
 ]

@@ -24,6 +24,7 @@ from pyro.poutine.messenger import Messenger
 from pyro.poutine.util import site_is_subsample
 
 from ...ops.validation import check_choice
+from .arguments import check_per_particle, has_per_particle, select_particle, split_per_particle
 from .checks import check_model_data, run_model_checked
 from .init import declared_init_strategy, init_strategy_start, prior_scaled_start
 from .layout import (
@@ -146,8 +147,11 @@ class ParticlePotential:
     joint plus the log-Jacobian of the maps to the sites' supports.
 
     :param callable model: a Pyro model with continuous latent sites and static structure.
-    :param tuple model_args: positional arguments of ``model``.
-    :param dict model_kwargs: keyword arguments of ``model``.
+    :param tuple model_args: positional arguments of ``model``; an argument wrapped in
+        :class:`~pyro_ext.infer.potential.PerParticle` holds one value per particle along
+        its leading dimension (particle ``k`` sees ``value[k]``; thesis Algorithm 3.2 gives
+        each particle its own attacked data).
+    :param dict model_kwargs: keyword arguments of ``model`` (:class:`PerParticle` too).
     :param str vectorize: how ``L > 1`` particles are evaluated in one pass.
         ``"vmap"``: :func:`torch.func.vmap` over a model written for one draw (any model
         whose operations vmap can batch); ``"plate"``: one run of the model inside a
@@ -192,6 +196,7 @@ class ParticlePotential:
         self.model = model
         self.model_args = tuple(model_args)
         self.model_kwargs = {} if model_kwargs is None else dict(model_kwargs)
+        check_per_particle(self.model_args, self.model_kwargs)
         self.vectorize = None if vectorize == "auto" else vectorize
         #: latent sites whose prior log density the potential leaves out, for a caller that
         #: adds it analytically (:class:`~pyro_ext.infer.NaturalGradientVI` does, for fixed
@@ -206,18 +211,27 @@ class ParticlePotential:
             )
         self._checked_versions = self._versions(self.model_args, self.model_kwargs)
 
+    def _particle_views(self, args, kwargs):
+        """The arguments as each particle sees them: one view without
+        :class:`PerParticle` arguments, one per particle with them."""
+        if not has_per_particle(args, kwargs):
+            return [(args, kwargs)]
+        values, _ = split_per_particle(args, kwargs)
+        return [select_particle(args, kwargs, k) for k in range(values[0].shape[0])]
+
     def _read_structure(self):
         """Run the model once: its latent sites' layout and its subsampled plates' sizes."""
+        views = self._particle_views(self.model_args, self.model_kwargs)
         # A bad argument that breaks the run itself (empty data, a wrong length) is named.
-        trace = run_model_checked(
-            self.model, self.model_args, self.model_kwargs, nonfinite=self.check_data
-        )
+        trace = run_model_checked(self.model, *views[0], nonfinite=self.check_data)
         previous = getattr(self, "layout", None)
         self.layout: dict[str, _SiteLayout] = {}
         self.discrete_layout = {}
         self._check_discrete_names(trace)
         if self.check_data:
-            check_model_data(self.model, self.model_args, self.model_kwargs, trace)
+            check_model_data(self.model, *views[0], trace)
+            for view in views[1:]:
+                check_model_data(self.model, *view, None)
         self.subsample_sizes: dict[str, tuple[int, int]] = {}
         start = 0
         for name, site in trace.nodes.items():
@@ -357,10 +371,12 @@ class ParticlePotential:
         (the latent sites must stay the same); a compiled step keeps its compiled code as
         long as the shapes stay.
         """
+        check_per_particle(args, kwargs)
         reshaped = self._shapes(args, kwargs) != self._shapes(self.model_args, self.model_kwargs)
         if not reshaped and self.check_data and not self._same_data(args, kwargs):
             # Run on the new data: the trace of the old holds the old observations.
-            check_model_data(self.model, args, kwargs, None)
+            for view in self._particle_views(args, kwargs):
+                check_model_data(self.model, *view, None)
         self.model_args, self.model_kwargs = tuple(args), dict(kwargs)
         if reshaped:
             self._read_structure()
@@ -398,6 +414,12 @@ class ParticlePotential:
         """Run the model on ``args``/``kwargs`` (default: the current data), under the caller's handlers."""
         if args is None:
             args, kwargs = self.model_args, self.model_kwargs
+        if has_per_particle(args, kwargs):
+            raise ValueError(
+                "the model's arguments hold PerParticle values, which only a vectorised "
+                "evaluation over the particles (log_density_all) or one particle's "
+                "evaluation maps; this method runs the model once for all particles"
+            )
         self.model(*args, **kwargs)
 
     def fixed_normal_priors(self, point: torch.Tensor) -> "GaussianPriors":
@@ -571,6 +593,13 @@ class ParticlePotential:
         inside a ``pyro.plate`` over particles (the way :class:`pyro.infer.SVGD`
         vectorises); needs a model whose batch dimensions broadcast.
         """
+        if args is None:
+            args, kwargs = self.model_args, self.model_kwargs
+        if has_per_particle(args, kwargs):
+            raise ValueError(
+                "PerParticle model arguments need vectorize='vmap': a particle pyro.plate "
+                "runs the model once, on the same arguments for every particle"
+            )
         num_particles, nesting = z.shape[0], self.max_plate_nesting
         values, log_jacobian = self._constrain(z)
         values.update(self.conditioning(conditioned))
@@ -591,10 +620,14 @@ class ParticlePotential:
                 self.run_model(args, kwargs)
         return joint.log_joint.reshape(-1).expand(num_particles) + log_jacobian
 
-    def nonfinite_sites(self, z: torch.Tensor, subsamples, conditioned=None) -> list:
+    def nonfinite_sites(self, z: torch.Tensor, subsamples, conditioned=None, particle=0) -> list:
         """Names of sites whose log density (or log-Jacobian) is not finite at particle ``z``
-        (with the discrete sites at ``conditioned``, that particle's values)."""
+        (with the discrete sites at ``conditioned``, that particle's values; its
+        :class:`PerParticle` arguments at index ``particle``)."""
         bad = []
+        args, kwargs = self.model_args, self.model_kwargs
+        if has_per_particle(args, kwargs):
+            args, kwargs = select_particle(args, kwargs, particle)
         with torch.no_grad(), pyro.validation_enabled(False):
             values = {}
             for name, s in self.layout.items():
@@ -606,7 +639,7 @@ class ParticlePotential:
                     bad.append(name)
             values.update(self.conditioning(conditioned))
             with pyro.poutine.trace() as tracer, LogJointMessenger(values, subsamples, block=False):
-                self.run_model(None, None)
+                self.run_model(args, kwargs)
             for name, site in tracer.trace.nodes.items():
                 if site["type"] == "sample" and not site_is_subsample(site):
                     log_prob = site["fn"].log_prob(site["value"], *site["args"], **site["kwargs"])
@@ -615,10 +648,16 @@ class ParticlePotential:
         return bad
 
     def _log_density_vmap(self, z, subsamples, args=None, kwargs=None, conditioned=None):
+        if args is None:
+            args, kwargs = self.model_args, self.model_kwargs
+        # PerParticle arguments are mapped with the particles; the rest are shared.
+        per_particle, rebuild = split_per_particle(args, kwargs)
         return torch.func.vmap(
-            lambda particle, values: self.log_density(particle, subsamples, args, kwargs, values),
+            lambda particle, values, slices: self.log_density(
+                particle, subsamples, *rebuild(slices), values
+            ),
             randomness="different",
-        )(z, conditioned)
+        )(z, conditioned, per_particle)
 
     def log_density_all(self, z, subsamples, args=None, kwargs=None, conditioned=None):
         """
@@ -629,8 +668,13 @@ class ParticlePotential:
         on tensor values).
         """
         conditioned = self.conditioning(conditioned)
+        if args is None:
+            args, kwargs = self.model_args, self.model_kwargs
+        check_per_particle(args, kwargs, z.shape[0])
         if z.shape[0] == 1:
             single = {name: value[0] for name, value in conditioned.items()}
+            if has_per_particle(args, kwargs):
+                args, kwargs = select_particle(args, kwargs, 0)
             return self.log_density(z[0], subsamples, args, kwargs, single).reshape(1)
         if self.vectorize == "vmap":
             return self._log_density_vmap(z, subsamples, args, kwargs, conditioned)

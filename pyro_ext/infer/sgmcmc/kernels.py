@@ -13,6 +13,7 @@ from pyro.infer.svgd import SteinKernel
 from ...ops.validation import check_choice, check_int, check_positive, check_real
 from ..errors import SamplerDivergenceError
 from ..potential import VECTORIZE, ParticlePotential
+from ..potential.arguments import check_per_particle, has_per_particle
 from .adaptation import StepSizeAdaptation
 from .compiled import CompiledStep, check_jit_compile
 from .distributed import SHARD_MODES, resolve_shard
@@ -316,6 +317,7 @@ class SGMCMCKernel(ParticleKernel):
             discrete_sites=self.discrete_sites,
             max_support_size=self.max_support_size,
         )
+        self._check_per_particle(args, kwargs)
         self.transforms = self.potential.transforms
         if self._initial_params is None:
             z = self.potential.initial_particles(self.num_particles, self.init_strategy)
@@ -324,6 +326,11 @@ class SGMCMCKernel(ParticleKernel):
         # Every rank of a sharded run draws all L particles (and momenta) from the shared
         # random stream, so that its rows are those of the single-process run.
         self.shard = resolve_shard(self.shard_mode, self.num_particles, z.device, self.potential)
+        if self.shard is not None and has_per_particle(args, kwargs):
+            raise ValueError(
+                "PerParticle model arguments do not run sharded: pass shard=None (each rank "
+                "would need its own particles' rows)"
+            )
         # With step_size=None the first sample() estimates the step, at the discrete sites'
         # values a compound kernel (Gibbs) passes to it.
         self.step_size_adaptation = None if self.step_size is not None else self._adaptation()
@@ -385,7 +392,14 @@ class SGMCMCKernel(ParticleKernel):
         """
         if self.potential is None:
             raise RuntimeError("set_data() needs a set-up kernel: call setup() (or MCMC.run) first")
+        self._check_per_particle(args, kwargs)
+        if self.shard is not None and has_per_particle(args, kwargs):
+            raise ValueError("PerParticle model arguments do not run sharded: pass shard=None")
         self.potential.set_data(*args, **kwargs)
+
+    def _check_per_particle(self, args, kwargs):
+        # A wrong leading size is named here, before the first step evaluates it.
+        check_per_particle(args, kwargs, self.num_particles)
 
     def cleanup(self):
         self._last_log_density = None
@@ -757,6 +771,7 @@ class SGMCMCKernel(ParticleKernel):
                     self._state.z[particles[0]],
                     subsamples,
                     {name: value[particles[0]] for name, value in self._conditioned.items()},
+                    particle=particles[0],
                 )
             )
         if self.shard is not None:
