@@ -124,6 +124,40 @@ def write_report(preamble, sections, output):
     output.write_text(report)
 
 
+def write_sections(preamble, headings, made, output):
+    """
+    Write a report whose sections can be remade one at a time: ``headings`` maps each
+    section's key to the start of its heading (``"## Table 2.5"``), in the report's order;
+    ``made`` maps the keys this run made to their text. The other sections are kept, as
+    they are, from the report already at ``output`` (each should say the command that made
+    it).
+    """
+    sections = dict(made)
+    if output.exists():
+        for chunk in output.read_text().split("\n## ")[1:]:
+            for key, heading in headings.items():
+                if key not in made and ("## " + chunk).startswith(heading):
+                    sections[key] = "## " + chunk.strip()
+    write_report(preamble, [sections[key] for key in headings if key in sections], output)
+
+
+def section_made_by(text, quick, seconds):
+    """``text`` (a ``## `` section) with a line after its heading: the command line of this
+    run and its wall time."""
+    heading, _, body = text.partition("\n\n")
+    mode = "quick mode: numbers are not meaningful" if quick else "full protocol"
+    return (
+        f"{heading}\n\nMade by `python {_script()} "
+        f"{command_line_args()}` ({mode}; {seconds:.0f} s on one CPU thread).\n\n{body}"
+    )
+
+
+def _script():
+    """The running script's path from the repository root (``benchmarks/x.py``)."""
+    path = Path(sys.argv[0]).resolve()
+    return str(path.relative_to(REPO)) if path.is_relative_to(REPO) else path.name
+
+
 def command_line_args():
     """The command-line options of this run, minus ``--output``, for a report's preamble."""
     args, skip = [], False

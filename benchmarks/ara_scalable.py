@@ -66,10 +66,10 @@ from _common import (  # noqa: E402
     REPO,  # importing _common also sets $PYRO_EXT_DATA's default
     accuracy,
     argument_parser,
-    command_line_args,
     markdown,
     mean_sd,
-    write_report,
+    section_made_by,
+    write_sections,
 )
 
 from pyro_ext.ara.attackers import LangevinAttacker  # noqa: E402
@@ -520,18 +520,6 @@ def mnist_section(cfg):
 SECTIONS = {"spam": "## Table 3.2", "mnist": "## Figure 3.8"}
 
 
-def kept_sections(output, rerun):
-    """The sections of an earlier report at ``output`` that this run does not redo, by key."""
-    if not output.exists():
-        return {}
-    kept = {}
-    for chunk in output.read_text().split("\n## ")[1:]:
-        for key, heading in SECTIONS.items():
-            if key not in rerun and ("## " + chunk).startswith(heading):
-                kept[key] = "## " + chunk.strip()
-    return kept
-
-
 def main():
     parser = argument_parser(__doc__, RESULTS, quick="short smoke run")
     parser.add_argument("--reps", type=int, help="spam splits (default 5, quick 1)")
@@ -564,23 +552,17 @@ def main():
             cfg[key] = getattr(args, key)
     cfg["jit"] = args.jit
     run = {"spam": spam_section, "mnist": mnist_section}
-    sections = kept_sections(args.output, args.sections)
+    made = {}
     for key in args.sections:
         start = time.perf_counter()
-        text = run[key](cfg)
-        heading, _, body = text.partition("\n\n")
-        sections[key] = (
-            f"{heading}\n\nMade by `python benchmarks/ara_scalable.py {command_line_args()}` "
-            f"({'quick mode: numbers are not meaningful' if args.quick else 'full protocol'}; "
-            f"{time.perf_counter() - start:.0f} s on one CPU thread).\n\n{body}"
-        )
+        made[key] = section_made_by(run[key](cfg), args.quick, time.perf_counter() - start)
     preamble = (
         "# Scalable ARA (thesis section 3.5.1, table 3.2, figure 3.8)\n\n"
         "`python benchmarks/ara_scalable.py` makes both sections; `--sections spam` or "
         "`--sections mnist` remakes one and keeps the other. Each section names the command "
         "that made it."
     )
-    write_report(preamble, [sections[key] for key in SECTIONS if key in sections], args.output)
+    write_sections(preamble, SECTIONS, made, args.output)
 
 
 if __name__ == "__main__":
