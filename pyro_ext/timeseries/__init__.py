@@ -3,7 +3,8 @@
 Discrete hidden Markov models (forward–backward, Viterbi, forward-filter backward-sample and
 prediction by parallel scans over the sum-product and max-product semirings) and dynamic
 linear models (Kalman filtering, RTS smoothing, simulation smoothing and forecasting), as
-functions, as Pyro distributions and as ready-made Pyro models.
+functions, as Pyro distributions and as ready-made Pyro models; discrete HMMs are fitted by
+exact EM (:func:`fit_hmm_em`, :meth:`HiddenMarkovModel.fit`).
 """
 
 from .dlm import (
@@ -17,9 +18,12 @@ from .dlm import (
     Seasonal,
     dlm_observe,
 )
+from .em import HMMFit, fit_hmm_em
 from .hmm import (
     HiddenMarkovDistribution,
+    HMMExpectedStatistics,
     check_stochastic_matrix,
+    hmm_expected_statistics,
     hmm_filter,
     hmm_log_likelihood,
     hmm_predict,
@@ -49,6 +53,8 @@ __all__ = [
     "DLMDistribution",
     "HiddenMarkovDistribution",
     "HiddenMarkovModel",
+    "HMMExpectedStatistics",
+    "HMMFit",
     "KalmanFilterResult",
     "KalmanForecast",
     "KalmanSmootherResult",
@@ -61,7 +67,9 @@ __all__ = [
     "StateSpaceMatrices",
     "check_stochastic_matrix",
     "dlm_observe",
+    "fit_hmm_em",
     "forecast_interval",
+    "hmm_expected_statistics",
     "hmm_filter",
     "hmm_log_likelihood",
     "hmm_predict",

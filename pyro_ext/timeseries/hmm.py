@@ -32,6 +32,7 @@ follow the device and dtype of their inputs):
 
 import functools
 import math
+from typing import NamedTuple
 
 import torch
 from pyro.distributions import TorchDistribution, constraints
@@ -42,8 +43,10 @@ from ..ops.semiring import finite_min
 from ..ops.validation import check_int, values_checked
 
 __all__ = [
+    "HMMExpectedStatistics",
     "HiddenMarkovDistribution",
     "check_stochastic_matrix",
+    "hmm_expected_statistics",
     "hmm_filter",
     "hmm_log_likelihood",
     "hmm_predict",
@@ -435,6 +438,23 @@ def hmm_filter(
     return filtered.movedim(0, -2)
 
 
+def _forward_backward(problem):
+    """Filtered probabilities and scaled backward messages, both ``(T, ..., K)``: a forward
+    prefix scan and a backward (suffix) scan."""
+    filtered, log_norms = problem.forward()
+    _check_evidence(problem, log_norms[-1], log_norms)
+    # beta_t^T = 1^T X_T^T ... X_{t+1}^T: a prefix scan over the reversed, transposed factors.
+    backward_factors = problem.log_factors().transpose(-1, -2).flip(0)
+    uniform = torch.zeros_like(problem.log_init)
+    beta = scan.vector_scan(
+        semiring.scaled_vector(uniform),
+        semiring.scaled_matrix(backward_factors),
+        semiring.scaled_vec_mat,
+        semiring.scaled_mat_mat,
+    )[0].flip(0)
+    return filtered, beta, log_norms[-1]
+
+
 def hmm_smooth(
     init_logits: torch.Tensor,
     trans_logits: torch.Tensor,
@@ -446,19 +466,64 @@ def hmm_smooth(
     prefix scan times a backward (suffix) scan, ``alpha_t * beta_t`` renormalised.
     """
     problem = _Problem(init_logits, trans_logits, obs_log_probs, mask)
-    filtered = _checked_filter(problem)
-    # beta_t^T = 1^T X_T^T ... X_{t+1}^T: a prefix scan over the reversed, transposed factors.
-    backward_factors = problem.log_factors().transpose(-1, -2).flip(0)
-    uniform = torch.zeros_like(problem.log_init)
-    beta = scan.vector_scan(
-        semiring.scaled_vector(uniform),
-        semiring.scaled_matrix(backward_factors),
-        semiring.scaled_vec_mat,
-        semiring.scaled_mat_mat,
-    )[0].flip(0)
+    filtered, beta, _ = _forward_backward(problem)
     post = filtered * beta
     post = post / post.sum(-1, keepdim=True)
     return post.movedim(0, -2)
+
+
+class HMMExpectedStatistics(NamedTuple):
+    r"""
+    The expected sufficient statistics of a discrete HMM given its observations (the E-step
+    of Baum-Welch).
+
+    :ivar torch.Tensor posterior: :math:`\gamma_t(k) = p(z_t = k \mid x_{1:T})`, shape
+        ``(..., T, K)``.
+    :ivar torch.Tensor transition_counts: the expected transitions, :math:`\sum_{t<T}
+        \xi_t(j, k)` with :math:`\xi_t(j, k) = p(z_t = j, z_{t+1} = k \mid x_{1:T})`,
+        summed like ``trans_logits`` broadcasts: ``(K, K)`` for a homogeneous matrix shared
+        by a batch of series, ``(..., T-1, K, K)`` for a time-varying one.
+    :ivar torch.Tensor log_likelihood: :math:`\log p(x_{1:T})`, shape ``(...)``.
+    """
+
+    posterior: torch.Tensor
+    transition_counts: torch.Tensor
+    log_likelihood: torch.Tensor
+
+
+def hmm_expected_statistics(
+    init_logits: torch.Tensor,
+    trans_logits: torch.Tensor,
+    obs_log_probs: torch.Tensor,
+    mask: torch.Tensor | None = None,
+) -> HMMExpectedStatistics:
+    r"""
+    Posterior marginals, expected transition counts and the log-likelihood in one
+    forward-backward pass (arguments as for :func:`hmm_log_likelihood`). The two-slice
+    marginals are :math:`\xi_t(j, k) \propto \alpha_t(j) A_t[j, k] p(x_{t+1} \mid k)
+    \beta_{t+1}(k)`, normalised per step, from the same scans as :func:`hmm_smooth`.
+    """
+    problem = _Problem(init_logits, trans_logits, obs_log_probs, mask)
+    filtered, beta, log_likelihood = _forward_backward(problem)
+    posterior = filtered * beta
+    posterior = posterior / posterior.sum(-1, keepdim=True)
+    if problem.duration == 1:
+        counts = torch.zeros_like(trans_logits, dtype=posterior.dtype)
+        return HMMExpectedStatistics(posterior.movedim(0, -2), counts, log_likelihood)
+    # Per step (T-1, *batch, K, K), in log space shifted per step: the normalisation of
+    # each two-slice marginal cancels the shifts.
+    log_pair = (
+        filtered[:-1].clamp_min(1e-300).log().unsqueeze(-1)
+        + problem.log_trans
+        + (problem.obs[1:] + beta[1:].clamp_min(1e-300).log()).unsqueeze(-2)
+    )
+    log_pair = log_pair - log_pair.flatten(-2).logsumexp(-1)[..., None, None]
+    pair = log_pair.exp()
+    if problem.time_varying:
+        counts = pair.movedim(0, -3).sum_to_size(trans_logits.shape)
+    else:
+        counts = pair.sum(0).sum_to_size(trans_logits.shape)
+    return HMMExpectedStatistics(posterior.movedim(0, -2), counts, log_likelihood)
 
 
 def hmm_viterbi(

@@ -25,6 +25,7 @@ from pyro.nn import PyroModule
 from pyro.ops.indexing import Vindex
 
 from ..ops.validation import check_choice, check_int, check_positive, values_checked
+from .em import fit_hmm_em
 from .hmm import HiddenMarkovDistribution, check_stochastic_matrix
 
 __all__ = ["HiddenMarkovModel"]
@@ -256,6 +257,48 @@ class HiddenMarkovModel(PyroModule):
             z = pyro.sample(f"z_{t}", dist.Categorical(probs), infer={"enumerate": "parallel"})
             pyro.sample(f"y_{t}", _select_state(obs_dist, z), obs=obs_value[t])
             z_prev = z
+
+    # -- fitting ----------------------------------------------------------------------------
+
+    def fit(self, y, *, init=None, num_restarts=5, max_iterations=200, tolerance=1e-6, seed=0):
+        """
+        Maximum-likelihood parameters by EM (Baum-Welch), the best of ``num_restarts``
+        starts: :func:`~pyro_ext.timeseries.em.fit_hmm_em` for this model's emission and
+        states, with its fixed parameters held. The priors play no part (hmmlearn's default
+        too); for the posterior, run SVI, VIS or MCMC on the model. The result's ``params``
+        go straight into :meth:`distribution`, :meth:`viterbi`, :meth:`smooth` and
+        :meth:`forecast`.
+
+        :param torch.Tensor y: ``(T,)`` or ``(num_series, T)``; NaN marks a missing value.
+        :returns: :class:`~pyro_ext.timeseries.em.HMMFit`.
+        """
+        if callable(self.emission):
+            raise ValueError(
+                "fit() runs EM, whose M-step is closed-form for emission='categorical', "
+                "'poisson' or 'gaussian'; fit a custom emission with SVI or MCMC on the model"
+            )
+        y = self._check_series(y)
+        fixed = dict(self.fixed_emission_params)
+        if self.fixed_init_probs is not None:
+            fixed["init_probs"] = self.fixed_init_probs
+        if self.fixed_transition_probs is not None:
+            fixed["transition_probs"] = self.fixed_transition_probs
+        fixed = {
+            name: torch.as_tensor(value, dtype=y.dtype if y.is_floating_point() else None)
+            for name, value in fixed.items()
+        }
+        return fit_hmm_em(
+            y,
+            self.num_states,
+            self.emission,
+            self.num_symbols,
+            fixed=fixed,
+            init=init,
+            num_restarts=num_restarts,
+            max_iterations=max_iterations,
+            tolerance=tolerance,
+            seed=seed,
+        )
 
     # -- exact posterior queries given parameter values -----------------------------------------
 
