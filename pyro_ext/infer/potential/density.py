@@ -412,15 +412,22 @@ class ParticlePotential:
 
     def run_model(self, args=None, kwargs=None):
         """Run the model on ``args``/``kwargs`` (default: the current data), under the caller's handlers."""
+        args, kwargs = self._shared_arguments(
+            args,
+            kwargs,
+            "only a vectorised evaluation over the particles (log_density_all) or one "
+            "particle's evaluation maps them; this method runs the model once for all particles",
+        )
+        self.model(*args, **kwargs)
+
+    def _shared_arguments(self, args, kwargs, why):
+        """``args``/``kwargs`` (default: the current data), refused if they hold
+        :class:`PerParticle` values, with ``why``."""
         if args is None:
             args, kwargs = self.model_args, self.model_kwargs
         if has_per_particle(args, kwargs):
-            raise ValueError(
-                "the model's arguments hold PerParticle values, which only a vectorised "
-                "evaluation over the particles (log_density_all) or one particle's "
-                "evaluation maps; this method runs the model once for all particles"
-            )
-        self.model(*args, **kwargs)
+            raise ValueError(f"the model's arguments hold PerParticle values: {why}")
+        return args, kwargs
 
     def fixed_normal_priors(self, point: torch.Tensor) -> "GaussianPriors":
         """
@@ -593,13 +600,12 @@ class ParticlePotential:
         inside a ``pyro.plate`` over particles (the way :class:`pyro.infer.SVGD`
         vectorises); needs a model whose batch dimensions broadcast.
         """
-        if args is None:
-            args, kwargs = self.model_args, self.model_kwargs
-        if has_per_particle(args, kwargs):
-            raise ValueError(
-                "PerParticle model arguments need vectorize='vmap': a particle pyro.plate "
-                "runs the model once, on the same arguments for every particle"
-            )
+        args, kwargs = self._shared_arguments(
+            args,
+            kwargs,
+            "they need vectorize='vmap'; a particle pyro.plate runs the model once, on the "
+            "same arguments for every particle",
+        )
         num_particles, nesting = z.shape[0], self.max_plate_nesting
         values, log_jacobian = self._constrain(z)
         values.update(self.conditioning(conditioned))
