@@ -49,7 +49,7 @@ Scalable ARA-robust training (thesis section 3.5.1, Algorithm 3.2) re-run with
 Run from the repository root::
 
     python benchmarks/ara_scalable.py          # full protocol
-    python benchmarks/ara_scalable.py --quick    # 1 split, 1 epoch, 2000 MNIST images
+    python benchmarks/ara_scalable.py --quick    # 1 split, 1 epoch, 1000 MNIST images
 
 Data are read from ``$PYRO_EXT_DATA`` (default: ``../shared/data`` next to the repository).
 The tables are printed and written to ``benchmarks/results/ara_scalable.md`` (``--output``).
@@ -190,6 +190,7 @@ def spam_runs(rep, hidden, cfg):
     (white box) and under 2-GWI crafted on the plain classifier (the thesis' test set).
     """
     x, y, x_test, y_test = spam_split(rep)
+    x_test, y_test = x_test[: cfg["spam_test_size"]], y_test[: cfg["spam_test_size"]]
     plain = spam_trainer(rep, hidden, x.shape[0]).fit(x, y, epochs=cfg["spam_epochs"])
     plain_proba = spam_probability(plain.predict_logits)
 
@@ -523,10 +524,10 @@ SECTIONS = {"spam": "## Table 3.2", "mnist": "## Figure 3.8"}
 def main():
     parser = argument_parser(__doc__, RESULTS, quick="short smoke run")
     parser.add_argument("--reps", type=int, help="spam splits (default 5, quick 1)")
-    parser.add_argument("--train-size", type=int, help="MNIST training images (50000, quick 2000)")
-    parser.add_argument("--test-size", type=int, help="MNIST test images (1000, quick 200)")
+    parser.add_argument("--train-size", type=int, help="MNIST training images (50000, quick 1000)")
+    parser.add_argument("--test-size", type=int, help="MNIST test images (1000, quick 100)")
     parser.add_argument("--epochs", type=int, help="MNIST epochs (default 5, quick 1)")
-    parser.add_argument("--pgd-steps", type=int, help="PGD steps (default 50, quick 10)")
+    parser.add_argument("--pgd-steps", type=int, help="PGD steps (default 50, quick 5)")
     parser.add_argument(
         "--sections",
         nargs="+",
@@ -544,9 +545,11 @@ def main():
     args = parser.parse_args()
     torch.set_num_threads(1)
     if args.quick:
-        cfg = dict(reps=1, spam_epochs=2, train_size=2000, test_size=200, epochs=1, pgd_steps=10)
+        cfg = dict(reps=1, spam_epochs=1, train_size=1000, test_size=100, epochs=1, pgd_steps=5)
+        cfg["spam_test_size"] = 300
     else:
         cfg = dict(reps=5, spam_epochs=20, train_size=50000, test_size=1000, epochs=5, pgd_steps=50)
+        cfg["spam_test_size"] = None  # the whole 25 % test split
     for key in ("reps", "train_size", "test_size", "epochs", "pgd_steps"):
         if getattr(args, key) is not None:
             cfg[key] = getattr(args, key)
