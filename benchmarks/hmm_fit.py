@@ -205,7 +205,7 @@ def main(argv=None):
             [
                 emission,
                 f"{np.median([o for o, _ in lls]):.2f}",
-                f"{max(abs(o - t) for o, t in lls):.1e}",
+                f"{min(o - t for o, t in lls):+.1e} / {max(o - t for o, t in lls):+.1e}",
                 f"{np.median([r[2] for r in rows['same']]):.0f} / "
                 f"{np.median([r[3] for r in rows['same']]):.0f}",
                 spread([r[4] for r in rows["same"]], 1e3),
@@ -241,7 +241,7 @@ def main(argv=None):
             [
                 "emission",
                 "log-likelihood (median)",
-                "largest |ours - hmmlearn|",
+                "ours - hmmlearn (min / max)",
                 "iterations ours / hmmlearn (median)",
                 "ours ms (median / mean / p90 / max)",
                 "hmmlearn ms",

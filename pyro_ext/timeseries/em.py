@@ -91,8 +91,8 @@ def _emission_update(kind, weights, y, present, num_symbols, data_scale):
 def _start(kind, num_states, num_symbols, y, present, generator, spread):
     """A starting point: ``spread`` places the emissions at the data's quantiles and the
     chain near uniform; otherwise every parameter is a random draw."""
-    dtype, device = y.dtype if y.is_floating_point() else torch.get_default_dtype(), y.device
-    values = y[present].to(dtype)
+    dtype, device = y.dtype, y.device
+    values = y[present]
     K = num_states
 
     def dirichlet(shape):
@@ -156,7 +156,8 @@ def fit_hmm_em(
     ``num_restarts`` starts.
 
     :param torch.Tensor y: one series ``(T,)`` or several of one length ``(S, T)``; NaN
-        marks a missing value.
+        marks a missing value. EM runs in ``y``'s floating dtype, in float64 for integer
+        ``y``.
     :param int num_states: ``K``.
     :param str emission: ``"categorical"``, ``"poisson"`` or ``"gaussian"``.
     :param int num_symbols: ``M`` for categorical emissions.
@@ -190,7 +191,10 @@ def fit_hmm_em(
     if num_observed == 0:
         raise ValueError("y holds no observed value (all NaN): nothing to fit")
     if not y.is_floating_point():
-        y = y.to(torch.get_default_dtype())
+        # Integer symbols or counts: EM's small late gains need double precision (in
+        # float32 a 2000-step log-likelihood carries round-off near the stopping tolerance).
+        y = y.to(torch.float64)
+    fixed = {name: torch.as_tensor(value).to(y) for name, value in fixed.items()}
     values = y[present]
     data_scale = float(values.std()) if values.numel() > 1 else 1.0
     generator = torch.Generator().manual_seed(seed)
@@ -198,7 +202,7 @@ def fit_hmm_em(
     results = []
     for restart in range(num_restarts):
         if restart == 0 and init is not None:
-            params = {name: torch.as_tensor(value, dtype=y.dtype) for name, value in init.items()}
+            params = {name: torch.as_tensor(value).to(y) for name, value in init.items()}
         else:
             params = _start(emission, num_states, num_symbols, y, present, generator, restart == 0)
         params.update(fixed)

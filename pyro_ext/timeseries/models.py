@@ -283,10 +283,6 @@ class HiddenMarkovModel(PyroModule):
             fixed["init_probs"] = self.fixed_init_probs
         if self.fixed_transition_probs is not None:
             fixed["transition_probs"] = self.fixed_transition_probs
-        fixed = {
-            name: torch.as_tensor(value, dtype=y.dtype if y.is_floating_point() else None)
-            for name, value in fixed.items()
-        }
         return fit_hmm_em(
             y,
             self.num_states,
