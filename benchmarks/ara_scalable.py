@@ -524,6 +524,7 @@ SECTIONS = {"spam": "## Table 3.2", "mnist": "## Figure 3.8"}
 def main():
     parser = argument_parser(__doc__, RESULTS, quick="short smoke run")
     parser.add_argument("--reps", type=int, help="spam splits (default 5, quick 1)")
+    parser.add_argument("--spam-epochs", type=int, help="spam epochs (default 20, quick 1)")
     parser.add_argument("--train-size", type=int, help="MNIST training images (50000, quick 1000)")
     parser.add_argument("--test-size", type=int, help="MNIST test images (1000, quick 100)")
     parser.add_argument("--epochs", type=int, help="MNIST epochs (default 5, quick 1)")
@@ -550,7 +551,7 @@ def main():
     else:
         cfg = dict(reps=5, spam_epochs=20, train_size=50000, test_size=1000, epochs=5, pgd_steps=50)
         cfg["spam_test_size"] = None  # the whole 25 % test split
-    for key in ("reps", "train_size", "test_size", "epochs", "pgd_steps"):
+    for key in ("reps", "spam_epochs", "train_size", "test_size", "epochs", "pgd_steps"):
         if getattr(args, key) is not None:
             cfg[key] = getattr(args, key)
     cfg["jit"] = args.jit
