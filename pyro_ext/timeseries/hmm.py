@@ -833,7 +833,11 @@ class HiddenMarkovDistribution(TorchDistribution):
         composed by pointer jumping.
         """
         if self._duration is None:
-            raise ValueError("sampling a homogeneous HiddenMarkovDistribution needs duration")
+            raise ValueError(
+                "sample() of a homogeneous HiddenMarkovDistribution needs the series' length: "
+                "pass duration=T (the number of steps to draw) to HiddenMarkovDistribution(...), "
+                "as for pyro.distributions.DiscreteHMM; HiddenMarkovModel passes its data's"
+            )
         sample_shape = torch.Size(sample_shape)
         shape = sample_shape + self.batch_shape
         num_states = self.init_logits.shape[-1]

@@ -192,7 +192,9 @@ class HiddenMarkovModel(PyroModule):
         if self.backend == "funsor":
             return self._funsor_program(y)
         init, trans, obs_dist = self._sample_parameters(self._float_like(y))
-        hmm = self._distribution(init, trans, obs_dist)
+        # The series' length is the event's: the site's event_shape reads (T,), and a draw
+        # from the distribution (prior predictive checks) has the data's length.
+        hmm = self._distribution(init, trans, obs_dist, duration=y.shape[-1])
         if y.dim() == 1:
             return pyro.sample("obs", hmm, obs=y)
         with pyro.plate("series", y.shape[0], dim=-1):
@@ -237,10 +239,10 @@ class HiddenMarkovModel(PyroModule):
                 f"at index {index}"
             )
 
-    def _distribution(self, init, trans, obs_dist):
+    def _distribution(self, init, trans, obs_dist, duration=None):
         # Parameters drawn under an outer particle/sample plate keep their leading dims; the
         # emission batch shape (..., K) lines up with them.
-        return HiddenMarkovDistribution(init.log(), trans.log(), obs_dist)
+        return HiddenMarkovDistribution(init.log(), trans.log(), obs_dist, duration=duration)
 
     def _funsor_program(self, y):
         if y.dim() != 1:

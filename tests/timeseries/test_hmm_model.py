@@ -200,3 +200,28 @@ def test_sgld_samples_latent_dirichlet_parameters():
 def test_bad_arguments_are_named(kwargs, match):
     with pytest.raises(ValueError, match=match):
         HiddenMarkovModel(**kwargs)
+
+
+def test_observation_site_has_the_series_length_and_draws_like_it(device):
+    # As a Pyro user expects of a series site: event_shape (T,), and a draw of that length
+    # (prior predictive checks), one per series under the plate.
+    y = torch.tensor([0.0, 1.0, 2.0, 1.0, 0.0] * 4, device=device)
+    model = HiddenMarkovModel(2, "categorical", num_symbols=3)
+    for data in (y, y.expand(3, -1)):
+        site = pyro.poutine.trace(model).get_trace(data).nodes["obs"]
+        assert site["fn"].event_shape == (20,)
+        draw = site["fn"].sample()
+        assert draw.shape == data.shape and draw.device == y.device
+        assert bool(((draw >= 0) & (draw < 3)).all())
+
+
+def test_sampling_a_homogeneous_chain_says_what_to_pass():
+    hmm = HiddenMarkovModel(2, "poisson").distribution(
+        {
+            "init_probs": torch.tensor([0.5, 0.5]),
+            "transition_probs": torch.tensor([[0.9, 0.1], [0.1, 0.9]]),
+            "emission_rates": torch.tensor([1.0, 5.0]),
+        }
+    )
+    with pytest.raises(ValueError, match="pass duration=T"):
+        hmm.sample()
