@@ -131,8 +131,8 @@ class ARATrainer:
     particle. The ``K`` updates run in one vectorised pass, each particle on its own data
     (:class:`~pyro_ext.infer.PerParticle`). ``attacks="shared"`` is the cheaper departure
     from the algorithm: one attacked batch, against a particle drawn at random each step,
-    moves every particle. It crafts ``K`` times fewer attacks and measurably less
-    robustness (``benchmarks/results/ara_scalable.md``).
+    moves every particle. It crafts ``K`` times fewer attacks; ``benchmarks/ara_scalable.py``
+    compares the two defences' robustness.
 
     The SG-MCMC machinery is :mod:`pyro_ext.infer.sgmcmc`'s: the kernel's update
     (:func:`~pyro_ext.infer.sgmcmc.sgld_update`, :func:`~pyro_ext.infer.sgmcmc.sghmc_update`),
