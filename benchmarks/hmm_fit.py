@@ -140,6 +140,13 @@ def peer_params(emission, model):
     return {"emission_probs": model.emissionprob_}
 
 
+def timed(fn, *args, **kwargs):
+    """``(fn(*args, **kwargs), wall seconds)``."""
+    began = time.perf_counter()
+    result = fn(*args, **kwargs)
+    return result, time.perf_counter() - began
+
+
 def run(emission, seeds, length):
     num_symbols = 3 if emission == "categorical" else None
     rows = {"same": [], "default": []}
@@ -149,15 +156,16 @@ def run(emission, seeds, length):
         model = HiddenMarkovModel(3, emission, num_symbols=num_symbols)
         start = random_start(emission, seed)
         # The same start: a total-log-likelihood tolerance for both.
-        began = time.perf_counter()
-        ours = model.fit(
-            y, init=start, num_restarts=1, max_iterations=MAX_ITER, tolerance=TOLERANCE / length
+        ours, our_seconds = timed(
+            model.fit,
+            y,
+            init=start,
+            num_restarts=1,
+            max_iterations=MAX_ITER,
+            tolerance=TOLERANCE / length,
         )
-        our_seconds = time.perf_counter() - began
         theirs = peer(emission, start)
-        began = time.perf_counter()
-        theirs.fit(data)
-        their_seconds = time.perf_counter() - began
+        their_seconds = timed(theirs.fit, data)[1]
         rows["same"].append(
             (
                 ours.log_likelihood,
@@ -169,14 +177,9 @@ def run(emission, seeds, length):
             )
         )
         # Defaults.
-        began = time.perf_counter()
-        ours = model.fit(y)
-        our_seconds = time.perf_counter() - began
-        theirs = peer(emission)
-        theirs.set_params(random_state=seed)
-        began = time.perf_counter()
-        theirs.fit(data)
-        their_seconds = time.perf_counter() - began
+        ours, our_seconds = timed(model.fit, y)
+        theirs = peer(emission).set_params(random_state=seed)
+        their_seconds = timed(theirs.fit, data)[1]
         rows["default"].append(
             (
                 ours.log_likelihood,
