@@ -99,7 +99,7 @@ FULL = dict(
     profile_steps=300,
 )
 QUICK = dict(
-    train_size=512,  # 16 full batches: one compilation
+    train_size=256,  # 8 full batches: one compilation (per-particle attacks cost K times)
     test_size=200,
     epochs=2,
     iterations=200,

@@ -9,7 +9,10 @@ DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
 @pytest.fixture(params=DEVICES)
 def device(request):
-    """Every test that takes ``device`` runs on the CPU and, when present, on CUDA."""
+    """Every test that takes ``device`` runs on the CPU and, when present, on CUDA. The
+    CUDA device carries its index, as tensors' ``.device`` does (``cuda:0 != cuda``)."""
+    if request.param == "cuda":
+        return torch.device("cuda", torch.cuda.current_device())
     return torch.device(request.param)
 
 

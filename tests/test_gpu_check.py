@@ -122,3 +122,25 @@ def test_cpu_smoke_mode_runs_every_stage(gpu_check, tmp_path):
         assert "| what ran | time | key ratios | result |" in section, stage.name
         rows = [r for r in section.splitlines() if r.startswith("| ") and "what ran" not in r]
         assert rows and all(r.split("|")[4].strip() != "FAIL" for r in rows), stage.name
+
+
+def test_keep_going_runs_every_stage_and_still_fails(gpu_check, tmp_path, capsys):
+    ran = []
+
+    def broken(ctx, record):
+        ran.append("broken")
+        raise RuntimeError("CUDA error: device-side assert triggered")
+
+    def good(ctx, record):
+        record.row("after the failure", "1.0 s", "-")
+        ran.append("good")
+
+    output = tmp_path / "report.md"
+    ctx = gpu_check.Context(device=torch.device("cpu"), small=True, cpu=True, keep_going=True)
+    stages = [_stage(gpu_check, "broken", broken), _stage(gpu_check, "good", good)]
+    code = gpu_check.run_stages(stages, ctx, 10.0, output, lambda: "# report")
+    assert code == 1 and ran == ["broken", "good"]
+    err = capsys.readouterr().err
+    assert "FAILED at stage 0 (broken" in err and "FAILED stages: broken" in err
+    text = output.read_text()
+    assert "## 0. the broken stage: FAIL" in text and "## 1. the good stage: PASS" in text

@@ -27,6 +27,8 @@ import pyro
 import torch
 from pyro.poutine.util import site_is_subsample
 
+from ..ops.random import rng_preserved
+
 __all__ = [
     "FORMAT",
     "check_like",
@@ -283,8 +285,7 @@ def model_sites(model, args, kwargs) -> dict:
     of ``model``. The run is hidden from other handlers and leaves the random state as it
     found it, so a run with checkpoints makes the draws of one without.
     """
-    devices = list(range(torch.cuda.device_count())) if torch.cuda.is_initialized() else []
-    with torch.random.fork_rng(devices=devices), torch.no_grad(), pyro.poutine.block():
+    with rng_preserved(), torch.no_grad(), pyro.poutine.block():
         trace = pyro.poutine.trace(model).get_trace(*args, **kwargs)
     sites = {}
     for name, site in trace.nodes.items():

@@ -95,6 +95,7 @@ from pyro.poutine.messenger import Messenger
 from pyro.poutine.util import site_is_subsample
 from torch.distributions import constraints
 
+from ..ops.random import rng_preserved
 from ..ops.validation import check_choice, check_int, check_positive, check_real
 from .errors import SamplerDivergenceError
 from .potential import LogJointMessenger, SupportMap, check_model_data
@@ -569,11 +570,9 @@ class VIS:
     def _setup(self, args, kwargs):
         # Reading the model's structure must not consume randomness: with T = 0 the guide
         # has to draw exactly what the base guide draws under the same seed.
-        rng_state = pyro.util.get_rng_state()
-        with poutine.block():
+        with rng_preserved(), poutine.block():
             trace = poutine.trace(self.model).get_trace(*args, **kwargs)
         check_model_data(self.model, args, kwargs, trace)
-        pyro.util.set_rng_state(rng_state)
         self._setup_trace = trace
         latents, plates, nesting = {}, set(), 0
         for name, site in trace.nodes.items():

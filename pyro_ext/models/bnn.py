@@ -64,18 +64,27 @@ class _BayesianLinear(PyroModule):
     def __init__(self, in_features, out_features, scale, precision_of=None):
         super().__init__()
         self.in_features, self.out_features = in_features, out_features
+        # A buffer, so that ``net.to(device)`` (or ``.double()``) moves the prior with the
+        # network; not persistent, so that state dicts stay as they were.
+        self.register_buffer("_prior_scale", torch.tensor(float(scale)), persistent=False)
         if precision_of is None:
             self.weight = PyroSample(
-                dist.Normal(0.0, scale).expand([out_features, in_features]).to_event(2)
+                lambda self: (
+                    dist.Normal(0.0, self._prior_scale)
+                    .expand([out_features, in_features])
+                    .to_event(2)
+                )
             )
-            self.bias = PyroSample(dist.Normal(0.0, scale).expand([out_features]).to_event(1))
+            self.bias = PyroSample(
+                lambda self: dist.Normal(0.0, self._prior_scale).expand([out_features]).to_event(1)
+            )
         else:
             # Hierarchical prior: the shared weight precision lambda (possibly batched by
             # a particle or predictive plate) divides the variance, N(0, scale^2 / lambda).
             def prior(shape):
                 def sample(module):
                     precision = precision_of()
-                    std = scale * precision.rsqrt()
+                    std = module._prior_scale * precision.rsqrt()
                     std = std.reshape(std.shape + (1,) * len(shape))
                     return (
                         dist.Normal(0.0, std)
@@ -218,11 +227,17 @@ class BayesianMLP(PyroModule):
         self.prior_scale = tuple(scales)
         self.activation = activation
         self.hierarchical = hierarchical
+        # The Gamma priors' (shape, rate) as buffers: ``net.to(device)`` moves them (see
+        # _BayesianLinear).
+        for name, prior in gamma_priors.items():
+            self.register_buffer(f"_{name}", torch.tensor(prior), persistent=False)
         if likelihood == "gaussian":
-            self.precision = PyroSample(dist.Gamma(*gamma_priors["noise_prior"]))
+            self.precision = PyroSample(lambda self: dist.Gamma(*self._noise_prior.unbind()))
         precision_of = None
         if hierarchical:
-            self.weight_precision = PyroSample(dist.Gamma(*gamma_priors["weight_precision_prior"]))
+            self.weight_precision = PyroSample(
+                lambda self: dist.Gamma(*self._weight_precision_prior.unbind())
+            )
             precision_of = self._weight_precision
         self.layers = PyroModule[torch.nn.ModuleList](
             [
@@ -297,6 +312,12 @@ class BayesianMLP(PyroModule):
             raise ValueError(f"x must be a tensor of shape (N, {self.in_features}), got {shape}")
         if not x.is_floating_point():
             raise ValueError(f"x must be a floating-point tensor, got dtype {x.dtype}")
+        prior_device = self.layers[0]._prior_scale.device
+        if x.device != prior_device:
+            raise ValueError(
+                f"x is on {x.device} but the network (its priors) is on {prior_device}: "
+                f"move the network to the data with net.to(x.device)"
+            )
         if y is not None and x.shape[0] == 0:
             raise ValueError(
                 f"x and y are empty (x of shape {tuple(x.shape)}): the likelihood needs at "

@@ -23,6 +23,7 @@ from pyro.poutine.util import site_is_subsample
 from ..infer.errors import DivergenceError
 from ..infer.potential import ParticlePotential, check_model_data
 from ..ops.curvature import hessian_diagonal
+from ..ops.random import rng_preserved
 from ..ops.validation import check_choice, check_int, check_real
 from . import updates
 from .updates import DiagBelief, DLRBelief, FullBelief, NotPositiveDefiniteError
@@ -351,9 +352,8 @@ _BELIEF_KEYS = {
 def _model_fingerprint(potential, point):
     """``{site: {"distribution", "support", "shape"}}`` of the model's latent sites, read
     by one run at ``point`` (nothing drawn)."""
-    devices = [point.device.index or 0] if point.is_cuda else []
     with (
-        torch.random.fork_rng(devices=devices),
+        rng_preserved(),
         torch.no_grad(),
         pyro.validation_enabled(False),
         pyro.poutine.block(),
@@ -785,12 +785,8 @@ class BONG:
         model = self.model
         if self.potential is not None and self.belief is not None:
             model = pyro.poutine.condition(model, data=self.potential.constrain(self.belief.mean))
-        leaves = torch.utils._pytree.tree_leaves((args, kwargs))
-        devices = sorted(
-            {x.device.index or 0 for x in leaves if isinstance(x, torch.Tensor) and x.is_cuda}
-        )
         with (
-            torch.random.fork_rng(devices=devices),
+            rng_preserved(),
             torch.no_grad(),
             pyro.validation_enabled(False),
             pyro.poutine.block(),

@@ -10,9 +10,12 @@ Reusable numerics, as :mod:`pyro.ops` is for Pyro.
   :func:`rank_uniformity_test`); it mirrors :mod:`pyro.ops.stats`.
 * :mod:`pyro_ext.ops.curvature` — :func:`hessian_diagonal`.
 * :mod:`pyro_ext.ops.validation` — the package's argument checks.
+* :mod:`pyro_ext.ops.random` — :func:`rng_preserved`: a side computation that leaves every
+  generator (CUDA's too) as it found it.
 """
 
 from .curvature import hessian_diagonal
+from .random import rng_preserved
 from .scan import associative_scan, vector_reduce, vector_scan
 from .stats import kernel_stein_discrepancy, rank_uniformity_test, sbc_ranks, split_rhat
 
@@ -21,6 +24,7 @@ __all__ = [
     "hessian_diagonal",
     "kernel_stein_discrepancy",
     "rank_uniformity_test",
+    "rng_preserved",
     "sbc_ranks",
     "split_rhat",
     "vector_reduce",

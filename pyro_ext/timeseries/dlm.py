@@ -789,6 +789,6 @@ def dlm_observe(name: str, dlm: DLM, y: torch.Tensor) -> torch.Tensor:
     T = y.shape[-1]
     precision = None
     if dlm.observation_df is not None:
-        half = torch.as_tensor(dlm.observation_df / 2, dtype=y.dtype)
+        half = torch.as_tensor(dlm.observation_df / 2, dtype=y.dtype, device=y.device)
         precision = pyro.sample(f"{name}_precision", dist.Gamma(half, half).expand([T]).to_event(1))
     return pyro.sample(name, DLMDistribution(dlm, T, precision), obs=y)

@@ -628,7 +628,7 @@ def kalman_whiten(
     T, p = args.y.shape[-2:]
     nb = args.y.dim() - 2
     series = series.to(args.y.dtype)
-    Y = torch.where(missing.unsqueeze(-1), torch.zeros((), dtype=series.dtype), series)
+    Y = torch.where(missing.unsqueeze(-1), series.new_zeros(()), series)
     num_observed = (~missing).sum((-2, -1)).to(series.dtype).expand(args.batch)
     B = _steps_per_block(block_size, T, lambda: _default_whiten_block_size(T, p, args.y.dtype))
     if not any(x.dim() == nb + 3 for x in (args.G, args.F, args.W)):

@@ -124,18 +124,23 @@ class HiddenMarkovModel(PyroModule):
 
     # -- parameters -------------------------------------------------------------------------
 
-    def _site(self, name, prior, fixed):
-        return fixed if fixed is not None else pyro.sample(name, prior)
+    def _site(self, name, prior, fixed, like):
+        if fixed is None:
+            return pyro.sample(name, prior)
+        # A fixed value is a plain attribute, which module.to(device) leaves where it was
+        # given: it follows the data's device here.
+        return fixed.to(like.device) if isinstance(fixed, torch.Tensor) else fixed
 
     def _sample_parameters(self, like):
         """Sample (or read the fixed) init, transition and emission parameters."""
         K = self.num_states
         ones = like.new_ones(K)
-        init = self._site("init_probs", dist.Dirichlet(ones), self.fixed_init_probs)
+        init = self._site("init_probs", dist.Dirichlet(ones), self.fixed_init_probs, like)
         trans = self._site(
             "transition_probs",
             dist.Dirichlet(self.transition_concentration * like.new_ones(K, K)).to_event(1),
             self.fixed_transition_probs,
+            like,
         )
         return init, trans, self._emission_distribution(like)
 
@@ -152,7 +157,10 @@ class HiddenMarkovModel(PyroModule):
         if self.emission == "categorical":
             conc = self.emission_concentration * like.new_ones(K, self.num_symbols)
             probs = self._site(
-                "emission_probs", dist.Dirichlet(conc).to_event(1), fixed.get("emission_probs")
+                "emission_probs",
+                dist.Dirichlet(conc).to_event(1),
+                fixed.get("emission_probs"),
+                like,
             )
             return dist.Categorical(probs=probs)
         if self.emission == "poisson":
@@ -160,17 +168,20 @@ class HiddenMarkovModel(PyroModule):
                 "emission_rates",
                 dist.Gamma(like.new_ones(K), 0.1).to_event(1),
                 fixed.get("emission_rates"),
+                like,
             )
             return dist.Poisson(rates)
         loc = self._site(
             "emission_loc",
             dist.Normal(like.new_zeros(K), 10.0).to_event(1),
             fixed.get("emission_loc"),
+            like,
         )
         scale = self._site(
             "emission_scale",
             dist.LogNormal(like.new_zeros(K), 1.0).to_event(1),
             fixed.get("emission_scale"),
+            like,
         )
         return dist.Normal(loc, scale)
 
@@ -254,11 +265,14 @@ class HiddenMarkovModel(PyroModule):
         init, trans, obs_dist = self._sample_parameters(self._float_like(y))
         obs_value = y.long() if self.emission == "categorical" else y
         z_prev = None
-        for t in pyro_funsor.vectorized_markov(name="time", size=y.shape[-1], dim=-1):
-            probs = init if isinstance(t, int) else Vindex(trans)[..., z_prev, :]
-            z = pyro.sample(f"z_{t}", dist.Categorical(probs), infer={"enumerate": "parallel"})
-            pyro.sample(f"y_{t}", _select_state(obs_dist, z), obs=obs_value[t])
-            z_prev = z
+        # funsor builds the enumerated values (and vectorized_markov its time indices) with
+        # torch.arange on the default device: on CUDA data they must be made there too.
+        with torch.device(y.device):
+            for t in pyro_funsor.vectorized_markov(name="time", size=y.shape[-1], dim=-1):
+                probs = init if isinstance(t, int) else Vindex(trans)[..., z_prev, :]
+                z = pyro.sample(f"z_{t}", dist.Categorical(probs), infer={"enumerate": "parallel"})
+                pyro.sample(f"y_{t}", _select_state(obs_dist, z), obs=obs_value[t])
+                z_prev = z
 
     # -- fitting ----------------------------------------------------------------------------
 
@@ -305,7 +319,13 @@ class HiddenMarkovModel(PyroModule):
     ) -> HiddenMarkovDistribution:
         """The :class:`HiddenMarkovDistribution` at parameter values ``params`` (a dict of
         site values, e.g. one draw or a batch of draws from ``MCMC.get_samples()``)."""
-        like = like if like is not None else next(iter(params.values()), torch.zeros(()))
+        if like is None and not params:
+            # Neither data nor draws: the device of a fixed parameter, else the CPU.
+            fixed = [self.fixed_init_probs, self.fixed_transition_probs]
+            fixed += list(self.fixed_emission_params.values())
+            devices = [v.device for v in fixed if isinstance(v, torch.Tensor)]
+            like = torch.zeros((), device=next(iter(devices), None))
+        like = like if like is not None else next(iter(params.values()))
         with pyro.poutine.block(), pyro.poutine.condition(data=params):
             init, trans, obs_dist = self._sample_parameters(self._float_like(like))
         return self._distribution(init, trans, obs_dist)

@@ -41,9 +41,9 @@ def data():
     return robust_and_fragile_features(300, generator), robust_and_fragile_features(500, generator)
 
 
-def ara_trainer(attacker, seed=0, **kwargs):
+def ara_trainer(attacker, seed=0, device="cpu", **kwargs):
     pyro.set_rng_seed(seed)
-    net = BayesianMLP(FEATURES, hidden=(), out_features=2, likelihood="categorical")
+    net = BayesianMLP(FEATURES, hidden=(), out_features=2, likelihood="categorical").to(device)
     options = dict(step_size=0.1 / 300, kernel="sghmc", num_particles=3, batch_size=32)
     return ARATrainer(net, attacker, **{**options, **kwargs})
 
@@ -93,7 +93,7 @@ def test_adversarial_training_is_more_robust_than_plain_training(data, seed):
 
 def test_predictions_and_posterior_on_device(device):
     x, y = robust_and_fragile_features(64, torch.Generator().manual_seed(2), device)
-    trainer = ara_trainer(LANGEVIN, kernel="sgld", batch_size=16).fit(x, y)
+    trainer = ara_trainer(LANGEVIN, kernel="sgld", batch_size=16, device=device).fit(x, y)
     logits = trainer.predict_logits(x)
     assert logits.shape == (64, 2) and logits.device == x.device
     assert torch.allclose(logits.logsumexp(-1), torch.zeros(64, device=device), atol=1e-5)

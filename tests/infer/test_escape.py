@@ -1,5 +1,6 @@
 """Particles that escaped with finite values are reported when a run ends (issue 30)."""
 
+import functools
 import math
 import warnings
 
@@ -14,13 +15,13 @@ from pyro_ext.infer.sgmcmc.escape import KeptLogDensity, find_escaped, gaussian_
 NUM_PARTICLES = 8
 
 
-def wide_tail_model():
+def wide_tail_model(device="cpu"):
     # N(0, 1), plus a component of weight e^-69 (about 1e-30) and scale 1e4: a particle at
     # z = 1000 sits 78 nats below the others, where the gradient (-1e-5) cannot bring it
     # back in a run's length. Every value stays finite.
     mixture = dist.MixtureSameFamily(
-        dist.Categorical(logits=torch.tensor([0.0, -69.0])),
-        dist.Normal(torch.zeros(2), torch.tensor([1.0, 1e4])),
+        dist.Categorical(logits=torch.tensor([0.0, -69.0], device=device)),
+        dist.Normal(torch.zeros(2, device=device), torch.tensor([1.0, 1e4], device=device)),
     )
     pyro.sample("z", mixture)
 
@@ -84,11 +85,11 @@ def test_kept_log_density_drops_rewound_steps():
 @pytest.mark.parametrize(
     "make",
     [
-        lambda: SGLD(wide_tail_model, step_size=0.1, num_particles=NUM_PARTICLES),
+        lambda model: SGLD(model, step_size=0.1, num_particles=NUM_PARTICLES),
         # The compile takes most of its 10 s: in the integration run.
         pytest.param(
-            lambda: SGLD(
-                wide_tail_model,
+            lambda model: SGLD(
+                model,
                 step_size=0.1,
                 num_particles=NUM_PARTICLES,
                 jit_compile=True,
@@ -96,7 +97,7 @@ def test_kept_log_density_drops_rewound_steps():
             ),
             marks=pytest.mark.integration,
         ),
-        lambda: AdamSGLD(wide_tail_model, num_particles=NUM_PARTICLES),
+        lambda model: AdamSGLD(model, num_particles=NUM_PARTICLES),
     ],
     ids=["sgld", "sgld-compiled-deferred", "adamsgld-default-step"],
 )
@@ -104,7 +105,15 @@ def test_run_reports_the_escaped_particle(make, device):
     pyro.set_rng_seed(0)
     start = 0.5 * torch.randn(NUM_PARTICLES, device=device)
     start[5] = 1000.0
-    mcmc, escaped = _run(make(), start)
+    mcmc, escaped = _run(make(functools.partial(wide_tail_model, device=device)), start)
+    # SGLD's step cannot bring particle 5 back. AdamSGLD's normalised step takes the same
+    # size in the flat tail as in the mass, so it random-walks and, under some seeds (1 in 8
+    # on the CPU), walks home: then nothing is to be reported.
+    walked_home = bool(mcmc.get_samples(group_by_chain=True)["z"][5].abs().median() < 10)
+    assert not walked_home or isinstance(mcmc.kernel, AdamSGLD)
+    if walked_home:
+        assert mcmc.escaped_particles == [] and escaped == []
+        return
     assert mcmc.escaped_particles == [5]
     assert len(escaped) == 1
     message = str(escaped[0].message)
@@ -133,7 +142,8 @@ def test_healthy_runs_report_nothing(seed, device):
     # kept steps (noisy means) as with many.
     pyro.set_rng_seed(seed)
     for num_samples in (5, 300):
-        kernel = SGLD(wide_tail_model, step_size=0.1, num_particles=20)
+        model = functools.partial(wide_tail_model, device=device)
+        kernel = SGLD(model, step_size=0.1, num_particles=20)
         start = torch.randn(20, device=device)
         mcmc, escaped = _run(kernel, start, num_samples=num_samples)
         assert mcmc.escaped_particles == [] and escaped == []

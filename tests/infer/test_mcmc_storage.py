@@ -50,7 +50,13 @@ def test_draws_are_moved_to_draws_device(data):
     for name, value in mcmc.get_samples(group_by_chain=True).items():
         assert value.device.type == "cpu"
         assert value.shape[:2] == (NUM_PARTICLES, 40)
-        assert torch.equal(value, reference.get_samples(group_by_chain=True)[name].cpu())
+        expected = reference.get_samples(group_by_chain=True)[name].cpu()
+        if data.device.type == "cpu":
+            assert torch.equal(value, expected)  # same seed, same draws
+        else:
+            # CUDA promises no bitwise-equal reruns (its reductions may reorder sums); the
+            # two runs agreed to the 4th digit on an H200.
+            torch.testing.assert_close(value, expected, rtol=1e-4, atol=1e-5)
 
 
 def test_streaming_statistics_equal_those_of_the_stored_draws(data):

@@ -125,6 +125,29 @@ def test_nan_marking_missing_values_is_accepted_where_the_model_marginalises_it(
         MCMC(SGLD(model, 1e-3, num_particles=2), num_samples=5, disable_progbar=True).run(y)
 
 
+@pytest.mark.parametrize("masked", [False, True])
+def test_a_site_masked_out_is_not_checked_against_its_support(device, masked):
+    y = torch.randn(20, device=device)
+    labels = torch.ones(20, device=device)
+    labels[5] = 2.0  # outside the Bernoulli's support: harmless only where masked out
+
+    def model(y, labels):
+        mu = pyro.sample("mu", dist.Normal(y.new_zeros(()), 1.0))
+        with pyro.plate("data", len(y), device=y.device):
+            pyro.sample("obs", dist.Normal(mu, 1.0), obs=y)
+            fn = dist.Bernoulli(logits=mu.expand(len(y)))
+            pyro.sample("labels", fn.mask(False) if masked else fn, obs=labels)
+
+    mcmc = MCMC(SGLD(model, 1e-3, num_particles=2), num_samples=3, disable_progbar=True)
+    if not masked:
+        with pytest.raises(ValueError, match=r"'labels' .* outside the support"):
+            mcmc.run(y, labels)
+        return
+    mcmc.run(y, labels)
+    mu = mcmc.get_samples()["mu"]
+    assert mu.device == y.device and bool(torch.isfinite(mu).all())
+
+
 def test_vis_sample_posterior_refuses_nan_data_instead_of_returning_nan_draws():
     y = torch.randn(40)
     guide = VIS(regression, AutoNormal(regression), num_steps=2)

@@ -34,7 +34,9 @@ def gauss_posterior(x):
 
 
 def off_guide():
-    return AutoNormal(gauss_model, init_loc_fn=lambda site: torch.tensor(3.0), init_scale=0.3)
+    return AutoNormal(
+        gauss_model, init_loc_fn=lambda site: site["fn"].mean.new_tensor(3.0), init_scale=0.3
+    )
 
 
 def elbo(guide, x, num_particles=4000):
@@ -810,10 +812,11 @@ def test_exploding_draws_are_refused_at_sample_posterior(device):
     error = info.value
     assert error.sites == ["z"] and "1000 base-guide scales" in str(error)
     assert "check=False" in str(error) and error.draws["z"].shape == (500,)
-    # Every draw is refused: only a draw starting within 1000 / 4^12 = 6e-5 base scales of
-    # the mode (probability 5e-5) would stay within 1000 scales.
+    # Exactly the draws past 1000 base scales are refused: nearly all, since only a draw
+    # starting within 1000 / 4^12 = 6e-5 base scales of the mode (probability 5e-5 each,
+    # so one of the 500 in 40 runs) stays within 1000 scales.
     far = ((error.draws["z"] - mean).abs() > 1000 * sd).nonzero().flatten().tolist()
-    assert error.particles == far == list(range(500))
+    assert error.particles == far and len(far) >= 497
     unchecked = unstable.sample_posterior(x, num_samples=500, check=False)["z"]
     assert unchecked.abs().max() > 1e5
     # 80 steps overflow float32 (4^80 = 1e48): refused as non-finite.

@@ -221,7 +221,7 @@ def _network_output(net, values, x):
 def test_init_strategy_fan_in_and_residual_precision(hierarchical, device):
     x = torch.randn(40, 4, device=device)
     y = 3.0 + torch.randn(40, device=device)
-    net = BayesianMLP(4, hidden=(300,), hierarchical=hierarchical)
+    net = BayesianMLP(4, hidden=(300,), hierarchical=hierarchical).to(device)
     strategy = net.init_strategy(x, y, max_rows=40)
     init = pyro.infer.autoguide.initialization.InitMessenger(strategy)
     trace = pyro.poutine.trace(init(net)).get_trace(x, y)

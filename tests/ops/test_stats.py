@@ -45,6 +45,7 @@ def test_reexported():
         "hessian_diagonal",
         "kernel_stein_discrepancy",
         "rank_uniformity_test",
+        "rng_preserved",
         "sbc_ranks",
         "split_rhat",
         "vector_reduce",

@@ -151,7 +151,10 @@ def test_tit_for_tat_and_fpm_citizen_cooperate(device):
     probs = tft.action_probs(torch.tensor([0, 1, 2, 3, 4]))
     assert probs[:, 1].tolist() == [0, 0, 0, 1, 1]
     citizen = lambda: FPQLearner(0.05, 0.1, 0.96, state_conditional=True)  # noqa: E731
-    curves = play_many(env, citizen, TitForTat, 100, 4, 0, device)
+    # After 100 episodes about half the runs cooperate (which half depends on the seed,
+    # and CUDA's draws differ from the CPU's); after 300 all do, under every seed tried (0-4
+    # on the CPU: mean reward per step 4.5-4.9 over the last 20 episodes, defection's is 3).
+    curves = play_many(env, citizen, TitForTat, 300, 4, 0, device)
     assert curves[:, -20:].mean() / env.horizon > 4.0  # mutual cooperation (figure 4.12)
     selfish = play_many(env, citizen, lambda: FixedPolicyOpponent([0.0, 1.0]), 30, 4, 0, device)
     assert selfish[:, -10:].mean() / env.horizon < 1.1  # defection against a defector (4.11)

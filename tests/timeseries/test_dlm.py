@@ -176,6 +176,19 @@ def test_student_t_augmentation_sites():
     assert torch.allclose(m.observation_cov[:, 0, 0], 1.0 / lam)
 
 
+def test_student_t_precisions_are_drawn_on_the_data_device(device):
+    T = 8
+    y = torch.randn(T, dtype=D).to(device)
+    dlm = DLM(LocalLevel(t(0.3).to(device)), t(1.0).to(device), observation_df=4.0)
+    tr = pyro.poutine.trace(lambda: dlm_observe("y", dlm, y)).get_trace()
+    lam = tr.nodes["y_precision"]["value"]
+    assert lam.device == y.device and lam.dtype == y.dtype and bool((lam > 0).all())
+    log_prob = tr.nodes["y"]["fn"].log_prob(y)
+    assert log_prob.device == y.device
+    m = dlm.matrices(T, observation_precision=lam)
+    assert torch.allclose(log_prob, kalman_filter(y[:, None], m).log_likelihood)
+
+
 @pytest.mark.parametrize(
     "build, match",
     [

@@ -60,6 +60,25 @@ def test_scan_backend_equals_funsor_enumeration(emission, device):
     assert torch.allclose(scan_loss, funsor_loss.to(scan_loss), rtol=1e-6)
 
 
+@pytest.mark.parametrize("emission", ["categorical", "poisson", "gaussian"])
+def test_fixed_parameters_follow_the_data_device(emission, device):
+    # Fixed parameters given on the CPU are plain attributes, which model.to(device) does
+    # not move: the program moves them to the data's device.
+    K, T = 3, 12
+    init, trans, params = _fixed(emission, K, "cpu")
+    kwargs = dict(num_symbols=4, init_probs=init, transition_probs=trans, emission_params=params)
+    model = HiddenMarkovModel(K, emission, **kwargs).to(device)
+    y = _series(emission, T, device)
+    trace = pyro.poutine.trace(model).get_trace(y)
+    log_prob = trace.nodes["obs"]["fn"].log_prob(y)
+    assert log_prob.device == y.device
+    cpu = HiddenMarkovModel(K, emission, **kwargs)
+    expected = pyro.poutine.trace(cpu).get_trace(y.cpu()).nodes["obs"]["fn"].log_prob(y.cpu())
+    assert torch.allclose(log_prob.cpu(), expected, rtol=1e-6)
+    path, _ = model.viterbi(y, {})
+    assert path.device == y.device
+
+
 def test_missing_values_are_marginalised(device):
     K = 2
     init, trans, params = _fixed("gaussian", K, device)

@@ -26,6 +26,8 @@ from pyro.poutine.messenger import Messenger
 from pyro.poutine.subsample_messenger import _Subsample
 from pyro.poutine.util import site_is_subsample
 
+from ...ops.random import rng_preserved
+
 
 def _first_bad_index(bad: torch.Tensor) -> tuple:
     return tuple(int(i) for i in bad.nonzero()[0])
@@ -224,7 +226,7 @@ def _unmasked(site, shape):
         if mask is None or mask is True:
             continue
         if mask is False:
-            return torch.zeros(shape, dtype=torch.bool)
+            return torch.zeros(shape, dtype=torch.bool, device=site["value"].device)
         try:
             torch.broadcast_shapes(mask.shape, shape)
         except RuntimeError:
@@ -342,11 +344,7 @@ def check_model_data(model, args, kwargs, trace=None, nonfinite=True) -> None:
     """
     if trace is None:
         # A check draws nothing the caller would: its latent draws are thrown away.
-        leaves = torch.utils._pytree.tree_leaves((args, kwargs))
-        devices = sorted(
-            {x.device.index or 0 for x in leaves if isinstance(x, torch.Tensor) and x.is_cuda}
-        )
-        with torch.random.fork_rng(devices=devices):
+        with rng_preserved():
             trace = run_model_checked(model, args, kwargs, nonfinite=nonfinite)
     tensors = _tensor_arguments(model, args, kwargs)
     arguments = _nonfinite_arguments(model, args, kwargs) if nonfinite else []

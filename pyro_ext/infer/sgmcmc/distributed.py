@@ -57,6 +57,9 @@ from .repulsion import Coupling, RBFKernel, noise_factor, shifted_drift
 SHARD_MODES = ("auto", "particles", "data", None)
 #: backends whose collectives are supported, by device type of the particles
 BACKENDS = {"cpu": "gloo", "cuda": "nccl"}
+# The traceable all-gather along dim 0: ``all_gather_single`` (missing from torch 2.11, as
+# seen on a GPU machine), else ``all_gather_tensor``, its older name (same signature).
+_all_gather_single = getattr(funcol, "all_gather_single", None) or funcol.all_gather_tensor
 
 
 class RankFailedError(RuntimeError):
@@ -222,7 +225,7 @@ class Shard:
     def start_gather(self, tensor: torch.Tensor):
         """Start gathering all ranks' rows and return at once (see :meth:`wait`): the
         transfer runs while this rank computes."""
-        return funcol.all_gather_single(tensor, 0, self.group)
+        return _all_gather_single(tensor, 0, self.group)
 
     def wait(self, pending) -> torch.Tensor:
         """The result of :meth:`start_gather`, once it has arrived."""

@@ -628,7 +628,7 @@ class RetailBSTS(Fitting, CollapsedLikelihood, Forecasting):
             dlm = self.state_space(params)
             precision = None
             if dlm.observation_df is not None:
-                half = torch.as_tensor(dlm.observation_df / 2, dtype=y.dtype)
+                half = torch.as_tensor(dlm.observation_df / 2, dtype=y.dtype, device=y.device)
                 precision = pyro.sample(
                     "obs_precision", dist.Gamma(half, half).expand([y.shape[-1]]).to_event(1)
                 )
