@@ -43,7 +43,10 @@ format: $(VENV)/.installed-lint
 	$(VENV)/bin/ruff format .
 
 # The API reference (docs/_build/html), warnings as errors, and the docstrings' examples.
+# The tutorials are executed (quick mode) for the site first; fresh copies are reused, such as
+# those the integration tests saved (docs/execute_tutorials.py).
 docs: $(VENV)/.installed-docs
+	$(PY) docs/execute_tutorials.py
 	$(VENV)/bin/sphinx-build -W --keep-going -q -b html docs docs/_build/html
 	$(VENV)/bin/sphinx-build -W --keep-going -q -b doctest docs docs/_build/doctest
 

@@ -4,7 +4,13 @@ import os
 import sys
 from pathlib import Path
 
+from docutils import nodes
+from sphinx import addnodes
+from sphinx.transforms.post_transforms import SphinxPostTransform
+
 ROOT = Path(__file__).resolve().parents[1]
+DOCS = ROOT / "docs"
+REPOSITORY = "https://github.com/pyro-ext/pyro_ext/blob/main/"
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("PYRO_EXT_DATA", str(ROOT.parent / "shared" / "data"))
 
@@ -20,19 +26,51 @@ extensions = [
     "sphinx.ext.doctest",
     "sphinx.ext.mathjax",
     "sphinx.ext.viewcode",
-    "myst_parser",
+    # MyST markdown and the tutorial notebooks (myst-nb includes myst-parser)
+    "myst_nb",
 ]
-source_suffix = {".rst": "restructuredtext", ".md": "markdown"}
-exclude_patterns = ["_build"]
+source_suffix = {".rst": "restructuredtext", ".md": "myst-nb", ".ipynb": "myst-nb"}
+exclude_patterns = ["_build", "**.ipynb_checkpoints", "**.partial"]
+# The notebooks under docs/tutorials/ are already executed (docs/execute_tutorials.py, run by
+# `make docs` before Sphinx): the site shows their outputs and never runs them itself.
+nb_execution_mode = "off"
 myst_enable_extensions = ["dollarmath"]
 myst_heading_anchors = 3
 
 autodoc_default_options = {"members": True, "show-inheritance": True}
 autodoc_member_order = "bysource"
 autodoc_typehints = "description"
-# The README and the changelog link to files of the repository (notebooks, benchmark
-# scripts and results) that are not documentation pages: they stay plain links.
-suppress_warnings = ["myst.xref_missing"]
+
+
+class RepositoryFileLinks(SphinxPostTransform):
+    """
+    A link in the README or the changelog to a repository file that is no page of the site
+    (a benchmark script or results file, ``CITATION.cff``) points at that file in the
+    repository instead of nowhere; links to pages (the executed tutorials) are left to
+    MyST, and any other dead link still fails the build.
+    """
+
+    default_priority = 5  # before MyST's reference resolver (9)
+
+    def run(self, **kwargs):
+        for node in list(self.document.findall(addnodes.pending_xref)):
+            if node.get("reftype") != "myst":
+                continue
+            path, _, anchor = node.get("reftarget", "").partition("#")
+            # Relative to the page's folder, which mirrors the repository's: the README is
+            # included by index.md, tutorials/x.ipynb is the executed tutorials/x.ipynb.
+            folder = Path(node.get("refdoc", "index")).parent
+            if not path or "://" in path or (DOCS / folder / path).exists():
+                continue
+            target = (ROOT / folder / path).resolve()
+            if target.exists() and target.is_relative_to(ROOT):
+                uri = REPOSITORY + target.relative_to(ROOT).as_posix()
+                uri += f"#{anchor}" if anchor else ""
+                node.replace_self(nodes.reference("", "", *node.children, refuri=uri))
+
+
+def setup(app):
+    app.add_post_transform(RepositoryFileLinks)
 
 
 html_theme = "furo"

@@ -1,5 +1,7 @@
-"""Execute every tutorial notebook end to end, in quick mode (``PYRO_EXT_QUICK=1``)."""
+"""Execute every tutorial notebook end to end, in quick mode (``PYRO_EXT_QUICK=1``), and
+keep the executed copy for the docs site (``docs/execute_tutorials.py``)."""
 
+import importlib.util
 import re
 from pathlib import Path
 
@@ -13,38 +15,41 @@ nbclient = pytest.importorskip("nbclient")
 pytest.importorskip("ipykernel")
 pytest.importorskip("matplotlib")
 
-TUTORIALS = Path(__file__).resolve().parents[1] / "tutorials"
-NOTEBOOKS = sorted(TUTORIALS.glob("*.ipynb"))
-CELL_TIMEOUT = 600  # seconds per cell
+ROOT = Path(__file__).resolve().parents[1]
+_spec = importlib.util.spec_from_file_location(
+    "execute_tutorials", ROOT / "docs" / "execute_tutorials.py"
+)
+tutorials = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(tutorials)
+
+TUTORIALS = tutorials.SOURCES
+NOTEBOOKS = tutorials.notebooks()
 ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*m")
 
 
 @pytest.fixture
 def quick_mode_env(monkeypatch):
     # nbclient starts the kernel as a subprocess, which inherits this environment.
-    monkeypatch.setenv("PYRO_EXT_QUICK", "1")
-    monkeypatch.setenv("MPLBACKEND", "Agg")
+    for name, value in tutorials.QUICK_ENV.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("MPLBACKEND", raising=False)  # the kernel's inline backend
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
 def test_tutorial_runs(path, quick_mode_env):
-    notebook = nbformat.read(path, as_version=4)
-    client = nbclient.NotebookClient(
-        notebook,
-        kernel_name="python3",
-        timeout=CELL_TIMEOUT,
-        resources={"metadata": {"path": str(path.parent)}},
-    )
     failure = None
     try:
-        client.execute()
+        notebook = tutorials.execute(path)
     except nbclient.exceptions.CellExecutionError as error:
         # The message holds the failing cell's source, its output so far and the traceback.
         failure = f"{path.name}: a cell raised an error\n{ANSI_ESCAPE.sub('', str(error))}"
     except nbclient.exceptions.CellTimeoutError as error:
-        failure = f"{path.name}: a cell ran longer than {CELL_TIMEOUT} s\n{error}"
+        failure = f"{path.name}: a cell ran longer than {tutorials.CELL_TIMEOUT} s\n{error}"
     if failure is not None:
         pytest.fail(failure, pytrace=False)
+    # `make docs` renders this copy instead of executing the notebook again.
+    tutorials.save_executed(notebook, path)
+    assert tutorials.is_fresh(path)
 
 
 def test_tutorials_are_saved_without_outputs():

@@ -10,8 +10,10 @@ from pyro_ext.models.bsts import (
     contribution_summary,
     plot_contributions,
     roas,
+    sales_components,
     simulate_retail,
 )
+from pyro_ext.timeseries import kalman_smoother
 
 torch.set_num_threads(1)
 
@@ -151,3 +153,41 @@ def test_plot_contributions_draws_the_summary_and_the_truth(fitted, data):
     with pytest.raises(ValueError, match="one value per channel"):
         fitted.plot_contributions(truth=[1.0])
     plt.close("all")
+
+
+def test_sales_components_sum_to_the_smoothed_noise_free_sales(fitted):
+    components = fitted.sales_components(max_draws=4)
+    assert list(components) == ["goodwill", "trend", "seasonal", "regression"]
+    T = fitted._data[0].shape[0]
+    assert all(v.shape == (T,) and bool(torch.isfinite(v).all()) for v in components.values())
+    function = sales_components(fitted, max_draws=4)
+    assert all(torch.equal(function[name], value) for name, value in components.items())
+    # By hand, for the same draws: y_loc + scale (D + X beta + F E[x | y_{1:T}]), the smoother
+    # run on the whole residual DLM (not per component), averaged over the draws.
+    params = fitted._draw_subset(4)
+    y, u, X = fitted._data
+    offset = fitted._mean_offset(params, u, X)
+    dlm = fitted.state_space(params)
+    smoothed = kalman_smoother(*dlm._args(y - offset)).smoothed_means  # (n, T, S)
+    F = dlm.matrices(1).observation_matrix[..., 0, :]  # (n, S)
+    signal = offset + (smoothed * F.unsqueeze(-2)).sum(-1)
+    expected = fitted._y_loc + fitted._y_scale * signal.mean(0)
+    assert torch.allclose(sum(components.values()), expected, rtol=1e-9, atol=1e-6)
+
+
+def test_sales_components_refuse_what_they_cannot_compute(data):
+    with pytest.raises(TypeError, match="fitted RetailBSTS"):
+        sales_components(object())
+    model = RetailBSTS(noise="student_t")
+    model.fit(
+        data.sales,
+        data.spend,
+        data.covariates,
+        num_samples=4,
+        warmup_steps=4,
+        num_particles=2,
+        map_init_steps=5,
+        seed=0,
+    )
+    with pytest.raises(ValueError, match="noise='gaussian'"):
+        model.sales_components()

@@ -20,7 +20,13 @@ from .allocation import (
     evaluate_strategies,
     pareto_frontier,
 )
-from .attribution import channel_contributions, contribution_summary, plot_contributions, roas
+from .attribution import (
+    channel_contributions,
+    contribution_summary,
+    plot_contributions,
+    roas,
+    sales_components,
+)
 from .model import (
     THESIS_MODEL,
     NoiseScales,
@@ -50,5 +56,6 @@ __all__ = [
     "goodwill_offset",
     "pareto_frontier",
     "roas",
+    "sales_components",
     "simulate_retail",
 ]

@@ -30,7 +30,13 @@ import torch
 
 from .model import RetailBSTS
 
-__all__ = ["channel_contributions", "contribution_summary", "plot_contributions", "roas"]
+__all__ = [
+    "channel_contributions",
+    "contribution_summary",
+    "plot_contributions",
+    "roas",
+    "sales_components",
+]
 
 
 def _check_model(model):
@@ -107,6 +113,52 @@ def roas(model, weeks=None) -> torch.Tensor:
     mask = _weeks(weeks, spend.shape[0])
     total = spend[mask].sum(0)
     return torch.where(total > 0, contributions / total, torch.full_like(contributions, torch.nan))
+
+
+def sales_components(model, max_draws: int = 100) -> dict:
+    r"""
+    The training weeks' sales split into the model's additive parts, each ``(T,)``: the
+    posterior mean, in the sales' original units, of
+
+    * ``"goodwill"``: :math:`A_t = D_t + a_t`, the recursion of thesis eq. (1.4) on the spend
+      (all channels, with the goodwill carried in from before the data) plus its
+      disturbance :math:`a_t`;
+    * ``"trend"``: the local level (and slope), the sales' mean included;
+    * ``"seasonal"``: the seasonal harmonics (zeros without them);
+    * ``"regression"``: :math:`x_t^	op eta` (zeros without covariates).
+
+    For each of ``max_draws`` posterior draws (evenly spaced), the stochastic states are the
+    Kalman-smoothed means :math:`E[x_t \mid y_{1:T}]` of the residual DLM
+    (:meth:`~pyro_ext.timeseries.DLM.decompose`); the parts are averaged over the draws. They
+    sum to the posterior mean of the noise-free sales. Only the sum is identified: a
+    constant, or a slow drift, can move between the trend and the goodwill, so compare the
+    parts' shapes, not their levels. Gaussian noise only (with Student-t noise the smoother
+    needs the weekly precisions).
+    """
+    _check_model(model)
+    if model.noise != "gaussian":
+        raise ValueError(
+            "sales_components needs noise='gaussian' (with Student-t noise the smoother needs "
+            "the weekly precisions)"
+        )
+    params = model._draw_subset(max_draws)
+    y, u, X = model._data
+    with torch.no_grad():
+        goodwill, _ = model._goodwill(params, u)  # (n, T), D_t
+        regression = torch.zeros_like(goodwill)
+        if "beta" in params:
+            regression = (X * params["beta"].unsqueeze(-2)).sum(-1)
+        dlm = model.state_space(params)
+        # The residual's smoothed parts: goodwill disturbance, trend, then the seasonal.
+        parts = list(dlm.decompose(y - goodwill - regression).values())
+    scale = model._y_scale
+    seasonal = parts[2] if len(parts) > 2 else torch.zeros_like(goodwill)
+    return {
+        "goodwill": scale * (goodwill + parts[0]).mean(0),
+        "trend": model._y_loc + scale * parts[1].mean(0),
+        "seasonal": scale * seasonal.mean(0),
+        "regression": scale * regression.mean(0),
+    }
 
 
 def contribution_summary(model, weeks=None, interval: float = 0.9) -> dict:

@@ -773,6 +773,14 @@ class RetailBSTS(Fitting, CollapsedLikelihood, Forecasting):
             "sigma_obs": s["sigma_obs"] * self._y_scale,
         }
 
+    def sales_components(self, max_draws: int = 100) -> dict[str, torch.Tensor]:
+        """The training weeks' sales split into goodwill, trend, seasonal and regression
+        parts, posterior means ``(T,)`` in sales units that sum to the noise-free sales
+        (:func:`~pyro_ext.models.bsts.attribution.sales_components`)."""
+        from .attribution import sales_components
+
+        return sales_components(self, max_draws)
+
     def channel_contributions(self, weeks=None) -> torch.Tensor:
         """Posterior draws ``(draws, k)`` of each channel's contribution to sales over
         ``weeks`` of the training period (all by default), in sales units: the
