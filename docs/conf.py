@@ -25,6 +25,8 @@ extensions = [
     "sphinx.ext.autodoc",
     "sphinx.ext.doctest",
     "sphinx.ext.mathjax",
+    # MathJax served from the site itself (_static/mathjax), not a CDN: math renders offline
+    "sphinx-mathjax-offline",
     "sphinx.ext.viewcode",
     # MyST markdown and the tutorial notebooks (myst-nb includes myst-parser)
     "myst_nb",
