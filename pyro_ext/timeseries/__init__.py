@@ -5,6 +5,19 @@ prediction by parallel scans over the sum-product and max-product semirings) and
 linear models (Kalman filtering, RTS smoothing, simulation smoothing and forecasting), as
 functions, as Pyro distributions and as ready-made Pyro models; discrete HMMs are fitted by
 exact EM (:func:`fit_hmm_em`, :meth:`HiddenMarkovModel.fit`).
+
+Example: a series that switches between two levels, fitted by EM and decoded by Viterbi:
+
+>>> torch.manual_seed(0)  # doctest: +ELLIPSIS
+<torch._C.Generator object at ...>
+>>> y = torch.cat([torch.zeros(50), 5 * torch.ones(50)]) + 0.1 * torch.randn(100)
+>>> hmm = HiddenMarkovModel(2, "gaussian")
+>>> fit = hmm.fit(y)
+>>> sorted(round(m) for m in fit.params["emission_loc"].tolist())
+[0, 5]
+>>> path, log_joint = hmm.viterbi(y, fit.params)
+>>> bool((path[:50] == path[0]).all() and (path[50:] != path[0]).all())
+True
 """
 
 from .dlm import (
