@@ -71,8 +71,28 @@ class RepositoryFileLinks(SphinxPostTransform):
                 node.replace_self(nodes.reference("", "", *node.children, refuri=uri))
 
 
+def public_bases(app, name, obj, options, bases):
+    """
+    "Bases:" names public classes only: a private base (``_Bandit``, ``_PeriodicTaxPolicy``),
+    which has no entry to link to, is replaced by its own public bases, recursively.
+    """
+
+    def public(cls):
+        if not getattr(cls, "__name__", "").startswith("_"):
+            return [cls]
+        return [base for parent in getattr(cls, "__bases__", ()) for base in public(parent)]
+
+    shown = []
+    for base in bases:
+        shown += [cls for cls in public(base) if cls not in shown]
+    if len(shown) > 1 and object in shown:
+        shown.remove(object)
+    bases[:] = shown or [object]
+
+
 def setup(app):
     app.add_post_transform(RepositoryFileLinks)
+    app.connect("autodoc-process-bases", public_bases)
 
 
 html_theme = "furo"
