@@ -48,6 +48,7 @@ format: $(VENV)/.installed-lint
 docs: $(VENV)/.installed-docs
 	$(PY) docs/execute_tutorials.py
 	$(VENV)/bin/sphinx-build -W --keep-going -q -b html docs docs/_build/html
+	$(PY) docs/check_links.py docs/_build/html
 	$(VENV)/bin/sphinx-build -W --keep-going -q -b doctest docs docs/_build/doctest
 
 # The tour prints its results and writes its figures to pyro_ext_demo_figures/.

@@ -17,6 +17,15 @@ distributions, ARA defenses and security evaluation.
 - Evaluation: :func:`security_evaluation_curve` with the sanity checks
   :func:`check_security_curve` and :func:`check_attack_strength`, and
   :func:`plot_security_curves`.
+
+Example: FGSM steps each input coordinate by ``eps`` against the gradient of the true class'
+cross-entropy. With the logits equal to the inputs, class 0 loses on ``x_0`` and gains on
+``x_1``:
+
+>>> from pyro_ext.ara import fgsm
+>>> x, y = torch.tensor([[0.6, 0.4]]), torch.tensor([0])
+>>> fgsm(lambda x: x, x, y, eps=0.1)
+tensor([[0.5000, 0.5000]])
 """
 
 from .acra import ACRA, RandomWordInsertionAttack

@@ -12,6 +12,13 @@ Reusable numerics, as :mod:`pyro.ops` is for Pyro.
 * :mod:`pyro_ext.ops.validation` — the package's argument checks.
 * :mod:`pyro_ext.ops.random` — :func:`rng_preserved`: a side computation that leaves every
   generator (CUDA's too) as it found it.
+
+Example: a parallel prefix scan with addition is the cumulative sum:
+
+>>> from pyro_ext.ops import associative_scan
+>>> x = torch.arange(1.0, 9.0)
+>>> associative_scan(lambda a, b: (a[0] + b[0],), (x,))[0].tolist()
+[1.0, 3.0, 6.0, 10.0, 15.0, 21.0, 28.0, 36.0]
 """
 
 from .curvature import hessian_diagonal

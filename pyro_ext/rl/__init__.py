@@ -1,5 +1,13 @@
 """Threatened Markov decision processes: opponent-aware Q-learning (Gallego, 2021, chapter 4).
 
+Example: reward curves of independent Q-learners against tit-for-tat in the data-sharing game,
+``(num_runs, num_episodes)``:
+
+>>> from pyro_ext.rl import DataSharingGame, QLearner, TitForTat, play_many
+>>> curves = play_many(DataSharingGame(horizon=5), lambda: QLearner(0.1, 0.5, 0.9), TitForTat, 3, 2, 0)
+>>> curves.shape
+torch.Size([2, 3])
+
 Quick start (figure 4.3)::
 
     from pyro_ext.rl import FriendOrFoe, ExponentialSmootherAdversary, LevelKQLearner, play
