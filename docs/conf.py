@@ -36,6 +36,9 @@ exclude_patterns = ["_build", "**.ipynb_checkpoints", "**.partial"]
 # The notebooks under docs/tutorials/ are already executed (docs/execute_tutorials.py, run by
 # `make docs` before Sphinx): the site shows their outputs and never runs them itself.
 nb_execution_mode = "off"
+# stderr (progress-bar notices, and the convergence warnings that quick mode's short runs
+# raise) would read as the method's verdict on a page that runs it small: left out of the site.
+nb_output_stderr = "remove"
 myst_enable_extensions = ["dollarmath"]
 myst_heading_anchors = 3
 
