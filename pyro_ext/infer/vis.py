@@ -916,8 +916,8 @@ class VIS:
         :data:`EXPLOSION_SCALES` (1000) scales from the base guide's median in some
         coordinate :math:`j`,
 
-        .. math:: |u_{T,j} - \mathrm{med}(u_{0,j})| > 1000\,ig(\hat s_j
-                  + \sqrt{2\eta T}\,[	ext{noisy sampler}]ig),
+        .. math:: |u_{T,j} - \mathrm{med}(u_{0,j})| > 1000\,\bigl(\hat s_j
+                  + \sqrt{2\eta T}\,[\text{noisy sampler}]\bigr),
 
         with :math:`\hat s_j` the base draws' robust scale (interquartile range / 1.349)
         and :math:`\sqrt{2\eta T}` the spread the sampler's noise alone adds in ``T``

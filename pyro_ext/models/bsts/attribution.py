@@ -125,7 +125,7 @@ def sales_components(model, max_draws: int = 100) -> dict:
       disturbance :math:`a_t`;
     * ``"trend"``: the local level (and slope), the sales' mean included;
     * ``"seasonal"``: the seasonal harmonics (zeros without them);
-    * ``"regression"``: :math:`x_t^	op eta` (zeros without covariates).
+    * ``"regression"``: :math:`x_t^\top \beta` (zeros without covariates).
 
     For each of ``max_draws`` posterior draws (evenly spaced), the stochastic states are the
     Kalman-smoothed means :math:`E[x_t \mid y_{1:T}]` of the residual DLM
