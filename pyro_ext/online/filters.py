@@ -786,7 +786,8 @@ class BONG:
         if self.potential is not None and self.belief is not None:
             model = pyro.poutine.condition(model, data=self.potential.constrain(self.belief.mean))
         with (
-            rng_preserved(),
+            # Every update runs this: torch's generators only (Pyro models draw from them).
+            rng_preserved(python_and_numpy=False),
             torch.no_grad(),
             pyro.validation_enabled(False),
             pyro.poutine.block(),

@@ -13,16 +13,20 @@ import torch
 
 
 @contextlib.contextmanager
-def rng_preserved():
+def rng_preserved(python_and_numpy=True):
     """
-    Run the body, then put back the random state it consumed: Python's, NumPy's and torch's
-    CPU generators (as :func:`pyro.util.set_rng_state`) and every initialised CUDA device's
-    generator (a model without tensor arguments can still draw on CUDA).
+    Run the body, then put back the random state it consumed: torch's CPU generator, every
+    initialised CUDA device's generator (a model without tensor arguments can still draw on
+    CUDA) and, unless ``python_and_numpy=False``, Python's and NumPy's (as
+    :func:`pyro.util.set_rng_state`). Saving those two costs about 90 µs on a CPU against
+    5 µs for torch's alone: a per-update check of a model that draws only from torch
+    passes ``False``.
     """
     devices = list(range(torch.cuda.device_count())) if torch.cuda.is_initialized() else []
-    state = pyro.util.get_rng_state()
+    state = pyro.util.get_rng_state() if python_and_numpy else None
     try:
         with torch.random.fork_rng(devices=devices):
             yield
     finally:
-        pyro.util.set_rng_state(state)
+        if state is not None:
+            pyro.util.set_rng_state(state)

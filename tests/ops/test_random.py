@@ -40,3 +40,15 @@ def test_the_state_is_restored_when_the_body_raises(device):
             _draws(device)
             raise RuntimeError("inside")
     assert _draws(device) == expected
+
+
+def test_torch_only_mode_restores_torch_and_leaves_python_alone(device):
+    torch.zeros((), device=device)
+    pyro.set_rng_seed(7)
+    expected = _draws(device)[:2]
+    pyro.set_rng_seed(7)
+    before = random.getstate()
+    with rng_preserved(python_and_numpy=False):
+        _draws(device)
+    assert _draws(device)[:2] == expected  # torch's generators put back
+    assert random.getstate() != before  # Python's advanced, as the body left it
