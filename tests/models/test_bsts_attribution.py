@@ -23,6 +23,15 @@ def data():
     return simulate_retail(num_weeks=60, seed=1, noise="gaussian")
 
 
+def short_fit(model, data, **options):
+    """``model`` fitted on ``data`` by a short run (these tests check arithmetic, not mixing)."""
+    options = {
+        **dict(num_samples=10, warmup_steps=20, num_particles=2, map_init_steps=30),
+        **options,
+    }
+    return model.fit(data.sales, data.spend, data.covariates, seed=0, **options)
+
+
 @pytest.fixture(
     scope="module",
     params=[(1, "shared", "real"), (0, "per_channel", "non_negative")],
@@ -38,17 +47,7 @@ def fitted(data, request):
         carryover=carryover,
         effects=effects,
     )
-    model.fit(
-        data.sales,
-        data.spend,
-        data.covariates,
-        num_samples=10,
-        warmup_steps=20,
-        num_particles=2,
-        map_init_steps=30,
-        seed=0,
-    )
-    return model
+    return short_fit(model, data)
 
 
 def by_hand(delta, q, spend, lag):
@@ -178,16 +177,8 @@ def test_sales_components_sum_to_the_smoothed_noise_free_sales(fitted):
 def test_sales_components_refuse_what_they_cannot_compute(data):
     with pytest.raises(TypeError, match="fitted RetailBSTS"):
         sales_components(object())
-    model = RetailBSTS(noise="student_t")
-    model.fit(
-        data.sales,
-        data.spend,
-        data.covariates,
-        num_samples=4,
-        warmup_steps=4,
-        num_particles=2,
-        map_init_steps=5,
-        seed=0,
+    model = short_fit(
+        RetailBSTS(noise="student_t"), data, num_samples=4, warmup_steps=4, map_init_steps=5
     )
     with pytest.raises(ValueError, match="noise='gaussian'"):
         model.sales_components()
