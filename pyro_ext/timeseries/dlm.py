@@ -667,12 +667,17 @@ class DLM:
         """Joint posterior state draws ``(num_samples, ..., T, S)``."""
         return kalman_sample(*self._args(y), num_samples=num_samples)
 
-    def decompose(self, y: torch.Tensor) -> dict[str, torch.Tensor]:
+    def decompose(
+        self, y: torch.Tensor, observation_precision: torch.Tensor | None = None
+    ) -> dict[str, torch.Tensor]:
         """Smoothed contribution ``F_{c,t} E[x_{c,t} | y]`` of each component, ``(..., T)``.
 
-        The contributions sum to the smoothed signal ``F_t E[x_t | y]``.
+        The contributions sum to the smoothed signal ``F_t E[x_t | y]``. With Student-t
+        observations (``observation_df``), ``observation_precision`` ``(..., T)`` gives the
+        weekly precision multipliers of the scale mixture (e.g. posterior draws of the
+        ``"<name>_precision"`` site): the smoother is then exact given them.
         """
-        yy, matrices = self._args(y)
+        yy, matrices = self._args(y, observation_precision)
         F = matrices.observation_matrix
         ms = kalman_smoother(yy, matrices).smoothed_means
         out, start = {}, 0

@@ -154,6 +154,21 @@ def test_plot_contributions_draws_the_summary_and_the_truth(fitted, data):
     plt.close("all")
 
 
+def _components_by_hand(model, max_draws, with_precision=True):
+    """y_loc + scale (D + X beta + F E[x | y_{1:T}]) averaged over the same draws, the smoother
+    run on the whole residual DLM (not per component), given the draws' weekly precisions
+    under Student-t noise."""
+    params = model._draw_subset(max_draws)
+    y, u, X = model._data
+    offset = model._mean_offset(params, u, X)
+    dlm = model.state_space(params)
+    precision = params.get("obs_precision") if with_precision else None
+    smoothed = kalman_smoother(*dlm._args(y - offset, precision))
+    F = dlm.matrices(1).observation_matrix[..., 0, :]  # (n, S)
+    signal = offset + (smoothed.smoothed_means * F.unsqueeze(-2)).sum(-1)
+    return model._y_loc + model._y_scale * signal.mean(0)
+
+
 def test_sales_components_sum_to_the_smoothed_noise_free_sales(fitted):
     components = fitted.sales_components(max_draws=4)
     assert list(components) == ["goodwill", "trend", "seasonal", "regression"]
@@ -161,24 +176,22 @@ def test_sales_components_sum_to_the_smoothed_noise_free_sales(fitted):
     assert all(v.shape == (T,) and bool(torch.isfinite(v).all()) for v in components.values())
     function = sales_components(fitted, max_draws=4)
     assert all(torch.equal(function[name], value) for name, value in components.items())
-    # By hand, for the same draws: y_loc + scale (D + X beta + F E[x | y_{1:T}]), the smoother
-    # run on the whole residual DLM (not per component), averaged over the draws.
-    params = fitted._draw_subset(4)
-    y, u, X = fitted._data
-    offset = fitted._mean_offset(params, u, X)
-    dlm = fitted.state_space(params)
-    smoothed = kalman_smoother(*dlm._args(y - offset)).smoothed_means  # (n, T, S)
-    F = dlm.matrices(1).observation_matrix[..., 0, :]  # (n, S)
-    signal = offset + (smoothed * F.unsqueeze(-2)).sum(-1)
-    expected = fitted._y_loc + fitted._y_scale * signal.mean(0)
+    expected = _components_by_hand(fitted, 4)
     assert torch.allclose(sum(components.values()), expected, rtol=1e-9, atol=1e-6)
 
 
-def test_sales_components_refuse_what_they_cannot_compute(data):
+def test_sales_components_of_the_default_student_t_noise(data):
     with pytest.raises(TypeError, match="fitted RetailBSTS"):
         sales_components(object())
     model = short_fit(
         RetailBSTS(noise="student_t"), data, num_samples=4, warmup_steps=4, map_init_steps=5
     )
-    with pytest.raises(ValueError, match="noise='gaussian'"):
+    components = model.sales_components(max_draws=4)
+    # The weekly precisions matter: the smoother given them, not the Gaussian one.
+    expected = _components_by_hand(model, 4)
+    assert torch.allclose(sum(components.values()), expected, rtol=1e-9, atol=1e-6)
+    gaussian = _components_by_hand(model, 4, with_precision=False)
+    assert not torch.allclose(sum(components.values()), gaussian, rtol=1e-6, atol=1e-6)
+    del model.samples["obs_precision"]
+    with pytest.raises(ValueError, match="weekly precisions"):
         model.sales_components()

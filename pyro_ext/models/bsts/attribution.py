@@ -132,16 +132,19 @@ def sales_components(model, max_draws: int = 100) -> dict:
     (:meth:`~pyro_ext.timeseries.DLM.decompose`); the parts are averaged over the draws. They
     sum to the posterior mean of the noise-free sales. Only the sum is identified: a
     constant, or a slow drift, can move between the trend and the goodwill, so compare the
-    parts' shapes, not their levels. Gaussian noise only (with Student-t noise the smoother
-    needs the weekly precisions).
+    parts' shapes, not their levels. With Student-t noise (the default) each draw's smoother
+    is conditioned on that draw's weekly precisions (the scale mixture's ``obs_precision``),
+    so it is exact there too.
     """
     _check_model(model)
-    if model.noise != "gaussian":
-        raise ValueError(
-            "sales_components needs noise='gaussian' (with Student-t noise the smoother needs "
-            "the weekly precisions)"
-        )
     params = model._draw_subset(max_draws)
+    precision = params.get("obs_precision")
+    if model.noise != "gaussian" and precision is None:
+        raise ValueError(
+            "sales_components needs the weekly precisions of the Student-t noise "
+            "(posterior draws of 'obs_precision'), which this fit did not keep; fit with "
+            "noise='gaussian' or with a method that samples them"
+        )
     y, u, X = model._data
     with torch.no_grad():
         goodwill, _ = model._goodwill(params, u)  # (n, T), D_t
@@ -150,7 +153,7 @@ def sales_components(model, max_draws: int = 100) -> dict:
             regression = (X * params["beta"].unsqueeze(-2)).sum(-1)
         dlm = model.state_space(params)
         # The residual's smoothed parts: goodwill disturbance, trend, then the seasonal.
-        parts = list(dlm.decompose(y - goodwill - regression).values())
+        parts = list(dlm.decompose(y - goodwill - regression, precision).values())
     scale = model._y_scale
     seasonal = parts[2] if len(parts) > 2 else torch.zeros_like(goodwill)
     return {
