@@ -64,6 +64,16 @@ def run(quick=False, figures=None):
         for (name, row), t in zip(summary.items(), true_contribution)
     )
     print(f"    contributions over the training weeks, mean [90 % interval]: {rows}")
+    # The long-run response curve at 10 units a week, every week: with the linear goodwill a
+    # line through 0, so this is 10 x the long-run return per unit of weekly spend, q / delta.
+    curve = model.response_curves([10.0])[:, 0]  # (draws, channels)
+    low, high = torch.quantile(curve, torch.tensor([0.05, 0.95], dtype=curve.dtype), dim=0)
+    true_curve = 10.0 * data.truth["q"].double() / data.truth["delta"]
+    settled = ", ".join(
+        f"{name} {float(m):.1f} [{float(lo):.1f}, {float(hi):.1f}] (truth {float(t):.1f})"
+        for name, m, lo, hi, t in zip(data.channel_names, curve.mean(0), low, high, true_curve)
+    )
+    print(f"    long-run extra weekly sales from 10 a week, every week [90 %]: {settled}")
     draws = model.forecast(data.spend[train:], data.covariates[train:])
     truth = data.sales[train:]
     mape = float(((draws.mean(0) - truth).abs() / truth.abs()).mean())

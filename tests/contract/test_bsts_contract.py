@@ -174,6 +174,10 @@ def test_default_expected_model_size_is_still_capped(data):
         ({"carryover": None}, TypeError, "carryover must be a string"),
         ({"effects": "positive"}, ValueError, "effects must be one of"),
         ({"variant": "RA", "effects": "non_negative"}, ValueError, "variant='RA'"),
+        ({"saturation": "logistic"}, ValueError, "saturation must be one of 'hill' or None"),
+        ({"saturation": 1}, TypeError, "saturation must be a string"),
+        ({"saturation": "hill", "saturation_scale": -1.0}, ValueError, "saturation_scale"),
+        ({"saturation": "hill", "saturation_scale": "1"}, TypeError, "saturation_scale"),
     ],
 )
 def test_constructor_arguments_name_themselves(kwargs, error, match):

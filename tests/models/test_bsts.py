@@ -164,7 +164,7 @@ def test_goodwill_starts_as_the_simulator_does(spend_lag, num_weeks):
         delta=torch.tensor(0.3, dtype=torch.float64),
         q=d.truth["q"].double() * m._u_scale / m._y_scale,
     )
-    D, _ = m._goodwill(params, u)
+    D = m._goodwill(params, u)
     truth = d.truth["goodwill"].double()
     assert torch.allclose(D * m._y_scale, truth, rtol=1e-7)
     # The point mass's design carries the same start (linear in q).
@@ -180,7 +180,7 @@ def test_goodwill_starts_as_the_simulator_does(spend_lag, num_weeks):
         goodwill_start="zero",
     )
     zero._prepare(d.sales, d.spend, d.covariates, True)
-    D0, _ = zero._goodwill(params, u)
+    D0 = zero._goodwill(params, u)
     steady = float(d.spend.double().mean(0) @ d.truth["q"].double()) / 0.3
     t = torch.arange(num_weeks, dtype=torch.float64)
     missed = steady * 0.7 ** (t + 1 - spend_lag)
@@ -537,6 +537,50 @@ def test_allocation_integration(fitted):
     assert res.mean >= float(others.mean.max()) - 1e-6 * abs(res.mean)
 
 
+def test_allocation_with_saturation_spreads_the_budget_to_equal_marginal_returns(short_data):
+    # With diminishing returns the expected sales are concave in the spend, so the best
+    # split equalises the marginal return of every channel it spends on (KKT); without
+    # the curve, at the same draws, one channel takes the whole budget.
+    from pyro_ext.models.bsts import allocate_budget
+
+    d = short_data
+    m = RetailBSTS(
+        variant="RF", noise="gaussian", seasonal_harmonics=0, spend_lag=0, saturation="hill"
+    )
+    m.fit(
+        d.sales,
+        d.spend,
+        d.covariates,
+        num_samples=10,
+        warmup_steps=20,
+        num_particles=2,
+        map_init_steps=30,
+        rhat_target=None,
+    )
+    budget = float(d.spend.double().sum(1).mean())
+    bent = dict(m.samples, saturation=torch.full_like(m.samples["saturation"], 3.0))
+    flat = dict(m.samples, saturation=torch.zeros_like(m.samples["saturation"]))
+
+    def marginal_returns(spend):
+        spend = spend.detach().clone().reshape(1, -1).requires_grad_(True)
+        means, _ = m.sales_moments(spend)
+        (grad,) = torch.autograd.grad(means.mean(), spend)
+        return grad[0]
+
+    m.samples = flat
+    linear = allocate_budget(m, budget=budget)
+    assert int((linear.spend > 1e-3 * budget).sum()) == 1
+    m.samples = bent
+    res = allocate_budget(m, budget=budget)
+    spent = res.spend > 1e-3 * budget
+    assert int(spent.sum()) >= 2
+    returns = marginal_returns(res.spend)
+    best = returns[spent].max()
+    assert torch.allclose(returns[spent], best.expand(int(spent.sum())), rtol=0.02)
+    assert bool((returns[~spent] <= best * 1.02).all())
+    assert float(res.spend.sum()) == pytest.approx(budget, rel=1e-4)
+
+
 def test_goodwill_offset_batched_and_extremes():
     # FFT convolution == the recursion, per draw, for phi in [0, 1] and a long series.
     T = 300
@@ -739,7 +783,7 @@ def test_per_channel_goodwill_is_the_recursion_written_out(spend_lag):
     params = dict(delta=delta, q=q)
     expected = _channel_goodwill_by_hand(delta, q.tolist(), u, spend_lag)
     assert torch.allclose(m._channel_goodwill(params, u), expected, rtol=1e-10, atol=1e-12)
-    assert torch.allclose(m._goodwill(params, u)[0], expected.sum(-1), rtol=1e-10)
+    assert torch.allclose(m._goodwill(params, u), expected.sum(-1), rtol=1e-10)
     # The point mass's design is the same goodwill per unit of q, batched over draws.
     batch = dict(delta=torch.stack([delta, delta.flip(0)]), q=q)
     design = m._adstock(batch, u)
@@ -762,14 +806,24 @@ def test_per_channel_goodwill_is_the_recursion_written_out(spend_lag):
     expected = _channel_goodwill_by_hand(
         torch.full((5,), 0.3, dtype=torch.float64), q.tolist(), u, spend_lag
     )
-    assert torch.allclose(shared._goodwill(same, u)[0], expected.sum(-1), rtol=1e-10)
+    assert torch.allclose(shared._goodwill(same, u), expected.sum(-1), rtol=1e-10)
 
 
-@pytest.mark.parametrize("spend_lag", [0, 1])
-@pytest.mark.parametrize("carryover", ["per_channel", "shared"])
-def test_forecast_goodwill_continues_the_training_recursion(spend_lag, carryover):
+@pytest.mark.parametrize(
+    "spend_lag, carryover, saturation",
+    [
+        (0, "per_channel", None),
+        (1, "per_channel", None),
+        (0, "shared", None),
+        (1, "shared", None),
+        (0, "per_channel", "hill"),
+        (1, "shared", "hill"),
+    ],
+)
+def test_forecast_goodwill_continues_the_training_recursion(spend_lag, carryover, saturation):
     # The goodwill the forecast adds after the training weeks is the training recursion run
-    # on over the future spend, per draw and channel.
+    # on over the future spend, per draw and channel (through the same saturation curve,
+    # whose mean stock stays the training weeks').
     d = simulate_retail(num_weeks=50, seed=6, noise="gaussian")
     m = RetailBSTS(
         variant="RF",
@@ -777,6 +831,7 @@ def test_forecast_goodwill_continues_the_training_recursion(spend_lag, carryover
         seasonal_harmonics=0,
         spend_lag=spend_lag,
         carryover=carryover,
+        saturation=saturation,
     )
     m.fit(
         d.sales[:40],
@@ -795,8 +850,46 @@ def test_forecast_goodwill_continues_the_training_recursion(spend_lag, carryover
     params = state[-1]
     future = m._future_offset(params, state[-2], uf, Xf)
     _, u, _ = m._data
-    whole, _ = m._goodwill(params, torch.cat([u, uf]))
+    whole = m._goodwill(params, torch.cat([u, uf]))
     assert torch.allclose(future, whole[:, 40:], rtol=1e-9, atol=1e-9)
+
+
+@pytest.mark.parametrize("spend_lag", [0, 1])
+def test_saturation_is_the_hill_curve_of_each_stock_written_out(spend_lag):
+    # D_{i,t} = q_i S_{i,t} / (1 + lambda_i S_{i,t} / mean_t S_{i,t}), S the recursion of
+    # eq. (1.4) on the channel's own spend, written out by hand (no goodwill before the data).
+    d = simulate_retail(num_weeks=30, seed=3, noise="gaussian")
+    m = RetailBSTS(
+        variant="RF",
+        noise="gaussian",
+        spend_lag=spend_lag,
+        goodwill_start="zero",
+        saturation="hill",
+    )
+    m._data = m._prepare(d.sales, d.spend, d.covariates, True)
+    _, u, _ = m._data
+    k = u.shape[1]
+    params = dict(
+        delta=torch.linspace(0.2, 0.6, k, dtype=torch.float64),
+        q=torch.linspace(0.5, 1.5, k, dtype=torch.float64),
+        saturation=torch.linspace(0.0, 2.0, k, dtype=torch.float64),
+    )
+    expected = torch.zeros(u.shape[0], k, dtype=torch.float64)
+    for i in range(k):
+        phi, stock, stocks = 1 - float(params["delta"][i]), 0.0, []
+        for t in range(u.shape[0]):
+            stock = phi * stock + (float(u[t - spend_lag, i]) if t >= spend_lag else 0.0)
+            stocks.append(stock)
+        mean, bend = sum(stocks) / len(stocks), float(params["saturation"][i])
+        for t, s in enumerate(stocks):
+            expected[t, i] = float(params["q"][i]) * s / (1 + bend * s / mean)
+    assert torch.allclose(m._channel_goodwill(params, u), expected, rtol=1e-10, atol=1e-12)
+    # lambda = 0 is the linear model, and the bend only lowers the goodwill.
+    linear = RetailBSTS(variant="RF", noise="gaussian", spend_lag=spend_lag, goodwill_start="zero")
+    linear._data = m._data
+    flat = dict(params, saturation=torch.zeros(k, dtype=torch.float64))
+    assert torch.allclose(m._goodwill(flat, u), linear._goodwill(params, u), rtol=1e-12)
+    assert bool((m._goodwill(params, u) <= linear._goodwill(params, u) + 1e-12).all())
 
 
 @pytest.mark.parametrize("truth", [0, 1])

@@ -9,6 +9,7 @@ from pyro_ext.models.bsts import (
     channel_contributions,
     contribution_summary,
     plot_contributions,
+    response_curves,
     roas,
     sales_components,
     simulate_retail,
@@ -34,11 +35,15 @@ def short_fit(model, data, **options):
 
 @pytest.fixture(
     scope="module",
-    params=[(1, "shared", "real"), (0, "per_channel", "non_negative")],
-    ids=["lag1-shared-real", "lag0-per_channel-non_negative"],
+    params=[
+        (1, "shared", "real", None),
+        (0, "per_channel", "non_negative", None),
+        (1, "per_channel", "non_negative", "hill"),
+    ],
+    ids=["lag1-shared-real", "lag0-per_channel-non_negative", "lag1-per_channel-hill"],
 )
 def fitted(data, request):
-    lag, carryover, effects = request.param
+    lag, carryover, effects, saturation = request.param
     model = RetailBSTS(
         variant="RF",
         noise="gaussian",
@@ -46,18 +51,35 @@ def fitted(data, request):
         spend_lag=lag,
         carryover=carryover,
         effects=effects,
+        saturation=saturation,
     )
     return short_fit(model, data)
 
 
-def by_hand(delta, q, spend, lag):
-    """sum_t q A_t with A_t = (1 - delta) A_{t-1} + u_{t - lag}, A before the data 0."""
-    total, goodwill = 0.0, 0.0
-    for t in range(spend.shape[0]):
-        inflow = spend[t - lag] if t - lag >= 0 else 0.0
-        goodwill = (1 - delta) * goodwill + inflow
-        total += q * goodwill
-    return total
+def by_hand(delta, q, spend, lag, bend=None):
+    """sum_t q A_t with A_t = (1 - delta) A_{t-1} + u_{t - lag}, A before the data 0.
+
+    With a saturation bend lambda: sum_t q [f(S_t) - f(B_t)], f(S) = S / (1 + lambda S /
+    mean_t S_t), where B_t is the goodwill from a year of spend before the data at the mean
+    of the first (at most) 52 weeks, decayed to week t, and S_t = A_t + B_t."""
+    T, phi = spend.shape[0], 1 - delta
+    ubar = sum(float(spend[t]) for t in range(min(T, 52))) / min(T, 52)
+    year = sum(phi**j for j in range(52))
+    stocks, befores, goodwill = [], [], 0.0
+    for t in range(T):
+        inflow = float(spend[t - lag]) if t - lag >= 0 else 0.0
+        goodwill = phi * goodwill + inflow
+        before = phi ** (t + 1 - lag) * year * ubar
+        stocks.append(goodwill + before)
+        befores.append(before)
+    if bend is None:
+        return q * sum(s - b for s, b in zip(stocks, befores))
+    mean = sum(stocks) / T
+
+    def curve(s):
+        return s / (1 + bend * s / mean)
+
+    return q * sum(curve(s) - curve(b) for s, b in zip(stocks, befores))
 
 
 def test_contributions_are_the_goodwill_recursion_written_out(fitted, data):
@@ -73,6 +95,7 @@ def test_contributions_are_the_goodwill_recursion_written_out(fitted, data):
                 float(draws["q"][d, i]),
                 data.spend[:, i].double(),
                 fitted.spend_lag,
+                None if fitted.saturation is None else float(draws["saturation"][d, i]),
             )
             assert float(contributions[d, i]) == pytest.approx(float(expected), rel=1e-6, abs=1e-6)
 
@@ -106,6 +129,39 @@ def test_summary_gives_means_intervals_and_the_sign(fitted):
         )
         assert row["roas"] == pytest.approx(row["contribution"] / row["spend"], rel=1e-9)
     assert fitted.contribution_summary(interval=0.8) == summary
+
+
+def test_response_curves_are_where_a_constant_spend_settles(fitted):
+    # The recursion run for 400 weeks of a constant spend in one channel from no goodwill
+    # (the forecast's own future-goodwill path) ends at the curve's value.
+    levels = torch.tensor([0.0, 5.0, 20.0, 80.0], dtype=torch.float64)
+    curves = fitted.response_curves(levels)
+    draws = fitted.samples
+    assert curves.shape == (draws["q"].shape[0], 4, fitted.num_channels)
+    assert torch.equal(curves, response_curves(fitted, levels.tolist()))
+    params = {n: v for n, v in draws.items() if n != "obs_precision"}
+    k, n = fitted.num_channels, draws["q"].shape[0]
+    for i in (0, k - 1):
+        for j, level in enumerate(levels.tolist()):
+            spend = torch.zeros(400, k, dtype=torch.float64)
+            spend[:, i] = level / fitted._u_scale[i]
+            start = torch.zeros(n, k, dtype=torch.float64)
+            path = fitted._future_offset(params, start, spend, torch.zeros(400, fitted._p))
+            settled = path[:, -1] * fitted._y_scale
+            assert torch.allclose(curves[:, j, i], settled, rtol=1e-8, atol=1e-8)
+    if fitted.saturation is None:  # a line of slope q / delta
+        delta = draws["delta"] if fitted.carryover == "per_channel" else draws["delta"][:, None]
+        slope = fitted.coefficient_draws()["q"] / delta
+        assert torch.allclose(curves, levels[:, None] * slope[:, None, :], rtol=1e-9)
+    else:  # concave: the return of the last unit falls
+        gains = curves.diff(dim=1) / levels.diff()[:, None]
+        assert bool((gains[:, 1:] <= gains[:, :-1] * (1 + 1e-9)).all())
+    with pytest.raises(ValueError, match="non-negative"):
+        fitted.response_curves([-1.0, 2.0])
+    with pytest.raises(ValueError, match="1-D"):
+        fitted.response_curves(torch.ones(2, 2))
+    with pytest.raises(TypeError, match="spend"):
+        fitted.response_curves("10")
 
 
 def test_bad_arguments_are_refused(fitted, data):

@@ -301,7 +301,7 @@ def test_non_negative_effects_are_sampled_and_beta_still_integrated_out(noise):
     design = m._design(params, u, X)
     assert design.shape == X.shape  # only the covariates
     precision = params.get("obs_precision")
-    resid = y - m._goodwill(params, u)[0]
+    resid = y - m._goodwill(params, u)
     stats = m._whitened_statistics(m.state_space(params), resid, design, precision)
     for gamma in ([1.0, 0, 0, 1, 0, 1, 1], [0.0] * 7, [1.0] * 7):
         gamma = torch.tensor(gamma, dtype=torch.float64)

@@ -24,6 +24,7 @@ from .attribution import (
     channel_contributions,
     contribution_summary,
     plot_contributions,
+    response_curves,
     roas,
     sales_components,
 )
@@ -55,6 +56,7 @@ __all__ = [
     "evaluate_strategies",
     "goodwill_offset",
     "pareto_frontier",
+    "response_curves",
     "roas",
     "sales_components",
     "simulate_retail",

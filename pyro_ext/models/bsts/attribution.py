@@ -20,6 +20,13 @@ in from before the data (``goodwill_start="steady"``) is not switched off: it wa
 before the training weeks. Each posterior draw of :math:`(\delta, q)` gives one draw of
 :math:`C_i(W)`, in the sales' original units.
 
+With a saturation curve (``saturation="hill"``) the same counterfactual reads
+:math:`C_i(W) = q_i \sum_{t \in W} \bigl(f_i(S_{i,t}) - f_i(S^{\mathrm{before}}_{i,t})\bigr)`,
+with :math:`S_{i,t}` the channel's whole stock (the goodwill from before the data
+included) and :math:`S^{\mathrm{before}}_{i,t}` what is left of the goodwill from before the
+data alone; :math:`A_{i,t}` is that difference. The channels stay additive, so switching one
+off leaves the others' parts unchanged.
+
 **Return on ad spend.** :math:`\mathrm{ROAS}_i(W) = C_i(W) / \sum_{t \in W} u_{i,t}`:
 sales per unit of spend, as PyMC-Marketing reports it. Over a window that starts late,
 the numerator includes goodwill bought before the window; over the whole training period
@@ -28,12 +35,14 @@ only the goodwill still unspent at its end is left out.
 
 import torch
 
+from ...ops.validation import as_real_tensor
 from .model import RetailBSTS
 
 __all__ = [
     "channel_contributions",
     "contribution_summary",
     "plot_contributions",
+    "response_curves",
     "roas",
     "sales_components",
 ]
@@ -75,12 +84,23 @@ def _weeks(weeks, num_weeks):
 def channel_goodwill(model) -> torch.Tensor:
     """The goodwill each channel's own training spend builds per unit of ``q``, per
     posterior draw: ``A`` ``(draws, T, k)`` in spend units (thesis eq. 1.4 with the
-    model's ``spend_lag`` and carry-over; no goodwill from before the data)."""
+    model's ``spend_lag`` and carry-over, through the saturation curve if the model has
+    one; the goodwill from before the data is not the training spend's)."""
     _check_model(model)
     _, u, _ = model._data
-    params = {"delta": model.samples["delta"].to(torch.float64)}
-    # Linear in the spend: the standardised adstock times each channel's scale.
-    return model._adstock(params, u, with_start=False) * model._u_scale
+    params = {
+        name: model.samples[name].to(torch.float64)
+        for name in ("delta", "saturation")
+        if name in model.samples
+    }
+    if model._saturated:
+        # f(S) - f(S from before the data alone): the curve bends with the whole stock.
+        stock = model._stock(params, u)
+        before = stock - model._stock(params, u, with_start=False)
+        goodwill = model._saturate(params, stock) - model._saturate(params, before)
+    else:  # linear in the spend: the standardised adstock
+        goodwill = model._stock(params, u, with_start=False)
+    return goodwill * model._u_scale
 
 
 def channel_contributions(model, weeks=None) -> torch.Tensor:
@@ -147,7 +167,7 @@ def sales_components(model, max_draws: int = 100) -> dict:
         )
     y, u, X = model._data
     with torch.no_grad():
-        goodwill, _ = model._goodwill(params, u)  # (n, T), D_t
+        goodwill = model._goodwill(params, u)  # (n, T), D_t
         regression = torch.zeros_like(goodwill)
         if "beta" in params:
             regression = (X * params["beta"].unsqueeze(-2)).sum(-1)
@@ -196,6 +216,45 @@ def contribution_summary(model, weeks=None, interval: float = 0.9) -> dict:
             "probability_positive": float((contributions[:, i] > 0).double().mean()),
         }
     return summary
+
+
+def response_curves(model, spend) -> torch.Tensor:
+    r"""
+    Posterior draws of each channel's long-run response curve: the extra weekly sales,
+    once the goodwill has settled, from spending ``spend`` every week in that channel,
+    ``(draws, len(spend), k)`` in the sales' original units.
+
+    A constant weekly spend :math:`s` settles channel :math:`i`'s goodwill stock at
+    :math:`s / \delta_i` (thesis eq. 1.4 at its steady state, whatever the lag), so the
+    response is :math:`q_i f_i(s / \delta_i)`: a straight line of slope :math:`q_i /
+    \delta_i` (the long-run return per unit of weekly spend) for the linear goodwill, bending
+    with ``saturation="hill"``, where :math:`f_i` is the channel's curve with its mean
+    training stock. Where a curve flattens, more spend there buys little; comparing the
+    channels' slopes at a planned spend says where the next unit of budget goes.
+
+    :param RetailBSTS model: a fitted model.
+    :param spend: ``(L,)`` non-negative weekly spend levels, in the spend's original units
+        (the same levels for every channel).
+    """
+    _check_model(model)
+    levels = as_real_tensor(spend, "spend").detach().to(torch.float64)
+    if levels.dim() != 1 or levels.numel() == 0:
+        raise ValueError(
+            f"spend must be a 1-D sequence of weekly spend levels, got shape {tuple(levels.shape)}"
+        )
+    if not bool(torch.isfinite(levels).all()) or bool((levels < 0).any()):
+        raise ValueError("spend must be finite and non-negative (weekly spend levels)")
+    params = {
+        name: model.samples[name].to(torch.float64)
+        for name in ("delta", "saturation", "q")
+        if name in model.samples
+    }
+    phi = model._channel_phi(params)  # (draws, k) or (draws, 1)
+    delta = (1 - phi).clamp(min=torch.finfo(torch.float64).tiny)
+    # Standardised steady stock per level and channel: (draws, L, k).
+    stock = (levels[:, None] / model._u_scale) / delta.unsqueeze(-2)
+    response = model._saturate(params, stock) * params["q"].unsqueeze(-2)
+    return response * model._y_scale
 
 
 PLOT_KINDS = ("contribution", "roas")

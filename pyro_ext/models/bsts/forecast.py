@@ -69,7 +69,7 @@ class Forecasting:
         return cache[2], cache[3]
 
     def _end_state(self, draws):
-        """Per draw: filtered ``x_T`` moments, ``D_T``, last inflow and the DLM."""
+        """Per draw: filtered ``x_T`` moments, each channel's goodwill stock ``S_T`` and the DLM."""
         y, u, X = self._data
         params = {n: v for n, v in draws.items() if n != "obs_precision"}
         offset = self._mean_offset(params, u, X)
@@ -78,35 +78,36 @@ class Forecasting:
         res = kalman_filter(*dlm._args(y - offset, prec))
         mT, PT = res.filtered_means[..., -1, :], res.filtered_covs[..., -1, :, :]
         G, F, W, V, _, _ = dlm.matrices(1)
-        D = self._channel_goodwill(params, u)  # (..., T, k)
+        S = self._stock(params, u)  # (..., T, k), before q and the saturation curve
         if self._lag():
-            # D_{T+1} per channel
-            D_T = self._channel_phi(params) * D[..., -1, :] + u[-1] * params["q"]
+            # S_{T+1} per channel
+            S_T = self._channel_phi(params) * S[..., -1, :] + u[-1]
         else:
-            D_T = D[..., -1, :]
+            S_T = S[..., -1, :]
         var_obs = params["sigma_obs"] ** 2
         if self.noise == "student_t":
             var_obs = var_obs * self.df / (self.df - 2)
-        return mT, PT, G, F[0], W, var_obs, D_T, params
+        return mT, PT, G, F[0], W, var_obs, S_T, params
 
-    def _future_offset(self, params, D_T, uf, Xf):
+    def _future_offset(self, params, S_T, uf, Xf):
         """``D_{T+j} + x_{T+j}' beta`` for ``j = 1..h`` (standardised), ``(n, h)``, from
-        each channel's goodwill ``D_T`` ``(n, k)`` (``D_{T+1}`` for ``spend_lag=1``)."""
+        each channel's goodwill stock ``S_T`` ``(n, k)`` (``S_{T+1}`` for ``spend_lag=1``):
+        ``D = q f(S)``."""
         phi = self._channel_phi(params)  # (n, k) or (n, 1)
-        inflow = uf * params["q"].unsqueeze(-2)  # (n, h, k)
         h = uf.shape[0]
         out = []
         if self._lag():
-            d = D_T  # D_{T+1}
+            stock = S_T  # S_{T+1}
             for j in range(h):
-                out.append(d)
-                d = phi * d + inflow[..., j, :]
+                out.append(stock)
+                stock = phi * stock + uf[..., j, :]
         else:
-            d = D_T  # D_T
+            stock = S_T  # S_T
             for j in range(h):
-                d = phi * d + inflow[..., j, :]
-                out.append(d)
-        off = torch.stack(out, -2).sum(-1)
+                stock = phi * stock + uf[..., j, :]
+                out.append(stock)
+        stocks = torch.stack(out, -2)  # (n, h, k)
+        off = (self._saturate(params, stocks) * params["q"].unsqueeze(-2)).sum(-1)
         if "beta" in params:
             off = off + (Xf * params["beta"].unsqueeze(-2)).sum(-1)
         return off
@@ -128,7 +129,7 @@ class Forecasting:
         """
         self._check_fitted()
         uf, Xf = self._future_inputs(spend_future, covariates_future, max_draws)
-        draws, (mT, PT, G, F, W, var_obs, D_T, params) = self._cached_end_state(max_draws)
+        draws, (mT, PT, G, F, W, var_obs, S_T, params) = self._cached_end_state(max_draws)
         h = uf.shape[0]
         n, S = mT.shape
         Gb = G.expand(n, S, S)
@@ -146,14 +147,14 @@ class Forecasting:
             b = cum[h - lag]
             var = var + (b @ Wb @ b.mT).reshape(n)
         var = var + h * var_obs.reshape(n)
-        off = self._future_offset(params, D_T, uf, Xf).sum(-1)
+        off = self._future_offset(params, S_T, uf, Xf).sum(-1)
         means = h * self._y_loc + self._y_scale * (mean_state + off)
         return means, self._y_scale**2 * var
 
     def _simulate_future(self, uf, Xf, max_draws, num_samples=1):
-        draws, (mT, PT, G, F, W, var_obs, D_T, params) = self._cached_end_state(max_draws)
+        draws, (mT, PT, G, F, W, var_obs, S_T, params) = self._cached_end_state(max_draws)
         with torch.no_grad():
-            off = self._future_offset(params, D_T, uf, Xf)  # (n, h)
+            off = self._future_offset(params, S_T, uf, Xf)  # (n, h)
             n, S = mT.shape
             h = uf.shape[0]
 

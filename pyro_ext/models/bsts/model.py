@@ -108,6 +108,26 @@ point mass above is on the covariates alone, its response ``y - D``).  With
 RADIO / TV coefficients), integrated out with ``beta``.
 ``holidays`` names (or indexes) covariates that are calendar effects: always included
 (``pi = 1``).
+
+**Saturation** (``saturation="hill"``; off by default, the thesis' linear goodwill).  A
+channel whose spend varies widely meets diminishing returns: each channel's stock of
+goodwill ``S_{i,t}`` (the recursion above on its spend, before ``q``) reaches sales through
+a Hill curve of shape 1 (Michaelis-Menten), ``D_{i,t} = q_i f_i(S_{i,t})`` with
+
+.. math:: f_i(S) = \frac{S}{1 + \lambda_i S / \bar S_i},
+
+``\bar S_i`` the channel's mean stock over the training weeks and ``\lambda_i >= 0`` (the
+site ``saturation``, HalfNormal(``saturation_scale``)) how far the curve has bent there: at
+the mean stock the response is ``1 / (1 + lambda_i)`` of the linear one; ``lambda = 0`` is
+the linear model.  The slope at zero is 1, so ``q_i`` stays the effect of the first unit of
+spend (sales per unit of spend at low spend) and ROAS falls as spend grows.  Saturating the
+stock (adstock, then saturation) is the order of Robyn's and PyMC-Marketing's defaults.  The
+curve is concave: an S-shaped Hill curve (shape > 1) has zero slope at zero spend, which
+weekly observational data rarely pin down.  The goodwill stays linear in ``q`` given
+``(delta, lambda)``, so the point mass's collapse stays exact; forecasts, contributions
+(switching a channel off keeps the goodwill from before the data:
+``q_i [f_i(S_{i,t}) - f_i(S^{before}_{i,t})]``) and budget allocation, which then spreads
+the budget over the channels, use the curve.
 """
 
 import pyro
@@ -152,6 +172,7 @@ SELECTIONS = ("point_mass", "ssvs")
 GOODWILL_STARTS = ("steady", "zero")
 CARRYOVERS = ("per_channel", "shared")
 EFFECTS = ("non_negative", "real")
+SATURATIONS = ("hill",)
 # The thesis' model: the goodwill of eq. (1.4) (one decay rate, last week's spend) and
 # real-valued channel effects.
 THESIS_MODEL = {"spend_lag": 1, "carryover": "shared", "effects": "real"}
@@ -253,6 +274,13 @@ class RetailBSTS(Fitting, CollapsedLikelihood, Forecasting):
         units), ``< slab_scale``: coefficients smaller than about this count as excluded,
         so it is a threshold of practical significance.
     :param float q_scale: prior sd of forced-in ``q`` (standardised units).
+    :param saturation: ``None`` (default: the goodwill is linear in spend, as in the
+        thesis) or ``"hill"``: each channel's goodwill stock reaches sales through a
+        concave Hill curve whose bend ``lambda_i`` (site ``saturation``) is sampled; see
+        the module docstring.
+    :param float saturation_scale: with ``saturation="hill"``, the HalfNormal scale of each
+        ``lambda_i`` (the response at the channel's mean stock is ``1 / (1 + lambda_i)`` of
+        the linear one; the default 1 puts the prior median of that ratio at 0.6).
     :param prior_scales: dict overriding the HalfNormal scales of ``sigma_obs``,
         ``sigma_goodwill``, ``sigma_level``, ``sigma_slope``, ``sigma_season``.
     """
@@ -277,6 +305,8 @@ class RetailBSTS(Fitting, CollapsedLikelihood, Forecasting):
         slab_scale=1.0,
         spike_scale=0.02,
         q_scale=1.0,
+        saturation=None,
+        saturation_scale=1.0,
         prior_scales=None,
     ):
         check_choice(variant, "variant", VARIANTS)
@@ -328,6 +358,8 @@ class RetailBSTS(Fitting, CollapsedLikelihood, Forecasting):
         if not spike_scale < slab_scale:
             raise ValueError("spike_scale and slab_scale must satisfy 0 < spike_scale < slab_scale")
         q_scale = check_positive(q_scale, "q_scale")
+        check_choice(saturation, "saturation", SATURATIONS, allow_none=True)
+        saturation_scale = check_positive(saturation_scale, "saturation_scale")
         self.variant, self.noise, self.trend = variant, noise, trend
         self.selection = selection
         self.expected_model_size = float(expected_model_size)
@@ -346,6 +378,7 @@ class RetailBSTS(Fitting, CollapsedLikelihood, Forecasting):
         # None: non-negative effects, except for RA, whose spike and slab on q is Gaussian.
         self.effects = effects or ("real" if variant == "RA" else "non_negative")
         self.goodwill_start = goodwill_start
+        self.saturation, self.saturation_scale = saturation, float(saturation_scale)
         self._start_weeks = None  # set by fit: min(T, START_WEEKS) training weeks
         self.delta_prior, self.delta_range = (float(a), float(b)), (float(lo), float(hi))
         self.slab_scale, self.spike_scale, self.q_scale = (
@@ -506,6 +539,9 @@ class RetailBSTS(Fitting, CollapsedLikelihood, Forecasting):
         if self._per_channel:
             base = base.expand([k]).to_event(1)
         out = {"delta": pyro.sample("delta", base)}
+        if self._saturated:
+            bend = _hn(self.saturation_scale, f64).expand([k]).to_event(1)
+            out["saturation"] = pyro.sample("saturation", bend)
         pi_q, pi_b = self._pi_q, self._pi_b
         if self.selection == "point_mass":
             # beta, and q unless it is non-negative, are integrated out (the model, below);
@@ -579,7 +615,7 @@ class RetailBSTS(Fitting, CollapsedLikelihood, Forecasting):
         """What the point mass regresses on its design: ``y``, or ``y - D`` when ``q`` is
         sampled (its goodwill is then known given the draw)."""
         if self._q_sampled:
-            return y - self._goodwill(params, u)[0]
+            return y - self._goodwill(params, u)
         return y
 
     @property
@@ -602,18 +638,17 @@ class RetailBSTS(Fitting, CollapsedLikelihood, Forecasting):
         return phi if self._per_channel else phi.unsqueeze(-1)
 
     def _channel_goodwill(self, params, u):
-        """Each channel's deterministic goodwill ``D_{i,t} = q_i U_{i,t}`` (standardised),
-        ``(..., T, k)``."""
+        """Each channel's deterministic goodwill ``D_{i,t} = q_i f_i(S_{i,t})``
+        (standardised), ``(..., T, k)``."""
         return self._adstock(params, u) * params["q"].unsqueeze(-2)
 
     def _goodwill(self, params, u):
-        """Deterministic goodwill ``D_t`` (standardised), ``(..., T)``, and the inflow."""
-        inflow = (u * params["q"].unsqueeze(-2)).sum(-1)  # (..., T)
-        return self._channel_goodwill(params, u).sum(-1), inflow
+        """Deterministic goodwill ``D_t`` (standardised), ``(..., T)``."""
+        return self._channel_goodwill(params, u).sum(-1)
 
     def _mean_offset(self, params, u, X):
         """``D_t + x_t' beta`` (standardised), ``(..., T)``."""
-        offset = self._goodwill(params, u)[0]
+        offset = self._goodwill(params, u)
         if "beta" in params:
             offset = offset + (X * params["beta"].unsqueeze(-2)).sum(-1)
         return offset
@@ -639,11 +674,11 @@ class RetailBSTS(Fitting, CollapsedLikelihood, Forecasting):
         resid = y - self._mean_offset(params, u, X)
         dlm_observe("obs", self.state_space(params), resid)
 
-    def _adstock(self, params, u, with_start=True):
-        """The goodwill each channel's unit spend builds, ``(..., T, k)``: ``D = U q``
-        (with the goodwill from before the data, :meth:`_start`, unless ``with_start`` is
-        false), each channel decaying at its own rate (``carryover="per_channel"``) or at
-        the shared one."""
+    def _stock(self, params, u, with_start=True):
+        """Each channel's goodwill stock per unit of ``q``, ``S`` ``(..., T, k)``: the
+        recursion of eq. (1.4) on its spend (with the goodwill from before the data,
+        :meth:`_start`, unless ``with_start`` is false), each channel decaying at its own
+        rate (``carryover="per_channel"``) or at the shared one."""
         phi = self._channel_phi(params)  # (..., k) or (..., 1)
         spend = u.mT  # (k, T)
         if self._lag() == 0:
@@ -654,6 +689,29 @@ class RetailBSTS(Fitting, CollapsedLikelihood, Forecasting):
             adstock = goodwill_offset(phi, spend).mT
         start = self._start(params, u) if with_start else None
         return adstock if start is None else adstock + start
+
+    @property
+    def _saturated(self):
+        # A model pickled before saturation existed is linear.
+        return getattr(self, "saturation", None) is not None
+
+    def _saturate(self, params, stock):
+        """The Hill curve of shape 1, ``f_i(S) = S / (1 + lambda_i S / Sbar_i)``, applied
+        to stocks ``(..., T, k)`` (the identity without saturation)."""
+        if not self._saturated:
+            return stock
+        bend = params["saturation"].unsqueeze(-2)  # (..., 1, k)
+        # The mean training stock: fixed by the training spend, whatever spend is given.
+        _, u_train, _ = self._data
+        mean = self._stock(params, u_train).mean(-2, keepdim=True)
+        mean = mean.clamp(min=torch.finfo(mean.dtype).tiny)
+        return stock / (1 + bend * stock / mean)
+
+    def _adstock(self, params, u):
+        """What each channel's spend brings per unit of ``q``, ``f(S)`` ``(..., T, k)``
+        (the stock :meth:`_stock`, through the saturation curve if there is one):
+        ``D = f(S) q``."""
+        return self._saturate(params, self._stock(params, u))
 
     def _design(self, params, u, X):
         """The point mass's regression: adstocked spend and the covariates, ``(T, k + p)``;
@@ -737,8 +795,10 @@ class RetailBSTS(Fitting, CollapsedLikelihood, Forecasting):
     def coefficients(self):
         """Posterior mean / sd in original units: ``delta`` and ``ar`` (``1 - delta``; one
         per channel with ``carryover="per_channel"``), ``q``
-        ``(k,)`` (sales per unit of spend), ``beta`` ``(p,)`` (zeros for variant B) and
-        ``sigma_obs`` (sales units)."""
+        ``(k,)`` (sales per unit of spend; with ``saturation="hill"``, of the first unit),
+        ``beta`` ``(p,)`` (zeros for variant B), ``sigma_obs`` (sales units) and, with
+        saturation, each channel's bend ``saturation`` ``(k,)`` (``lambda_i``: the response
+        at its mean training stock is ``1 / (1 + lambda_i)`` of the linear one)."""
         self._check_fitted()
         s = self.samples
 
@@ -746,6 +806,8 @@ class RetailBSTS(Fitting, CollapsedLikelihood, Forecasting):
             return {"mean": x.mean(0), "sd": x.std(0)}
 
         out = {"delta": ms(s["delta"]), "ar": ms(1 - s["delta"]), "q": ms(self._orig_q(s["q"]))}
+        if "saturation" in s:
+            out["saturation"] = ms(s["saturation"])
         if "beta" in s:
             out["beta"] = ms(self._orig_beta(s["beta"]))
         else:
@@ -758,20 +820,24 @@ class RetailBSTS(Fitting, CollapsedLikelihood, Forecasting):
         """Posterior draws in original units: ``delta`` ``(n,)`` (``(n, k)`` with
         ``carryover="per_channel"``), ``q`` ``(n, k)`` (sales per
         unit of spend), ``beta`` ``(n, p)`` (zeros for variant B, and for the draws that
-        exclude a covariate) and ``sigma_obs`` ``(n,)`` (sales units), for intervals and
-        coverage checks (:meth:`coefficients` gives their mean and sd)."""
+        exclude a covariate), ``sigma_obs`` ``(n,)`` (sales units) and, with saturation,
+        ``saturation`` ``(n, k)``, for intervals and coverage checks (:meth:`coefficients`
+        gives their mean and sd)."""
         self._check_fitted()
         s = self.samples
         n = s["delta"].shape[0]
         beta = s.get("beta")
         if beta is None:
             beta = torch.zeros(n, self._p, dtype=torch.float64)
-        return {
+        out = {
             "delta": s["delta"],
             "q": self._orig_q(s["q"]),
             "beta": self._orig_beta(beta),
             "sigma_obs": s["sigma_obs"] * self._y_scale,
         }
+        if "saturation" in s:
+            out["saturation"] = s["saturation"]
+        return out
 
     def sales_components(self, max_draws: int = 100) -> dict[str, torch.Tensor]:
         """The training weeks' sales split into goodwill, trend, seasonal and regression
@@ -796,6 +862,14 @@ class RetailBSTS(Fitting, CollapsedLikelihood, Forecasting):
         from .attribution import roas
 
         return roas(self, weeks)
+
+    def response_curves(self, spend) -> torch.Tensor:
+        """Posterior draws ``(draws, L, k)`` of each channel's long-run extra weekly sales
+        from spending each of the ``L`` levels ``spend`` every week
+        (:func:`~pyro_ext.models.bsts.attribution.response_curves`)."""
+        from .attribution import response_curves
+
+        return response_curves(self, spend)
 
     def contribution_summary(self, weeks=None, interval=0.9) -> dict:
         """Per channel: mean and ``interval`` credible interval of the contribution and the
