@@ -178,11 +178,42 @@ def test_default_expected_model_size_is_still_capped(data):
         ({"saturation": 1}, TypeError, "saturation must be a string"),
         ({"saturation": "hill", "saturation_scale": -1.0}, ValueError, "saturation_scale"),
         ({"saturation": "hill", "saturation_scale": "1"}, TypeError, "saturation_scale"),
+        ({"roas_prior": (2.0, 0.5)}, TypeError, "roas_prior must be a dict"),
+        ({"roas_prior": {"tv": 2.0}}, TypeError, r"roas_prior\['tv'\] must be a pair"),
+        ({"roas_prior": {"tv": (2.0, -0.5)}}, ValueError, r"roas_prior\['tv'\]\[1\]"),
+        ({"roas_prior": {"tv": (0.0, 0.5)}}, ValueError, r"roas_prior\['tv'\]\[0\]"),
+        ({"roas_prior": {1.5: (2.0, 0.5)}}, TypeError, r"roas_prior \(each channel index\)"),
+        ({"roas_prior": {"tv": (2, 1)}, "effects": "real"}, ValueError, "non-negative"),
+        ({"roas_prior": {"tv": (2, 1)}, "variant": "RA"}, ValueError, "non-negative"),
     ],
 )
 def test_constructor_arguments_name_themselves(kwargs, error, match):
     with pytest.raises(error, match=match):
         RetailBSTS(**kwargs)
+
+
+@pytest.mark.parametrize(
+    "roas_prior, match",
+    [
+        ({"cinema": (2.0, 0.5)}, "roas_prior names unknown channel 'cinema'"),
+        ({7: (2.0, 0.5)}, "roas_prior index 7 is out of range for 5 channels"),
+        ({"tv": (2.0, 0.5), 0: (1.0, 0.5)}, "roas_prior gives channel 'tv' twice"),
+    ],
+)
+def test_roas_prior_channels_are_checked_at_fit(data, roas_prior, match):
+    with pytest.raises(ValueError, match=match):
+        small(roas_prior=roas_prior, spend_lag=1).fit(
+            data.sales, data.spend, data.covariates, channel_names=data.channel_names, **FAST
+        )
+
+
+def test_roas_prior_of_a_channel_that_never_spent_is_refused(data):
+    spend = data.spend.clone()
+    spend[:, 2] = 0.0
+    with pytest.raises(ValueError, match="spent nothing in the training weeks"):
+        small(roas_prior={2: (1.0, 0.5)}, spend_lag=1).fit(
+            data.sales, spend, data.covariates, **FAST
+        )
 
 
 # ----------------------------------------------------------------- fit, before sampling

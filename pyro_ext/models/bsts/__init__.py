@@ -30,6 +30,7 @@ from .attribution import (
 )
 from .model import (
     THESIS_MODEL,
+    ChannelEffectPrior,
     NoiseScales,
     PolarTransform,
     RetailBSTS,
@@ -41,6 +42,7 @@ from .simulate import RetailData, simulate_retail
 __all__ = [
     "THESIS_MODEL",
     "AllocationResult",
+    "ChannelEffectPrior",
     "InfeasibleAllocationError",
     "NoiseScales",
     "ParetoFrontier",

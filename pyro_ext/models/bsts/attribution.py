@@ -93,14 +93,7 @@ def channel_goodwill(model) -> torch.Tensor:
         for name in ("delta", "saturation")
         if name in model.samples
     }
-    if model._saturated:
-        # f(S) - f(S from before the data alone): the curve bends with the whole stock.
-        stock = model._stock(params, u)
-        before = stock - model._stock(params, u, with_start=False)
-        goodwill = model._saturate(params, stock) - model._saturate(params, before)
-    else:  # linear in the spend: the standardised adstock
-        goodwill = model._stock(params, u, with_start=False)
-    return goodwill * model._u_scale
+    return model._attributable_stock(params, u) * model._u_scale
 
 
 def channel_contributions(model, weeks=None) -> torch.Tensor:

@@ -1,6 +1,7 @@
 """The priors of :class:`~pyro_ext.models.bsts.RetailBSTS` that Pyro does not have: the
-spike and slab with its indicator summed out, and a pair of noise scales sampled in polar
-coordinates."""
+spike and slab with its indicator summed out, a pair of noise scales sampled in polar
+coordinates, and channel effects with a log-normal prior on some and a half-normal on the
+others."""
 
 import math
 
@@ -8,7 +9,7 @@ import pyro.distributions as dist
 import torch
 from pyro.distributions import constraints
 
-__all__ = ["NoiseScales", "PolarTransform", "SpikeSlabNormal"]
+__all__ = ["ChannelEffectPrior", "NoiseScales", "PolarTransform", "SpikeSlabNormal"]
 
 
 class SpikeSlabNormal(dist.TorchDistribution):
@@ -148,3 +149,61 @@ class NoiseScales(dist.TorchDistribution):
         if self._validate_args:
             self._validate_sample(value)
         return dist.HalfNormal(self.scale).log_prob(value).sum(-1)
+
+
+class ChannelEffectPrior(dist.TorchDistribution):
+    r"""Independent positive channel effects: ``LogNormal(loc_i, scale_i)`` where
+    ``log_normal[i]`` is true, ``HalfNormal(half_normal_scale_i)`` elsewhere.
+
+    :class:`~pyro_ext.models.bsts.RetailBSTS` uses it for ``roas_prior``: a channel with a
+    lift test gets a log-normal prior whose ``loc`` is shifted, given the decay rates, so
+    that its return on ad spend has the elicited log-normal law; the others keep the
+    half-normal.  (Pyro's ``MaskedMixture`` would mix the two, but the supports, ``x > 0`` and
+    ``x >= 0``, differ, so no bijection to the unconstrained space is registered for it.)
+    """
+
+    arg_constraints = {
+        "loc": constraints.real,
+        "scale": constraints.positive,
+        "half_normal_scale": constraints.positive,
+    }
+    support = constraints.positive
+    has_rsample = True
+
+    def __init__(self, loc, scale, half_normal_scale, log_normal, validate_args=None):
+        self.loc, self.scale, self.half_normal_scale = torch.broadcast_tensors(
+            torch.as_tensor(loc),
+            torch.as_tensor(scale).to(torch.as_tensor(loc)),
+            torch.as_tensor(half_normal_scale).to(torch.as_tensor(loc)),
+        )
+        self.log_normal = torch.as_tensor(log_normal, dtype=torch.bool).expand(self.loc.shape)
+        super().__init__(self.loc.shape, validate_args=validate_args)
+
+    def expand(self, batch_shape, _instance=None):
+        return ChannelEffectPrior(
+            self.loc.expand(batch_shape),
+            self.scale.expand(batch_shape),
+            self.half_normal_scale.expand(batch_shape),
+            self.log_normal.expand(batch_shape),
+        )
+
+    def rsample(self, sample_shape=torch.Size()):
+        shape = self._extended_shape(sample_shape)
+        z = torch.randn(shape, dtype=self.loc.dtype, device=self.loc.device)
+        log_normal = (self.loc + self.scale * z).exp()
+        return torch.where(self.log_normal, log_normal, self.half_normal_scale * z.abs())
+
+    def log_prob(self, value):
+        if self._validate_args:
+            self._validate_sample(value)
+        safe = value.clamp(min=torch.finfo(value.dtype).tiny)
+        log_normal = dist.LogNormal(self.loc, self.scale).log_prob(safe)
+        half_normal = dist.HalfNormal(self.half_normal_scale).log_prob(value)
+        return torch.where(self.log_normal, log_normal, half_normal)
+
+    @property
+    def mean(self):
+        log_normal = (self.loc + self.scale.pow(2) / 2).exp()
+        return torch.where(
+            self.log_normal, log_normal, self.half_normal_scale * math.sqrt(2 / math.pi)
+        )

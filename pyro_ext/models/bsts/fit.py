@@ -224,6 +224,8 @@ class Fitting:
             bool((pi >= 1).all()) for pi in (self._pi_q, self._pi_b)
         )
         self._data = (y, u, X)
+        if self._roas_prior_given:
+            self._resolve_roas_prior()
         if self.discrete_sites and method != "sgld":
             raise ValueError(
                 f"method={method!r} cannot move the point mass's indicators "

@@ -130,6 +130,8 @@ weekly observational data rarely pin down.  The goodwill stays linear in ``q`` g
 the budget over the channels, use the curve.
 """
 
+import math
+
 import pyro
 import pyro.distributions as dist
 import torch
@@ -151,13 +153,14 @@ from ...timeseries.dlm import (
     dlm_observe,
 )
 from .collapsed import CollapsedLikelihood
-from .distributions import NoiseScales, PolarTransform, SpikeSlabNormal
+from .distributions import ChannelEffectPrior, NoiseScales, PolarTransform, SpikeSlabNormal
 from .fit import Fitting, _split_rhat
 from .forecast import Forecasting
 from .goodwill import START_WEEKS, _seasonal_matrices, goodwill_offset
 
 __all__ = [
     "THESIS_MODEL",
+    "ChannelEffectPrior",
     "NoiseScales",
     "PolarTransform",
     "RetailBSTS",
@@ -202,6 +205,28 @@ def _check_holidays(holidays):
     out = []
     for h in holidays:
         out.append(h if isinstance(h, str) else check_int(h, "holidays (each index)", low=0))
+    return out
+
+
+def _check_roas_prior(roas_prior):
+    """``roas_prior``: ``None`` or ``{channel name or index: (mean, sd)}`` with positive
+    finite numbers; whether each key names a channel is checked by :meth:`RetailBSTS.fit`."""
+    if roas_prior is None:
+        return None
+    if not isinstance(roas_prior, dict):
+        raise TypeError(
+            "roas_prior must be a dict {channel name or index: (mean, sd)} of returns on ad "
+            f"spend, e.g. {{'tv': (2.0, 0.5)}}; got {type(roas_prior).__name__}"
+        )
+    out = {}
+    for key, value in roas_prior.items():
+        if not isinstance(key, str):
+            key = check_int(key, "roas_prior (each channel index)", low=0)
+        name = f"roas_prior[{key!r}]"
+        _check_pair(value, name, "(mean, sd) of the channel's return on ad spend")
+        mean = check_positive(value[0], f"{name}[0] (the mean ROAS)")
+        sd = check_positive(value[1], f"{name}[1] (the sd of the ROAS)")
+        out[key] = (float(mean), float(sd))
     return out
 
 
@@ -278,6 +303,14 @@ class RetailBSTS(Fitting, CollapsedLikelihood, Forecasting):
         thesis) or ``"hill"``: each channel's goodwill stock reaches sales through a
         concave Hill curve whose bend ``lambda_i`` (site ``saturation``) is sampled; see
         the module docstring.
+    :param roas_prior: ``None`` (default) or ``{channel: (mean, sd)}`` for channels whose
+        return on ad spend a lift test (or experience) has measured: the ROAS over the
+        training weeks (:meth:`roas`, sales per unit of spend) gets a log-normal prior of
+        that mean and sd, the other channels keep the HalfNormal(``q_scale``) prior on
+        ``q``.  A channel is named as in ``channel_names`` or by its column index.  Needs
+        non-negative effects (the default).  The ROAS is ``q`` times the goodwill the
+        channel's spend built (which depends on ``delta`` and the saturation), so the prior
+        on ``q`` given those is the log-normal shifted by it: exact, not a penalty.
     :param float saturation_scale: with ``saturation="hill"``, the HalfNormal scale of each
         ``lambda_i`` (the response at the channel's mean stock is ``1 / (1 + lambda_i)`` of
         the linear one; the default 1 puts the prior median of that ratio at 0.6).
@@ -307,6 +340,7 @@ class RetailBSTS(Fitting, CollapsedLikelihood, Forecasting):
         q_scale=1.0,
         saturation=None,
         saturation_scale=1.0,
+        roas_prior=None,
         prior_scales=None,
     ):
         check_choice(variant, "variant", VARIANTS)
@@ -344,6 +378,12 @@ class RetailBSTS(Fitting, CollapsedLikelihood, Forecasting):
                 "(or None) with RA, or use variant='RF' for non-negative effects"
             )
         check_choice(goodwill_start, "goodwill_start", GOODWILL_STARTS)
+        roas_prior = _check_roas_prior(roas_prior)
+        if roas_prior and (effects == "real" or (effects is None and variant == "RA")):
+            raise ValueError(
+                "roas_prior needs non-negative channel effects (effects='non_negative', the "
+                "default with variants B and RF): a return on ad spend is positive"
+            )
         _check_pair(delta_prior, "delta_prior", "(a, b), the Beta concentrations")
         _check_pair(delta_range, "delta_range", "(lo, hi) within [0, 1]")
         a, b = delta_prior
@@ -379,6 +419,7 @@ class RetailBSTS(Fitting, CollapsedLikelihood, Forecasting):
         self.effects = effects or ("real" if variant == "RA" else "non_negative")
         self.goodwill_start = goodwill_start
         self.saturation, self.saturation_scale = saturation, float(saturation_scale)
+        self.roas_prior = roas_prior
         self._start_weeks = None  # set by fit: min(T, START_WEEKS) training weeks
         self.delta_prior, self.delta_range = (float(a), float(b)), (float(lo), float(hi))
         self.slab_scale, self.spike_scale, self.q_scale = (
@@ -547,14 +588,20 @@ class RetailBSTS(Fitting, CollapsedLikelihood, Forecasting):
             # beta, and q unless it is non-negative, are integrated out (the model, below);
             # only the indicators are sampled.
             if self._q_sampled:
-                prior = self._coef_prior(pi_q, self.q_scale, True, non_negative=True)
+                if self._roas_prior_given:
+                    prior = self._roas_effect_prior(out)
+                else:
+                    prior = self._coef_prior(pi_q, self.q_scale, True, non_negative=True)
                 out["q"] = pyro.sample("q", prior.to_event(1))
             elif not self._q_forced:
                 out["gamma_q"] = pyro.sample("gamma_q", dist.Bernoulli(pi_q).to_event(1))
             if self.uses_covariates and not self._beta_forced:
                 out["gamma"] = pyro.sample("gamma", dist.Bernoulli(pi_b).to_event(1))
         else:
-            prior = self._coef_prior(pi_q, self.q_scale, self._q_forced, self._non_negative)
+            if self._roas_prior_given:
+                prior = self._roas_effect_prior(out)
+            else:
+                prior = self._coef_prior(pi_q, self.q_scale, self._q_forced, self._non_negative)
             out["q"] = pyro.sample("q", prior.to_event(1))
         if self.uses_covariates and self.selection == "ssvs":
             prior = self._coef_prior(pi_b, self.slab_scale, self._beta_forced)
@@ -578,6 +625,62 @@ class RetailBSTS(Fitting, CollapsedLikelihood, Forecasting):
         if forced:
             return dist.Normal(torch.zeros_like(pi), torch.full_like(pi, slab))
         return SpikeSlabNormal(pi, torch.full_like(pi, self.spike_scale), torch.full_like(pi, slab))
+
+    @property
+    def _roas_prior_given(self):
+        # A model pickled before roas_prior existed has none.
+        return bool(getattr(self, "roas_prior", None))
+
+    def _resolve_roas_prior(self):
+        """``roas_prior``'s channels as indices, and the log-normal's ``(mu, sigma)`` of each
+        ``(k,)`` (``mask`` true where a ROAS prior is given); called by :meth:`fit` once the
+        channel names and the training spend are known."""
+        k = len(self.channel_names)
+        _, u, _ = self._data
+        spend = (u * self._u_scale).sum(-2)
+        mu = torch.zeros(k, dtype=torch.float64)
+        sigma = torch.ones(k, dtype=torch.float64)
+        mask = torch.zeros(k, dtype=torch.bool)
+        for key, (mean, sd) in self.roas_prior.items():
+            if isinstance(key, str):
+                if key not in self.channel_names:
+                    raise ValueError(
+                        f"roas_prior names unknown channel {key!r}: the channels are "
+                        f"{self.channel_names}"
+                    )
+                i = self.channel_names.index(key)
+            else:
+                if key >= k:
+                    raise ValueError(
+                        f"roas_prior index {key} is out of range for {k} channels (0 to {k - 1})"
+                    )
+                i = key
+            if mask[i]:
+                raise ValueError(f"roas_prior gives channel {self.channel_names[i]!r} twice")
+            if not spend[i] > 0:
+                raise ValueError(
+                    f"roas_prior gives channel {self.channel_names[i]!r} a ROAS, but it spent "
+                    "nothing in the training weeks, where its ROAS is not defined"
+                )
+            # The log-normal with this mean and sd.
+            var = math.log1p((sd / mean) ** 2)
+            mu[i], sigma[i], mask[i] = math.log(mean) - var / 2, math.sqrt(var), True
+        self._roas_lognormal = (mu, sigma, mask)
+
+    def _roas_effect_prior(self, params):
+        """The prior of ``q`` (standardised) given ``delta`` (and the saturation) under
+        ``roas_prior``: ``ROAS_i = c_i q_i`` with ``c_i`` the training goodwill of the
+        channel's spend per unit of ``q`` over its training spend (sales units per spend
+        unit), so ``ROAS_i ~ LogNormal(mu_i, sigma_i)`` is ``q_i ~ LogNormal(mu_i - log c_i,
+        sigma_i)``; HalfNormal(``q_scale``) for the other channels."""
+        mu, sigma, mask = self._roas_lognormal
+        _, u, _ = self._data
+        per_unit = self._attributable_stock(params, u).sum(-2)  # (..., k)
+        spend = (u * self._u_scale).sum(-2)
+        tiny = torch.finfo(per_unit.dtype).tiny
+        roas_per_q = per_unit.clamp(min=tiny) * self._y_scale / spend.clamp(min=tiny)
+        loc = torch.where(mask, mu - roas_per_q.log(), torch.zeros_like(roas_per_q))
+        return ChannelEffectPrior(loc, sigma, torch.full_like(sigma, self.q_scale), mask)
 
     def _start(self, params, u):
         """The goodwill from the spend before the data per unit of each channel's ``q``,
@@ -706,6 +809,17 @@ class RetailBSTS(Fitting, CollapsedLikelihood, Forecasting):
         mean = self._stock(params, u_train).mean(-2, keepdim=True)
         mean = mean.clamp(min=torch.finfo(mean.dtype).tiny)
         return stock / (1 + bend * stock / mean)
+
+    def _attributable_stock(self, params, u):
+        """What each channel's spend in ``u`` itself brings per unit of ``q``, ``(..., T, k)``
+        (standardised): ``f(S) - f(S from before the data alone)``, the stock without the
+        goodwill from before the data when the goodwill is linear.  The counterfactual
+        "channel switched off" of :mod:`~pyro_ext.models.bsts.attribution`."""
+        if not self._saturated:
+            return self._stock(params, u, with_start=False)
+        stock = self._stock(params, u)
+        before = stock - self._stock(params, u, with_start=False)
+        return self._saturate(params, stock) - self._saturate(params, before)
 
     def _adstock(self, params, u):
         """What each channel's spend brings per unit of ``q``, ``f(S)`` ``(..., T, k)``
