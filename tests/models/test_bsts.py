@@ -582,6 +582,26 @@ def test_allocation_with_saturation_spreads_the_budget_to_equal_marginal_returns
     assert float(res.spend.sum()) == pytest.approx(budget, rel=1e-4)
 
 
+def test_fit_is_seeded_by_its_seed_and_leaves_the_callers_random_stream(short_data):
+    d = short_data
+    options = dict(
+        num_samples=4, warmup_steps=4, num_particles=2, map_init_steps=10, rhat_target=None
+    )
+
+    def fit(seed):
+        m = RetailBSTS(variant="RF", noise="gaussian", seasonal_harmonics=0)
+        return m.fit(d.sales, d.spend, d.covariates, seed=seed, **options).samples["q"]
+
+    torch.manual_seed(123)
+    expected = torch.rand(3)
+    torch.manual_seed(123)
+    first = fit(seed=5)
+    assert torch.equal(torch.rand(3), expected)  # as if fit had not run
+    torch.manual_seed(999)
+    assert torch.equal(fit(seed=5), first)  # whatever the global state
+    assert not torch.equal(fit(seed=6), first)
+
+
 def test_goodwill_offset_batched_and_extremes():
     # FFT convolution == the recursion, per draw, for phi in [0, 1] and a long series.
     T = 300

@@ -16,6 +16,7 @@ import torch
 
 from ...infer.errors import SamplerDivergenceError
 from ...infer.evidence import elbo_estimate
+from ...ops.random import rng_preserved
 from ...ops.stats import split_rhat
 from ...ops.validation import check_choice, check_int
 from .distributions import NoiseScales
@@ -188,6 +189,10 @@ class Fitting:
         while ``"sgld"`` needs ``step_size`` of about 1e-5 here. A non-finite loss stops
         the fit with an error naming the iteration.
 
+        ``seed`` seeds torch's, Python's and NumPy's generators for the fit alone: the same
+        seed gives the same draws, and the generators are put back as they were afterwards,
+        so fitting does not move the caller's random stream.
+
         :returns: ``self``.
         """
         from ...infer import MCMC, VIS
@@ -235,50 +240,53 @@ class Fitting:
         if kwargs.get("moves") is not None:
             self._check_moves(kwargs["moves"], method)
         t0 = time.perf_counter()
-        self._selected_guide = None
-        # A model pickled before spend_lag="auto" existed has no spend_lag_requested.
-        if getattr(self, "spend_lag_requested", self.spend_lag) == "auto":
-            self.spend_lag = None
-            self._select_spend_lag(seed, kwargs.get("map_init_steps", 150))
-        pyro.set_rng_seed(seed)
-        pyro.clear_param_store()
-        if self._selected_guide is not None:
-            # The chosen lag's Gaussian starts the particles (method="sgld").
-            pyro.get_param_store().set_state(self._selected_guide[1])
-        if method == "sgld":
-            self._fit_sgld(
-                MCMC,
-                KERNELS,
-                num_samples,
-                warmup_steps,
-                num_particles,
-                **kwargs,
-            )
-        elif method == "nuts":
-            nuts = pyro.infer.NUTS(
-                self.model,
-                jit_compile=kwargs.pop("jit_compile", False),
-                max_tree_depth=kwargs.pop("max_tree_depth", 8),
-                init_strategy=self._init_to_median(),
-            )
-            mcmc = pyro.infer.MCMC(
-                nuts,
-                num_samples=num_samples,
-                warmup_steps=warmup_steps,
-                num_chains=kwargs.pop("num_chains", 1),
-                disable_progbar=kwargs.pop("disable_progbar", True),
-                **kwargs,
-            )
-            # Without value checks an extreme trajectory gets a NaN potential, which NUTS
-            # treats as a divergence, instead of raising from the Kalman filter.
-            with pyro.validation_enabled(False):
-                mcmc.run(y, u, X)
-            self._mcmc = mcmc
-            self._chains = mcmc.get_samples(group_by_chain=True)
-        else:
-            self._fit_vis(VIS, num_samples, num_particles, **kwargs)
-        if self.selection == "point_mass":
-            self._point_mass_draws(seed)
+        # Seeded on torch's, Python's and NumPy's generators, which are put back afterwards:
+        # the same seed gives the same fit, and the caller's random stream is untouched.
+        with rng_preserved():
+            self._selected_guide = None
+            # A model pickled before spend_lag="auto" existed has no spend_lag_requested.
+            if getattr(self, "spend_lag_requested", self.spend_lag) == "auto":
+                self.spend_lag = None
+                self._select_spend_lag(seed, kwargs.get("map_init_steps", 150))
+            pyro.set_rng_seed(seed)
+            pyro.clear_param_store()
+            if self._selected_guide is not None:
+                # The chosen lag's Gaussian starts the particles (method="sgld").
+                pyro.get_param_store().set_state(self._selected_guide[1])
+            if method == "sgld":
+                self._fit_sgld(
+                    MCMC,
+                    KERNELS,
+                    num_samples,
+                    warmup_steps,
+                    num_particles,
+                    **kwargs,
+                )
+            elif method == "nuts":
+                nuts = pyro.infer.NUTS(
+                    self.model,
+                    jit_compile=kwargs.pop("jit_compile", False),
+                    max_tree_depth=kwargs.pop("max_tree_depth", 8),
+                    init_strategy=self._init_to_median(),
+                )
+                mcmc = pyro.infer.MCMC(
+                    nuts,
+                    num_samples=num_samples,
+                    warmup_steps=warmup_steps,
+                    num_chains=kwargs.pop("num_chains", 1),
+                    disable_progbar=kwargs.pop("disable_progbar", True),
+                    **kwargs,
+                )
+                # Without value checks an extreme trajectory gets a NaN potential, which NUTS
+                # treats as a divergence, instead of raising from the Kalman filter.
+                with pyro.validation_enabled(False):
+                    mcmc.run(y, u, X)
+                self._mcmc = mcmc
+                self._chains = mcmc.get_samples(group_by_chain=True)
+            else:
+                self._fit_vis(VIS, num_samples, num_particles, **kwargs)
+            if self.selection == "point_mass":
+                self._point_mass_draws(seed)
         self.fit_seconds = time.perf_counter() - t0
         scales = self._chains["noise_scales"]
         self._chains["sigma_obs"], self._chains["sigma_goodwill"] = scales[..., 0], scales[..., 1]
