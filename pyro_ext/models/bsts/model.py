@@ -303,6 +303,9 @@ class RetailBSTS(Fitting, CollapsedLikelihood, Forecasting):
         thesis) or ``"hill"``: each channel's goodwill stock reaches sales through a
         concave Hill curve whose bend ``lambda_i`` (site ``saturation``) is sampled; see
         the module docstring.
+    :param float saturation_scale: with ``saturation="hill"``, the HalfNormal scale of each
+        ``lambda_i`` (the response at the channel's mean stock is ``1 / (1 + lambda_i)`` of
+        the linear one; the default 1 puts the prior median of that ratio at 0.6).
     :param roas_prior: ``None`` (default) or ``{channel: (mean, sd)}`` for channels whose
         return on ad spend a lift test (or experience) has measured: the ROAS over the
         training weeks (:meth:`roas`, sales per unit of spend) gets a log-normal prior of
@@ -311,9 +314,6 @@ class RetailBSTS(Fitting, CollapsedLikelihood, Forecasting):
         non-negative effects (the default).  The ROAS is ``q`` times the goodwill the
         channel's spend built (which depends on ``delta`` and the saturation), so the prior
         on ``q`` given those is the log-normal shifted by it: exact, not a penalty.
-    :param float saturation_scale: with ``saturation="hill"``, the HalfNormal scale of each
-        ``lambda_i`` (the response at the channel's mean stock is ``1 / (1 + lambda_i)`` of
-        the linear one; the default 1 puts the prior median of that ratio at 0.6).
     :param prior_scales: dict overriding the HalfNormal scales of ``sigma_obs``,
         ``sigma_goodwill``, ``sigma_level``, ``sigma_slope``, ``sigma_season``.
     """
