@@ -127,7 +127,10 @@ weekly observational data rarely pin down.  The goodwill stays linear in ``q`` g
 ``(delta, lambda)``, so the point mass's collapse stays exact; forecasts, contributions
 (switching a channel off keeps the goodwill from before the data:
 ``q_i [f_i(S_{i,t}) - f_i(S^{before}_{i,t})]``) and budget allocation, which then spreads
-the budget over the channels, use the curve.
+the budget over the channels, use the curve.  On the adstock-with-saturation simulator of
+``benchmarks/bsts_attribution.py`` (10 seeds) it brings the median absolute error of the
+large channels' contributions from 29 % to 16 % and the 90 % intervals' coverage from 76 % to
+90 %; on the linear simulator it costs little (18 % against 15 %, coverage 79 % against 76 %).
 """
 
 import math
