@@ -44,6 +44,15 @@ def fitted(short_data):
     return m
 
 
+def quick_fit(model, data, **options):
+    """``model`` fitted on ``data`` by a few steps without an R-hat target (for tests of
+    arithmetic and wiring, not of mixing); ``options`` override the budget."""
+    budget = dict(num_samples=4, warmup_steps=4, num_particles=2, map_init_steps=10)
+    return model.fit(
+        data.sales, data.spend, data.covariates, rhat_target=None, **{**budget, **options}
+    )
+
+
 def test_simulator_shapes_determinism():
     d = simulate_retail()
     assert d.sales.shape == (234,) and d.spend.shape == (234, 5) and d.covariates.shape == (234, 7)
@@ -548,16 +557,7 @@ def test_allocation_with_saturation_spreads_the_budget_to_equal_marginal_returns
     m = RetailBSTS(
         variant="RF", noise="gaussian", seasonal_harmonics=0, spend_lag=0, saturation="hill"
     )
-    m.fit(
-        d.sales,
-        d.spend,
-        d.covariates,
-        num_samples=10,
-        warmup_steps=20,
-        num_particles=2,
-        map_init_steps=30,
-        rhat_target=None,
-    )
+    quick_fit(m, d, num_samples=10, warmup_steps=20, map_init_steps=30)
     budget = float(d.spend.double().sum(1).mean())
     bent = dict(m.samples, saturation=torch.full_like(m.samples["saturation"], 3.0))
     flat = dict(m.samples, saturation=torch.zeros_like(m.samples["saturation"]))
@@ -583,14 +583,9 @@ def test_allocation_with_saturation_spreads_the_budget_to_equal_marginal_returns
 
 
 def test_fit_is_seeded_by_its_seed_and_leaves_the_callers_random_stream(short_data):
-    d = short_data
-    options = dict(
-        num_samples=4, warmup_steps=4, num_particles=2, map_init_steps=10, rhat_target=None
-    )
-
     def fit(seed):
         m = RetailBSTS(variant="RF", noise="gaussian", seasonal_harmonics=0)
-        return m.fit(d.sales, d.spend, d.covariates, seed=seed, **options).samples["q"]
+        return quick_fit(m, short_data, seed=seed).samples["q"]
 
     torch.manual_seed(123)
     expected = torch.rand(3)
@@ -927,17 +922,7 @@ def test_roas_prior_is_the_elicited_log_normal_whatever_the_decay(short_data, sa
         saturation=saturation,
         roas_prior={"tv": (2.0, 0.5), 3: (0.4, 0.2)},
     )
-    m.fit(
-        d.sales,
-        d.spend,
-        d.covariates,
-        channel_names=d.channel_names,
-        num_samples=2,
-        warmup_steps=2,
-        num_particles=2,
-        map_init_steps=0,
-        rhat_target=None,
-    )
+    quick_fit(m, d, channel_names=d.channel_names, num_samples=2, warmup_steps=2, map_init_steps=0)
     k, n = len(d.channel_names), 20000
     pyro.set_rng_seed(0)
     with pyro.plate("draws", n):
@@ -966,20 +951,12 @@ def test_a_tight_roas_prior_moves_the_posterior_there(short_data):
     # posterior ROAS sits at the prior's mean; without it, near the simulator's truth.
     d = short_data
     truth = d.truth["channel_contribution"].double().sum(0) / d.spend.double().sum(0)
-    options = dict(
-        channel_names=d.channel_names,
-        num_samples=40,
-        warmup_steps=60,
-        num_particles=4,
-        map_init_steps=50,
-        rhat_target=None,
-        seed=0,
-    )
+    options = dict(num_samples=40, warmup_steps=60, num_particles=4, map_init_steps=50)
     target = 3 * float(truth[0])
     roas = {}
     for prior in (None, {"tv": (target, 0.03 * target)}):
         m = RetailBSTS(variant="RF", noise="gaussian", seasonal_harmonics=1, roas_prior=prior)
-        m.fit(d.sales, d.spend, d.covariates, **options)
+        quick_fit(m, d, channel_names=d.channel_names, **options)
         roas[prior is None] = float(m.roas()[:, 0].mean())
     assert roas[False] == pytest.approx(target, rel=0.1)
     assert abs(roas[True] - float(truth[0])) < abs(roas[True] - target)
