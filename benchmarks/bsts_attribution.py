@@ -29,7 +29,10 @@ covariates, seed=s)``; ``thesis`` is ``RetailBSTS(**THESIS_MODEL)`` (lag 1, one 
 real-valued ``q``: eq. (1.4)), the rest the same; ``saturation`` is the default with
 ``saturation="hill"`` (each channel's stock through a concave Hill curve whose bend is
 sampled; the adstock simulator's own family, the thesis simulator's linear goodwill at a
-bend of 0).  Every channel is forced in (variant RF).
+bend of 0); ``lift_test`` is the default with ``roas_prior`` on the channel of the largest
+true contribution, as a lift test would give it: a log-normal of mean the true ROAS times
+``exp(N(0, 0.2^2))`` (the test's error, drawn with the seed) and sd a quarter of that mean.
+Every channel is forced in (variant RF).
 
 Reported per simulator x model, over channels x seeds: the relative error of the
 posterior mean contribution (median / mean / p90 / max of its absolute value) for the
@@ -69,7 +72,8 @@ from _common import REPO, argument_parser, command_line_args, markdown, write_re
 RESULTS = REPO / "benchmarks" / "results" / "bsts_attribution.md"
 NUM_WEEKS = 104
 SIMULATORS = ("thesis", "adstock")
-MODELS = ("default", "thesis", "saturation")
+MODELS = ("default", "thesis", "saturation", "lift_test")
+LIFT_TEST_ERROR, LIFT_TEST_SD = 0.2, 0.25  # log-scale error of the test; prior sd / mean
 SIMULATED_LAG = {"thesis": 1, "adstock": 0}
 SHARE = 0.1  # channels whose contribution is at least this share of media's total
 INTERVAL = 0.9
@@ -121,6 +125,19 @@ def thesis_data(seed, num_weeks):
 SHORT = dict(num_samples=100, warmup_steps=100, rhat_target=None)
 
 
+def lift_test(truth, spend, seed):
+    """``roas_prior`` for the channel of the largest true contribution: what a lift test of
+    log-scale error ``LIFT_TEST_ERROR`` would report, with sd ``LIFT_TEST_SD`` of it."""
+    import torch
+
+    contribution = truth.sum(0)
+    i = int(contribution.argmax())
+    true_roas = float(contribution[i]) / float(spend[:, i].sum())
+    noise = torch.randn((), generator=torch.Generator().manual_seed(10_000 + seed))
+    measured = true_roas * math.exp(LIFT_TEST_ERROR * float(noise))
+    return {i: (measured, LIFT_TEST_SD * measured)}
+
+
 def run_one(task):
     """One fit: ``(simulator, model, seed, num_weeks, quick, budget)`` -> a dict."""
     simulator, model_name, seed, num_weeks, quick, budget = task
@@ -136,6 +153,7 @@ def run_one(task):
         "default": RetailBSTS,
         "thesis": lambda: RetailBSTS(**THESIS_MODEL),
         "saturation": lambda: RetailBSTS(saturation="hill"),
+        "lift_test": lambda: RetailBSTS(roas_prior=lift_test(truth, spend, seed)),
     }[model_name]()
     options = (
         dict(num_samples=10, warmup_steps=10, num_particles=2, map_init_steps=20, rhat_target=None)
@@ -290,7 +308,9 @@ def main():
         "every week a training week. "
         "Protocol in the script's docstring: `default` is `RetailBSTS()` with only the "
         "required arguments, `thesis` is `RetailBSTS(**THESIS_MODEL)`, `saturation` is "
-        '`RetailBSTS(saturation="hill")`; '
+        '`RetailBSTS(saturation="hill")`, `lift_test` is `RetailBSTS(roas_prior=...)` on the '
+        "largest channel (a simulated lift test: the true ROAS with a 20 % log-scale error, "
+        "prior sd a quarter of it); "
         + (
             "`fit`'s own draws"
             if args.budget == "default"

@@ -181,13 +181,15 @@ def check_ngvi(text):
 
 
 def check_bsts_attribution(text):
-    # Both simulators x both models with errors, sign errors, coverage and the lag column;
+    # Both simulators x every model with errors, sign errors, coverage and the lag column;
     # the default's lag came from the evidence (a lag, 0 or 1, per fit in the detail table).
     table = text.split("## Contributions over the training weeks against the truth")[1]
     table = table.split("\n## ")[0]
     rows = [r.split("|")[1:-1] for r in table.splitlines() if r.startswith("| ")][1:]
     assert [(r[0].strip(), r[1].strip()) for r in rows] == [
-        (sim, model) for sim in ("thesis", "adstock") for model in ("default", "thesis")
+        (sim, model)
+        for sim in ("thesis", "adstock")
+        for model in ("default", "thesis", "saturation", "lift_test")
     ]
     for row in rows:
         errors = row[3].strip()
