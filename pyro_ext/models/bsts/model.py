@@ -801,34 +801,48 @@ class RetailBSTS(Fitting, CollapsedLikelihood, Forecasting):
         # A model pickled before saturation existed is linear.
         return getattr(self, "saturation", None) is not None
 
-    def _saturate(self, params, stock):
+    def _saturate(self, params, stock, mean=None):
         """The Hill curve of shape 1, ``f_i(S) = S / (1 + lambda_i S / Sbar_i)``, applied
-        to stocks ``(..., T, k)`` (the identity without saturation)."""
+        to stocks ``(..., T, k)`` (the identity without saturation); ``mean`` is ``Sbar``,
+        ``(..., 1, k)``, when the caller has it (:meth:`_mean_stock` otherwise)."""
         if not self._saturated:
             return stock
         bend = params["saturation"].unsqueeze(-2)  # (..., 1, k)
-        # The mean training stock: fixed by the training spend, whatever spend is given.
-        _, u_train, _ = self._data
-        mean = self._stock(params, u_train).mean(-2, keepdim=True)
+        mean = self._mean_stock(params) if mean is None else mean
         mean = mean.clamp(min=torch.finfo(mean.dtype).tiny)
         return stock / (1 + bend * stock / mean)
+
+    def _mean_stock(self, params):
+        """Each channel's mean stock over the training weeks, ``(..., 1, k)``: the curve's
+        scale, fixed by the training spend whatever spend the curve is applied to."""
+        _, u_train, _ = self._data
+        return self._stock(params, u_train).mean(-2, keepdim=True)
 
     def _attributable_stock(self, params, u):
         """What each channel's spend in ``u`` itself brings per unit of ``q``, ``(..., T, k)``
         (standardised): ``f(S) - f(S from before the data alone)``, the stock without the
         goodwill from before the data when the goodwill is linear.  The counterfactual
         "channel switched off" of :mod:`~pyro_ext.models.bsts.attribution`."""
+        inside = self._stock(params, u, with_start=False)
         if not self._saturated:
-            return self._stock(params, u, with_start=False)
-        stock = self._stock(params, u)
-        before = stock - self._stock(params, u, with_start=False)
-        return self._saturate(params, stock) - self._saturate(params, before)
+            return inside
+        before = self._start(params, u)
+        if before is None:  # goodwill_start="zero": nothing from before the data
+            before = torch.zeros_like(inside)
+        mean = self._mean_stock(params)
+        return self._saturate(params, inside + before, mean) - self._saturate(params, before, mean)
 
     def _adstock(self, params, u):
         """What each channel's spend brings per unit of ``q``, ``f(S)`` ``(..., T, k)``
         (the stock :meth:`_stock`, through the saturation curve if there is one):
         ``D = f(S) q``."""
-        return self._saturate(params, self._stock(params, u))
+        stock = self._stock(params, u)
+        if not self._saturated:
+            return stock
+        # On the training spend (every evaluation of the fit) the stock is its own mean's.
+        training = getattr(self, "_data", None) is not None and u is self._data[1]
+        mean = stock.mean(-2, keepdim=True) if training else None
+        return self._saturate(params, stock, mean)
 
     def _design(self, params, u, X):
         """The point mass's regression: adstocked spend and the covariates, ``(T, k + p)``;
