@@ -361,7 +361,10 @@ def pytest_summary(output):
 
 def stage_tests(ctx, record):
     param = ctx.device.type
-    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
+    # Short tracebacks and no warnings summary: a failure's traceback is what a short GPU
+    # lease must bring back (the report keeps the failures section, not the output's end).
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--tb=short"]
+    command.append("--disable-warnings")
     if not ctx.keep_going:
         command.append("-x")
     command += ["-m", "not slow and not integration", "-k", param]
@@ -418,9 +421,27 @@ def stage_tests(ctx, record):
     # end of the output.
     listed = "\n".join(failed[1:]) + "\n" if len(failed) > 1 else ""
     raise StageFailed(
-        f"pytest exited {done.returncode}: {reason}\n{listed}{done.stdout[-3000:]}\n"
+        f"pytest exited {done.returncode}: {reason}\n{listed}{failures_section(done.stdout)}\n"
         f"{done.stderr[-1000:]}"
     )
+
+
+def failures_section(output, limit=8000):
+    """The tracebacks of a ``pytest`` run's failures (its ``FAILURES`` and ``ERRORS``
+    sections, up to the short summary), at most ``limit`` characters; the output's end
+    when it has none."""
+    lines = output.splitlines()
+    start = next(
+        (i for i, line in enumerate(lines) if line.strip("= ") in ("FAILURES", "ERRORS")), None
+    )
+    if start is None:
+        return output[-3000:]
+    end = next(
+        (i for i in range(start, len(lines)) if "short test summary info" in lines[i]),
+        len(lines),
+    )
+    section = "\n".join(lines[start:end])
+    return section if len(section) <= limit else section[:limit] + "\n[... cut]"
 
 
 # -- 2. the SG-MCMC step ---------------------------------------------------------------------

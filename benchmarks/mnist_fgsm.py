@@ -283,6 +283,13 @@ def tune(cfg, methods, x_fit, y_fit, x_val, y_val):
     )
 
 
+def machine(device):
+    """Where the run was timed, in words (its times are that machine's)."""
+    if device.type == "cuda":
+        return f"{device.type}: {torch.cuda.get_device_name(device)}"
+    return f"{device.type}: one CPU thread of a shared 2-core machine"
+
+
 def main():
     parser = argument_parser(__doc__, RESULTS, quick="100-unit layers, 5000 images", seed=0)
     parser.add_argument("--tune", action="store_true", help="run the step-size grid only")
@@ -347,7 +354,7 @@ def main():
         f"Adam+NR with eps = {ADAM_EPS}; jit_compile={args.jit}. IVON: the same network, start, "
         f"batch and {cfg['steps']} steps, {ivon_settings}, ess {num_train}, its update compiled "
         f"(NaturalGradientVI's default at this size), {num_draws} posterior draws. "
-        f"torch {torch.__version__} ({args.device}, 1 thread), "
+        f"torch {torch.__version__} ({machine(device)}), "
         f"pyro {pyro.__version__}; seed {args.seed}"
     )
     if args.tune:
@@ -430,8 +437,8 @@ def main():
             else f"Step sizes: {TUNING}{''.join('; ' + f for f in fallbacks)}; "
         )
         + "validation split: "
-        f"the last {NUM_VALIDATION} training images. Test: the first {test_size} test images. Total wall time {total:.0f} s on "
-        "one CPU thread of a shared 2-core machine.\n\n"
+        f"the last {NUM_VALIDATION} training images. Test: the first {test_size} test images. "
+        f"Total wall time {total:.0f} s on {machine(device)}.\n\n"
         "Thesis (figure 2.6, no numbers given): Adam+NR clearly above SGLD at low attack "
         "strength, all methods similar at high strength. Here, Adam+NR minus SGLD accuracy "
         f"under the posterior-predictive attack at ε = 0.05, 0.1: "

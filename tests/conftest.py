@@ -3,6 +3,7 @@ import os
 import pyro
 import pytest
 import torch
+from torch.overrides import TorchFunctionMode
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
@@ -14,6 +15,47 @@ def device(request):
     if request.param == "cuda":
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device(request.param)
+
+
+class _StrayTensorsOnMeta(TorchFunctionMode):
+    """Inside it, a tensor made by a factory call that names no device (``torch.zeros(3)``,
+    ``torch.tensor(x)``, ``torch.as_tensor`` of a list) is made on the ``meta`` device."""
+
+    FACTORIES = frozenset(
+        {
+            torch.arange,
+            torch.empty,
+            torch.eye,
+            torch.full,
+            torch.linspace,
+            torch.logspace,
+            torch.ones,
+            torch.rand,
+            torch.randint,
+            torch.randn,
+            torch.scalar_tensor,
+            torch.tensor,
+            torch.zeros,
+        }
+    )
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = dict(kwargs or {})
+        if kwargs.get("device") is None and (
+            func in self.FACTORIES or (func is torch.as_tensor and not torch.is_tensor(args[0]))
+        ):
+            kwargs["device"] = "meta"
+        return func(*args, **kwargs)
+
+
+@pytest.fixture
+def no_stray_tensors():
+    """A context manager that finds, on a CPU-only machine, the tensors code would make on
+    the CPU while its data live on CUDA: inside it a factory call without ``device=`` makes
+    a ``meta`` tensor, and meta tensors do not mix with the CPU data (as CPU tensors do not
+    with CUDA ones), nor give values (``.item()``). Make the data before entering it; code
+    that means the host says ``device="cpu"``."""
+    return _StrayTensorsOnMeta
 
 
 @pytest.fixture(autouse=True)

@@ -144,3 +144,25 @@ def test_keep_going_runs_every_stage_and_still_fails(gpu_check, tmp_path, capsys
     assert "FAILED at stage 0 (broken" in err and "FAILED stages: broken" in err
     text = output.read_text()
     assert "## 0. the broken stage: FAIL" in text and "## 1. the good stage: PASS" in text
+
+
+def test_a_failing_test_brings_its_traceback_into_the_report(gpu_check, tmp_path):
+    # A GPU lease is short and rare: the report must say why a test failed, not end in
+    # the warnings summary (as the first BSTS failure on the H200 did).
+    test = tmp_path / "test_fails.py"
+    test.write_text(
+        "import warnings\n\n\ndef test_fails():\n"
+        "    warnings.warn('noise ' * 400)\n"
+        "    assert 1 + 1 == 3, 'the reason, on the device'\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--tb=short", str(test)],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 1
+    section = gpu_check.failures_section(done.stdout + "\n" + "=" * 20 + " warnings " + "x" * 9000)
+    assert "the reason, on the device" in section and "test_fails" in section
+    assert "short test summary info" not in section and len(section) < 8100
+    assert gpu_check.failures_section("3 passed in 1.0s") == "3 passed in 1.0s"

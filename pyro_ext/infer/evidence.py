@@ -10,6 +10,7 @@ by their ELBOs (the larger wins) when the difference exceeds its Monte Carlo err
 (Pyro's ``Trace_ELBO(num_particles=n)`` returns their mean only).
 """
 
+import statistics
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -49,8 +50,7 @@ def elbo_estimate(
     num_particles = check_int(num_particles, "num_particles", low=2)
     elbo = pyro.infer.Trace_ELBO(num_particles=1)
     with torch.no_grad(), pyro.validation_enabled(False):
-        draws = torch.tensor(
-            [-elbo.loss(model, guide, *args, **kwargs) for _ in range(num_particles)],
-            dtype=torch.float64,
-        )
-    return ELBOEstimate(float(draws.mean()), float(draws.std() / num_particles**0.5))
+        draws = [-elbo.loss(model, guide, *args, **kwargs) for _ in range(num_particles)]
+    # Host floats (Trace_ELBO.loss returns them): their summary needs no device.
+    mean, sd = statistics.fmean(draws), statistics.stdev(draws)
+    return ELBOEstimate(mean, sd / num_particles**0.5)

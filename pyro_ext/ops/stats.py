@@ -12,7 +12,13 @@ import math
 import torch
 from pyro.ops.stats import split_gelman_rubin
 
-from .validation import check_int, check_positive, check_real, first_nonfinite
+from .validation import (
+    check_int,
+    check_positive,
+    check_real,
+    check_same_device,
+    first_nonfinite,
+)
 
 __all__ = ["kernel_stein_discrepancy", "rank_uniformity_test", "sbc_ranks", "split_rhat"]
 
@@ -111,10 +117,7 @@ def kernel_stein_discrepancy(samples, score, c=1.0, beta=-0.5, chunk_size=1024):
         raise ValueError(
             f"score must have the shape of samples {tuple(samples.shape)}, got {tuple(score.shape)}"
         )
-    if score.device != samples.device:
-        raise ValueError(
-            f"samples and score must be on the same device, got {samples.device} and {score.device}"
-        )
+    check_same_device(samples=samples, score=score)
     _check_finite(samples, "samples")
     _check_finite(score, "score")
     dtype = torch.promote_types(samples.dtype, score.dtype)

@@ -21,6 +21,8 @@ __all__ = [
     "as_real_tensor",
     "check_real",
     "check_real_tensor",
+    "check_same_device",
+    "same_device",
     "values_checked",
 ]
 
@@ -134,20 +136,44 @@ def check_choice(value, name, choices, allow_none=False):
     return value
 
 
-def as_real_tensor(x, name):
+def as_real_tensor(x, name, device=None):
     """``x`` as a real tensor, or a :class:`TypeError` naming the argument (torch's own
-    error for a string or a ragged list names neither)."""
+    error for a string or a ragged list names neither). With ``device`` (where the data an
+    argument meets live): a list or an array is made there, and a tensor elsewhere is
+    refused with a :class:`ValueError` (a silent copy at every call would hide it)."""
     if isinstance(x, (str, bytes)):
         raise TypeError(f"{name} must be a real tensor or array of numbers, got a string")
-    try:
-        x = torch.as_tensor(x)
-    except (TypeError, ValueError, RuntimeError) as error:
-        raise TypeError(
-            f"{name} must be a real tensor or array of numbers, got {type(x).__name__} ({error})"
-        ) from None
+    if torch.is_tensor(x):
+        if device is not None and not same_device(x.device, device):
+            raise ValueError(
+                f"{name} must be on {device}, where the data it meets are, got {x.device}: "
+                f"move it there (e.g. {name}.to('{device}'))"
+            )
+    else:
+        try:
+            x = torch.as_tensor(x, device=device)
+        except (TypeError, ValueError, RuntimeError) as error:
+            raise TypeError(
+                f"{name} must be a real tensor or array of numbers, got {type(x).__name__} "
+                f"({error})"
+            ) from None
     if x.is_complex():
         raise TypeError(f"{name} must be real, got dtype {x.dtype}")
     return x
+
+
+def same_device(a, b):
+    """Whether devices ``a`` and ``b`` are one (``"cuda"`` is the current CUDA device, as
+    torch places it, so it equals ``cuda:0`` there)."""
+    a, b = torch.device(a), torch.device(b)
+    if a.type != b.type:
+        return False
+    if a.type == "cuda":
+        current = torch.cuda.current_device() if torch.cuda.is_available() else 0
+        return (a.index if a.index is not None else current) == (
+            b.index if b.index is not None else current
+        )
+    return a.index == b.index or a.index is None or b.index is None
 
 
 def check_real_tensor(value, name):
@@ -162,6 +188,23 @@ def check_real_tensor(value, name):
     if not (value.is_floating_point() or value.dtype in (torch.bool, torch.int32, torch.int64)):
         raise TypeError(f"{name} must be a real tensor, got dtype {value.dtype}")
     return value
+
+
+def check_same_device(**tensors):
+    """Refuse tensors that live on different devices, naming each with its device:
+    ``check_same_device(sales=y, spend=u)``. ``None`` values are skipped; the first named
+    tensor's device is the one the others must share (it is returned)."""
+    given = [(name, value) for name, value in tensors.items() if value is not None]
+    if not given:
+        return None
+    first_name, first = given[0]
+    for name, value in given[1:]:
+        if not same_device(value.device, first.device):
+            raise ValueError(
+                f"{name} must be on the device of {first_name} ({first.device}), got "
+                f"{value.device}: move it there (e.g. {name}.to('{first.device}'))"
+            )
+    return first.device
 
 
 def first_nonfinite(value: torch.Tensor) -> tuple | None:

@@ -352,3 +352,23 @@ def test_fit_with_no_draws_or_no_particles_is_refused(data, name):
     # was: num_particles=0 gave "IndexError: list index out of range" after the start
     with pytest.raises(ValueError, match=rf"{name} must be an integer >= 1, got 0"):
         small().fit(data.sales, data.spend, data.covariates, **{**FAST, name: 0})
+
+
+def test_tensors_on_another_device_than_the_data_are_refused(data, fitted):
+    # "meta" stands in for a second device: each argument that meets the data names itself
+    # and where to move it (on CUDA the mix failed deep inside torch, naming neither).
+    elsewhere = {name: getattr(data, name).to("meta") for name in ("spend", "covariates")}
+    for name in ("spend", "covariates"):
+        columns = dict(sales=data.sales, spend=data.spend, covariates=data.covariates)
+        columns[name] = elsewhere[name]
+        with pytest.raises(ValueError, match=rf"{name} must be on cpu, .* got meta"):
+            small().fit(**columns, **FAST)
+    future = data.spend[-3:].to("meta")
+    with pytest.raises(ValueError, match=r"spend_future must be on cpu.*spend_future.to\('cpu'\)"):
+        fitted.forecast(future)
+    with pytest.raises(ValueError, match=r"covariates_future must be on cpu"):
+        fitted.forecast(data.spend[-3:], data.covariates[-3:].to("meta"))
+    with pytest.raises(ValueError, match=r"spend must be on cpu"):
+        fitted.response_curves(torch.ones(2, device="meta"))
+    # Lists and arrays are placed on the data's device.
+    assert fitted.forecast(data.spend[-3:].tolist()).device == data.spend.device

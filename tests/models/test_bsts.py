@@ -13,6 +13,7 @@ from pyro_ext.models.bsts import (
     PolarTransform,
     RetailBSTS,
     SpikeSlabNormal,
+    allocate_budget,
     goodwill_offset,
     simulate_retail,
 )
@@ -985,3 +986,85 @@ def test_spend_lag_auto_chooses_the_simulated_lag(truth):
     assert gap > 5 * (sd0**2 + sd1**2) ** 0.5
     with pytest.raises(ValueError, match="spend_lag must be 0, 1 or 'auto'"):
         RetailBSTS(spend_lag="automatic")
+
+
+def test_retail_bsts_fits_and_answers_on_the_data_device(device):
+    # The whole marketer's path (fit, contributions, ROAS, response curves, forecast,
+    # allocation) with the saturation curve and a ROAS prior, on the device the data live
+    # on: every answer stays there and is finite, and the goodwill (the curve on each
+    # channel's stock) equals the CPU's at the same parameters.
+    d = simulate_retail(num_weeks=40, seed=3, noise="gaussian")
+    on_device = d._replace(
+        sales=d.sales.to(device), spend=d.spend.to(device), covariates=d.covariates.to(device)
+    )
+    options = dict(variant="RF", noise="gaussian", seasonal_harmonics=1, saturation="hill")
+    m = RetailBSTS(**options, roas_prior={"tv": (2.0, 0.5)})
+    quick_fit(m, on_device, channel_names=d.channel_names)
+    k = d.spend.shape[1]
+    answers = {
+        "contributions": m.channel_contributions(),
+        "roas": m.roas(),
+        "response_curves": m.response_curves(torch.tensor([5.0, 10.0], device=device)),
+        "forecast": m.forecast(d.spend[-4:].to(device), d.covariates[-4:].to(device)),
+    }
+    for name, value in answers.items():
+        assert value.device == device, name
+        assert bool(torch.isfinite(value).all()), name
+    allocation = allocate_budget(m, budget=float(d.spend[-10:].sum(1).mean()))
+    assert allocation.spend.device == device, allocation.spend.device
+    assert float(allocation.spend.sum()) <= float(d.spend[-10:].sum(1).mean()) * (1 + 1e-6)
+
+    params = dict(
+        delta=torch.linspace(0.2, 0.6, k, dtype=torch.float64),
+        q=torch.linspace(0.5, 1.5, k, dtype=torch.float64),
+        saturation=torch.linspace(0.0, 2.0, k, dtype=torch.float64),
+    )
+    cpu = RetailBSTS(**options, spend_lag=0)
+    cpu._data = cpu._prepare(d.sales, d.spend, d.covariates, True)
+    dev = RetailBSTS(**options, spend_lag=0)
+    dev._data = dev._prepare(on_device.sales, on_device.spend, on_device.covariates, True)
+    expected = cpu._channel_goodwill(params, cpu._data[1])
+    got = dev._channel_goodwill({n: v.to(device) for n, v in params.items()}, dev._data[1])
+    assert got.device == device
+    assert torch.allclose(got.cpu(), expected, rtol=1e-9, atol=1e-9)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {},  # the defaults: Student-t noise, point-mass selection, spend_lag="auto"
+        dict(
+            noise="gaussian",
+            selection="ssvs",
+            trend="local_linear_trend",
+            carryover="shared",
+            saturation="hill",
+            roas_prior={"tv": (2.0, 0.5)},
+        ),
+    ],
+    ids=["defaults", "saturation"],
+)
+def test_retail_bsts_makes_every_tensor_where_its_data_are(options, no_stray_tensors):
+    # The CPU stand-in for a CUDA run (test_retail_bsts_fits_and_answers_on_the_data_device
+    # runs on a GPU only where one is lent): no tensor of the marketer's path is made on the
+    # default device rather than the data's.
+    d = simulate_retail(num_weeks=40, seed=3)
+    budget = float(d.spend[-10:].sum(1).mean())
+    m = RetailBSTS(**options)
+    with no_stray_tensors():
+        quick_fit(m, d, channel_names=d.channel_names)
+        answers = [
+            m.channel_contributions(),
+            m.roas(),
+            m.response_curves([5.0, 10.0]),
+            m.forecast(d.spend[-4:], d.covariates[-4:]),
+            m.inclusion_probabilities(),
+            m.channel_inclusion_probabilities(),
+            allocate_budget(m, budget=budget).spend,
+        ]
+        if m.noise == "gaussian":
+            answers += list(m.one_step_predictions(d.sales, d.spend, d.covariates, max_draws=4))
+        m.contribution_summary(weeks=[1, 2, 3])
+        m.coefficients()
+        m.sales_components(max_draws=4)
+    assert all(a.device.type == "cpu" and bool(torch.isfinite(a).all()) for a in answers)

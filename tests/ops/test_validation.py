@@ -10,11 +10,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pyro_ext.ops.validation import (
+    as_real_tensor,
     check_choice,
     check_int,
     check_positive,
     check_real,
     check_real_tensor,
+    check_same_device,
+    same_device,
 )
 
 FAST = settings(max_examples=50, deadline=None)
@@ -229,3 +232,36 @@ def test_real_tensor_accepts_real_dtypes_and_returns_the_tensor(value):
 def test_real_tensor_rejects_other_types_with_a_type_error(value, match):
     with pytest.raises(TypeError, match=match):
         check_real_tensor(value, "G")
+
+
+# ---------------------------------------------------------------- devices
+# "meta" stands in for a second device on a CPU-only machine.
+
+
+def test_as_real_tensor_places_lists_and_refuses_tensors_elsewhere(device):
+    made = as_real_tensor([1.0, 2.0], "spend", device)
+    assert made.device == device and made.tolist() == [1.0, 2.0]
+    assert as_real_tensor(np.ones(2), "spend", device).device == device
+    there = torch.ones(2, device=device)
+    assert as_real_tensor(there, "spend", device) is there
+    with pytest.raises(ValueError, match=r"spend must be on meta.*got " + device.type):
+        as_real_tensor(there, "spend", "meta")
+    assert as_real_tensor(there, "spend").device == device  # no device: left where it is
+    with pytest.raises(TypeError, match="spend must be a real tensor"):
+        as_real_tensor("12", "spend", device)
+
+
+def test_check_same_device_names_the_tensor_elsewhere():
+    a, b = torch.ones(2), torch.ones(2, device="meta")
+    assert check_same_device(samples=a, score=a.clone(), none=None) == a.device
+    assert check_same_device() is None
+    with pytest.raises(ValueError, match=r"score must be on the device of samples \(cpu\)"):
+        check_same_device(samples=a, score=b)
+
+
+def test_same_device_reads_cuda_as_the_current_one():
+    assert same_device("cpu", torch.device("cpu")) and not same_device("cpu", "meta")
+    assert same_device("cuda", "cuda:0") == (
+        not torch.cuda.is_available() or torch.cuda.current_device() == 0
+    )
+    assert not same_device("cuda:0", "cuda:1")

@@ -291,9 +291,12 @@ class _Evaluator:
         self._values = {}
 
     def plan(self, x, dtype=None):
-        """The ``(h, k)`` spend matrix for the flat vector ``x`` (a float64 tensor)."""
+        """The ``(h, k)`` spend matrix for the flat vector ``x`` (a float64 tensor on the
+        model's device)."""
         u = torch.as_tensor(
-            np.asarray(x, dtype=np.float64).reshape(self.P, self.k), dtype=dtype or torch.float64
+            np.asarray(x, dtype=np.float64).reshape(self.P, self.k),
+            dtype=dtype or torch.float64,
+            device=self.device,
         )
         return u.expand(self.h, self.k).clone() if self.P == 1 else u
 

@@ -54,9 +54,10 @@ def _check_model(model):
     model._check_fitted()
 
 
-def _weeks(weeks, num_weeks):
-    """Boolean mask ``(T,)`` of the training weeks ``weeks`` selects (all by default)."""
-    mask = torch.zeros(num_weeks, dtype=torch.bool)
+def _weeks(weeks, num_weeks, device=None):
+    """Boolean mask ``(T,)`` on ``device`` of the training weeks ``weeks`` selects (all by
+    default); checked on the host."""
+    mask = torch.zeros(num_weeks, dtype=torch.bool, device="cpu")
     if weeks is None:
         return mask.fill_(True)
     if isinstance(weeks, slice):
@@ -67,7 +68,7 @@ def _weeks(weeks, num_weeks):
                 "weeks must be None, a slice or a sequence of week indices of the training "
                 f"period, got {type(weeks).__name__}"
             )
-        index = torch.as_tensor(list(weeks))
+        index = torch.as_tensor(list(weeks), device="cpu")
         if index.dtype == torch.bool:
             raise TypeError("weeks must be week indices or a slice, not a boolean mask")
         if index.numel() and (index.min() < -num_weeks or index.max() >= num_weeks):
@@ -78,7 +79,7 @@ def _weeks(weeks, num_weeks):
         mask[index] = True
     if not bool(mask.any()):
         raise ValueError("weeks selects no training week")
-    return mask
+    return mask.to(device)
 
 
 def channel_goodwill(model) -> torch.Tensor:
@@ -108,7 +109,7 @@ def channel_contributions(model, weeks=None) -> torch.Tensor:
     """
     _check_model(model)
     goodwill = channel_goodwill(model)  # (draws, T, k)
-    mask = _weeks(weeks, goodwill.shape[-2])
+    mask = _weeks(weeks, goodwill.shape[-2], goodwill.device)
     q = model.coefficient_draws()["q"].to(torch.float64)  # (draws, k), sales per spend unit
     return q * goodwill[:, mask].sum(-2)
 
@@ -123,7 +124,7 @@ def roas(model, weeks=None) -> torch.Tensor:
     contributions = channel_contributions(model, weeks)
     _, u, _ = model._data
     spend = (u * model._u_scale).to(torch.float64)
-    mask = _weeks(weeks, spend.shape[0])
+    mask = _weeks(weeks, spend.shape[0], spend.device)
     total = spend[mask].sum(0)
     return torch.where(total > 0, contributions / total, torch.full_like(contributions, torch.nan))
 
@@ -188,11 +189,15 @@ def contribution_summary(model, weeks=None, interval: float = 0.9) -> dict:
         raise TypeError(f"interval must be a number in (0, 1), got {type(interval).__name__}")
     if not 0 < interval < 1:
         raise ValueError(f"interval must be in (0, 1), got {interval}")
-    contributions = channel_contributions(model, weeks)
-    returns = roas(model, weeks)
+    # A summary of host numbers: the draws come to the CPU once, wherever the model lives.
+    contributions = channel_contributions(model, weeks).cpu()
+    returns = roas(model, weeks).cpu()
     _, u, _ = model._data
-    spend = (u * model._u_scale).to(torch.float64)[_weeks(weeks, u.shape[0])].sum(0)
-    tails = torch.tensor([(1 - interval) / 2, (1 + interval) / 2], dtype=torch.float64)
+    spend = (u * model._u_scale).to(torch.float64)[_weeks(weeks, u.shape[0], u.device)].sum(0)
+    spend = spend.cpu()
+    tails = torch.tensor(
+        [(1 - interval) / 2, (1 + interval) / 2], dtype=torch.float64, device="cpu"
+    )
     names = getattr(model, "channel_names", None) or [
         f"channel {i}" for i in range(contributions.shape[-1])
     ]
@@ -230,7 +235,7 @@ def response_curves(model, spend) -> torch.Tensor:
         (the same levels for every channel).
     """
     _check_model(model)
-    levels = as_real_tensor(spend, "spend").detach().to(torch.float64)
+    levels = as_real_tensor(spend, "spend", model.device).detach().to(torch.float64)
     if levels.dim() != 1 or levels.numel() == 0:
         raise ValueError(
             f"spend must be a 1-D sequence of weekly spend levels, got shape {tuple(levels.shape)}"

@@ -56,7 +56,10 @@ class Fitting:
 
     def _prepare(self, sales, spend, covariates, standardize):
         y = self._tensor(sales, "sales", 1)
-        u = self._tensor(spend, "spend", 2)
+        # Every tensor the model makes lives where the sales do (spend and covariates must
+        # be there too: the contract refuses a mix).
+        self._device = y.device
+        u = self._tensor(spend, "spend", 2, y.device)
         if u.shape[0] != y.shape[0]:
             raise ValueError(f"spend has {u.shape[0]} weeks but sales has {y.shape[0]}")
         if u.shape[1] == 0:
@@ -66,9 +69,9 @@ class Fitting:
             )
         self._check_spend(u)
         if covariates is None:
-            X = torch.zeros(y.shape[0], 0, dtype=torch.float64)
+            X = y.new_zeros(y.shape[0], 0)
         else:
-            X = self._tensor(covariates, "covariates", 2)
+            X = self._tensor(covariates, "covariates", 2, y.device)
             if X.shape[0] != y.shape[0]:
                 raise ValueError(f"covariates has {X.shape[0]} weeks but sales has {y.shape[0]}")
             self._check_covariates(X)
@@ -96,15 +99,9 @@ class Fitting:
                 else torch.ones_like(X[0])
             )
         else:
-            self._y_loc, self._y_scale = (
-                torch.tensor(0.0, dtype=torch.float64),
-                torch.tensor(1.0, dtype=torch.float64),
-            )
-            self._u_scale = torch.ones(u.shape[1], dtype=torch.float64)
-            self._x_loc, self._x_scale = (
-                torch.zeros(X.shape[1], dtype=torch.float64),
-                torch.ones(X.shape[1], dtype=torch.float64),
-            )
+            self._y_loc, self._y_scale = y.new_tensor(0.0), y.new_tensor(1.0)
+            self._u_scale = u.new_ones(u.shape[1])
+            self._x_loc, self._x_scale = X.new_zeros(X.shape[1]), X.new_ones(X.shape[1])
         return (
             (y - self._y_loc) / self._y_scale,
             u / self._u_scale,
@@ -365,12 +362,15 @@ class Fitting:
 
     def _noise_scales_prior(self):
         ps = self.prior_scales
-        scale = torch.tensor([ps["sigma_obs"], ps["sigma_goodwill"]], dtype=torch.float64)
+        scale = torch.tensor(
+            [ps["sigma_obs"], ps["sigma_goodwill"]], dtype=torch.float64, device=self.device
+        )
         return NoiseScales(scale)
 
     def _init_to_median(self):
         # init_to_median skips multivariate sites; NoiseScales' median is elementwise.
-        median = dist.HalfNormal(self._noise_scales_prior().scale).icdf(torch.tensor(0.5))
+        scale = self._noise_scales_prior().scale
+        median = dist.HalfNormal(scale).icdf(scale.new_tensor(0.5))
         return pyro.infer.autoguide.init_to_value(
             values={"noise_scales": median}, fallback=pyro.infer.autoguide.init_to_median
         )
@@ -407,7 +407,10 @@ class Fitting:
                     b = b * g
                 chol = torch.linalg.cholesky(M + torch.diag(prior_precision).to(M))
                 mean = torch.cholesky_solve(b.unsqueeze(-1), chol).squeeze(-1)
-                noise = torch.randn(*mean.shape, 1, generator=generator, dtype=mean.dtype)
+                # Drawn on the CPU: the same seed gives the same draws on every device.
+                noise = torch.randn(
+                    *mean.shape, 1, generator=generator, dtype=mean.dtype, device="cpu"
+                ).to(mean.device)
                 # chol^{-T} noise has covariance Q^{-1}.
                 coef = mean + torch.linalg.solve_triangular(chol.mT, noise, upper=True).squeeze(-1)
                 if gamma is not None:
@@ -425,8 +428,7 @@ class Fitting:
         if not self.discrete_sites:
             return model
         y, u, X = self._data
-        ones = {"gamma": torch.ones(X.shape[1], dtype=torch.float64)}
-        ones["gamma_q"] = torch.ones(u.shape[1], dtype=torch.float64)
+        ones = {"gamma": X.new_ones(X.shape[1]), "gamma_q": u.new_ones(u.shape[1])}
         return pyro.poutine.condition(model, data=ones)
 
     def _map_init(self, num_steps, lr=0.05):

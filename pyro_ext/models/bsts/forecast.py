@@ -18,18 +18,17 @@ class Forecasting:
 
     def _draw_subset(self, max_draws):
         max_draws = check_int(max_draws, "max_draws", low=1)
-        n = self.samples["delta"].shape[0]
-        idx = torch.linspace(0, n - 1, min(n, max_draws)).round().long()
+        delta = self.samples["delta"]
+        n = delta.shape[0]
+        idx = torch.linspace(0, n - 1, min(n, max_draws), device=delta.device).round().long()
         return {k: v[idx] for k, v in self.samples.items()}
 
     def _future_inputs(self, spend_future, covariates_future, max_draws=1):
         """The standardised future inputs, checked once per call (before any draw)."""
         # max_draws first: it is cheap, and a call with two bad arguments names the first.
         check_int(max_draws, "max_draws", low=1)
-        if not torch.is_tensor(spend_future):
-            spend_future = as_real_tensor(spend_future, "spend_future").to(torch.float64)
-        elif spend_future.is_complex():
-            raise TypeError(f"spend_future must be real, got dtype {spend_future.dtype}")
+        spend_future = as_real_tensor(spend_future, "spend_future", self.device)
+        spend_future = spend_future.to(torch.float64)
         if spend_future.dim() != 2 or spend_future.shape[1] != self.num_channels:
             raise ValueError(
                 f"spend_future must have shape (h, {self.num_channels}): h weeks (the horizon) "
@@ -45,9 +44,10 @@ class Forecasting:
             self._check_spend(spend_future, "spend_future")
         uf = spend_future.to(torch.float64) / self._u_scale
         if covariates_future is None:
-            Xf = torch.zeros(h, self._p, dtype=torch.float64)
+            Xf = self._x_loc.new_zeros(h, self._p)
         else:
-            Xf = as_real_tensor(covariates_future, "covariates_future").to(torch.float64)
+            Xf = as_real_tensor(covariates_future, "covariates_future", self.device)
+            Xf = Xf.to(torch.float64)
             if Xf.shape != (h, self._p):
                 raise ValueError(
                     f"covariates_future must have shape ({h}, {self._p}): the {h} weeks of "
@@ -163,18 +163,22 @@ class Forecasting:
                 return v * e.clamp(min=0).sqrt().unsqueeze(-2)
 
             LP, LW = sqrtm(PT), sqrtm(W.expand(n, S, S))
-            x = mT + (LP @ torch.randn(num_samples, n, S, 1, dtype=mT.dtype)).squeeze(-1)
+
+            def normal(*shape):
+                return torch.randn(*shape, dtype=mT.dtype, device=mT.device)
+
+            x = mT + (LP @ normal(num_samples, n, S, 1)).squeeze(-1)
             F = F.reshape(S)
             paths = []
             sig = draws["sigma_obs"]
             for j in range(h):
-                x = (G @ x.unsqueeze(-1)).squeeze(-1) + (
-                    LW @ torch.randn(num_samples, n, S, 1, dtype=mT.dtype)
-                ).squeeze(-1)
+                x = (G @ x.unsqueeze(-1)).squeeze(-1) + (LW @ normal(num_samples, n, S, 1)).squeeze(
+                    -1
+                )
                 if self.noise == "student_t":
                     eps = dist.StudentT(self.df, 0.0, sig).sample((num_samples,))
                 else:
-                    eps = sig * torch.randn(num_samples, n, dtype=mT.dtype)
+                    eps = sig * normal(num_samples, n)
                 paths.append(x @ F + off[:, j] + eps)
             paths = torch.stack(paths, -1)  # (num_samples, n, h)
         return self._y_loc + self._y_scale * paths
@@ -192,7 +196,7 @@ class Forecasting:
         if self.noise != "gaussian":
             raise ValueError("one_step_predictions needs noise='gaussian'")
         check_int(max_draws, "max_draws", low=1)
-        sales = self._tensor(sales, "sales", 1)
+        sales = self._tensor(sales, "sales", 1, self.device)
         self._check_sales(sales)
         T = sales.shape[0]
         # One row per week of sales, one column per channel / covariate of the fit.
@@ -200,7 +204,7 @@ class Forecasting:
         if covariates is not None:
             columns["covariates"] = (covariates, self._p, "covariates")
         for name, (value, width, what) in columns.items():
-            value = self._tensor(value, name, 2)
+            value = self._tensor(value, name, 2, self.device)
             if value.shape != (T, width):
                 raise ValueError(
                     f"{name} must have shape ({T}, {width}): the {T} weeks of sales by the "
@@ -216,7 +220,7 @@ class Forecasting:
         params = {n: v for n, v in draws.items() if n != "obs_precision"}
         y = (sales - self._y_loc) / self._y_scale
         u = spend / self._u_scale
-        X = torch.zeros(y.shape[0], self._p, dtype=torch.float64)
+        X = y.new_zeros(y.shape[0], self._p)
         if covariates is not None:
             X = (covariates - self._x_loc) / self._x_scale
         with torch.no_grad():

@@ -27,7 +27,9 @@ def goodwill_offset(phi, inflow):
         return torch.zeros_like(inflow * phi[..., None])
     j = torch.arange(T - 1, dtype=inflow.dtype, device=inflow.device)
     tiny = torch.finfo(inflow.dtype).tiny
-    logphi = torch.log(torch.as_tensor(phi, dtype=inflow.dtype).clamp(min=tiny))
+    logphi = torch.log(
+        torch.as_tensor(phi, dtype=inflow.dtype, device=inflow.device).clamp(min=tiny)
+    )
     kernel = torch.exp(logphi[..., None] * j)  # phi^0 .. phi^{T-2}
     n = 2 * T  # no wrap-around
     conv = torch.fft.irfft(torch.fft.rfft(kernel, n) * torch.fft.rfft(inflow[..., :-1], n), n)
@@ -36,11 +38,11 @@ def goodwill_offset(phi, inflow):
     return torch.cat([zero, conv], -1)
 
 
-def _seasonal_matrices(period, harmonics, dtype):
+def _seasonal_matrices(period, harmonics, dtype, device=None):
     blocks, F = [], []
     for j in range(1, harmonics + 1):
         lam = 2 * math.pi * j / period
         c, s = math.cos(lam), math.sin(lam)
-        blocks.append(torch.tensor([[c, s], [-s, c]], dtype=dtype))
+        blocks.append(torch.tensor([[c, s], [-s, c]], dtype=dtype, device=device))
         F += [1.0, 0.0]
-    return torch.block_diag(*blocks), torch.tensor([F], dtype=dtype)
+    return torch.block_diag(*blocks), torch.tensor([F], dtype=dtype, device=device)

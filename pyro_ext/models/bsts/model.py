@@ -233,8 +233,8 @@ def _check_roas_prior(roas_prior):
     return out
 
 
-def _hn(scale, dtype):
-    return dist.HalfNormal(torch.tensor(float(scale), dtype=dtype))
+def _hn(scale, dtype, device=None):
+    return dist.HalfNormal(torch.tensor(float(scale), dtype=dtype, device=device))
 
 
 class RetailBSTS(Fitting, CollapsedLikelihood, Forecasting):
@@ -454,10 +454,10 @@ class RetailBSTS(Fitting, CollapsedLikelihood, Forecasting):
 
     # ------------------------------------------------------------------ data handling
     @staticmethod
-    def _tensor(x, name, dim):
+    def _tensor(x, name, dim, device=None):
         if x is None:
             return None
-        x = as_real_tensor(x, name)
+        x = as_real_tensor(x, name, device)
         if not x.is_floating_point():
             x = x.to(torch.get_default_dtype())
         if x.dim() != dim:
@@ -502,6 +502,19 @@ class RetailBSTS(Fitting, CollapsedLikelihood, Forecasting):
             )
 
     @property
+    def device(self):
+        """The device of the data :meth:`fit` saw (forecasts, allocations and every other
+        answer are computed there); ``None`` before :meth:`fit`."""
+        return getattr(self, "_device", None)
+
+    @property
+    def dtype(self):
+        """The floating dtype the model computes in (float64) once :meth:`fit` has seen the
+        data; ``None`` before."""
+        data = getattr(self, "_data", None)
+        return None if data is None else data[0].dtype
+
+    @property
     def num_channels(self):
         return None if self.channel_names is None else len(self.channel_names)
 
@@ -525,8 +538,8 @@ class RetailBSTS(Fitting, CollapsedLikelihood, Forecasting):
         return min(DEFAULT_MODEL_SIZE, n / 2) / n
 
     def _priors_pi(self, k, p):
-        pi_q = torch.ones(k, dtype=torch.float64)
-        pi_b = torch.ones(p, dtype=torch.float64)
+        pi_q = torch.ones(k, dtype=torch.float64, device=self.device)
+        pi_b = torch.ones(p, dtype=torch.float64, device=self.device)
         if self.variant == "RA":
             pi = self._prior_inclusion(k + p)
             pi_q[:], pi_b[:] = pi, pi
@@ -557,34 +570,37 @@ class RetailBSTS(Fitting, CollapsedLikelihood, Forecasting):
         else:
             comps.append(LocalLinearTrend(sigma_level, sigma_slope, init_scale=2.0))
         if self.seasonal_harmonics:
-            G, F = _seasonal_matrices(self.seasonal_period, self.seasonal_harmonics, torch.float64)
+            device = torch.as_tensor(sigma_season).device
+            G, F = _seasonal_matrices(
+                self.seasonal_period, self.seasonal_harmonics, torch.float64, device
+            )
             n = G.shape[-1]
-            eye = torch.eye(n, dtype=torch.float64)
+            eye = torch.eye(n, dtype=torch.float64, device=device)
             W = sigma_season.pow(2)[..., None, None] * eye
-            comps.append(LinearGaussian(G, F, W, torch.zeros(n, dtype=torch.float64), eye.clone()))
+            comps.append(LinearGaussian(G, F, W, eye.new_zeros(n), eye.clone()))
         if regression is not None:
             comps.append(Regression(regression, init_scale=self.slab_scale))
         return DLM(comps, sigma_obs, self.df if self.noise == "student_t" else None)
 
     def _sample_params(self, k, p):
-        f64 = torch.float64
+        f64, device = torch.float64, self.device
         a, b = self.delta_prior
         lo, hi = self.delta_range
-        base = dist.Beta(torch.tensor(a, dtype=f64), torch.tensor(b, dtype=f64))
+
+        def scalar(value):
+            return torch.tensor(value, dtype=f64, device=device)
+
+        base = dist.Beta(scalar(a), scalar(b))
         if (lo, hi) != (0.0, 1.0):
             base = dist.TransformedDistribution(
                 base,
-                [
-                    dist.transforms.AffineTransform(
-                        torch.tensor(lo, dtype=f64), torch.tensor(hi - lo, dtype=f64)
-                    )
-                ],
+                [dist.transforms.AffineTransform(scalar(lo), scalar(hi - lo))],
             )
         if self._per_channel:
             base = base.expand([k]).to_event(1)
         out = {"delta": pyro.sample("delta", base)}
         if self._saturated:
-            bend = _hn(self.saturation_scale, f64).expand([k]).to_event(1)
+            bend = _hn(self.saturation_scale, f64, device).expand([k]).to_event(1)
             out["saturation"] = pyro.sample("saturation", bend)
         pi_q, pi_b = self._pi_q, self._pi_b
         if self.selection == "point_mass":
@@ -613,11 +629,11 @@ class RetailBSTS(Fitting, CollapsedLikelihood, Forecasting):
         scales = pyro.sample("noise_scales", self._noise_scales_prior())
         out["noise_scales"] = scales
         out["sigma_obs"], out["sigma_goodwill"] = scales[..., 0], scales[..., 1]
-        out["sigma_level"] = pyro.sample("sigma_level", _hn(ps["sigma_level"], f64))
+        out["sigma_level"] = pyro.sample("sigma_level", _hn(ps["sigma_level"], f64, device))
         if self.trend == "local_linear_trend":
-            out["sigma_slope"] = pyro.sample("sigma_slope", _hn(ps["sigma_slope"], f64))
+            out["sigma_slope"] = pyro.sample("sigma_slope", _hn(ps["sigma_slope"], f64, device))
         if self.seasonal_harmonics:
-            out["sigma_season"] = pyro.sample("sigma_season", _hn(ps["sigma_season"], f64))
+            out["sigma_season"] = pyro.sample("sigma_season", _hn(ps["sigma_season"], f64, device))
         return out
 
     def _coef_prior(self, pi, slab, forced, non_negative=False):
@@ -641,9 +657,7 @@ class RetailBSTS(Fitting, CollapsedLikelihood, Forecasting):
         k = len(self.channel_names)
         _, u, _ = self._data
         spend = (u * self._u_scale).sum(-2)
-        mu = torch.zeros(k, dtype=torch.float64)
-        sigma = torch.ones(k, dtype=torch.float64)
-        mask = torch.zeros(k, dtype=torch.bool)
+        mu, sigma, mask = [0.0] * k, [1.0] * k, [False] * k
         for key, (mean, sd) in self.roas_prior.items():
             if isinstance(key, str):
                 if key not in self.channel_names:
@@ -660,7 +674,7 @@ class RetailBSTS(Fitting, CollapsedLikelihood, Forecasting):
                 i = key
             if mask[i]:
                 raise ValueError(f"roas_prior gives channel {self.channel_names[i]!r} twice")
-            if not spend[i] > 0:
+            if not float(spend[i]) > 0:
                 raise ValueError(
                     f"roas_prior gives channel {self.channel_names[i]!r} a ROAS, but it spent "
                     "nothing in the training weeks, where its ROAS is not defined"
@@ -668,7 +682,11 @@ class RetailBSTS(Fitting, CollapsedLikelihood, Forecasting):
             # The log-normal with this mean and sd.
             var = math.log1p((sd / mean) ** 2)
             mu[i], sigma[i], mask[i] = math.log(mean) - var / 2, math.sqrt(var), True
-        self._roas_lognormal = (mu, sigma, mask)
+        self._roas_lognormal = (
+            u.new_tensor(mu),
+            u.new_tensor(sigma),
+            torch.tensor(mask, device=u.device),
+        )
 
     def _roas_effect_prior(self, params):
         """The prior of ``q`` (standardised) given ``delta`` (and the saturation) under
@@ -877,12 +895,10 @@ class RetailBSTS(Fitting, CollapsedLikelihood, Forecasting):
         k = self._design_channels
         p = self._p if self.uses_covariates else 0
         cached = getattr(self, "_slab_variance_cache", None)
-        if cached is None or cached[0] != (k, p, self.q_scale, self.slab_scale):
+        key = (k, p, self.q_scale, self.slab_scale, self.device)
+        if cached is None or cached[0] != key:
             values = [self.q_scale**2] * k + [self.slab_scale**2] * p
-            cached = (
-                (k, p, self.q_scale, self.slab_scale),
-                torch.tensor(values, dtype=torch.float64),
-            )
+            cached = (key, torch.tensor(values, dtype=torch.float64, device=self.device))
             self._slab_variance_cache = cached
         return cached[1]
 
@@ -942,7 +958,7 @@ class RetailBSTS(Fitting, CollapsedLikelihood, Forecasting):
         if "beta" in s:
             out["beta"] = ms(self._orig_beta(s["beta"]))
         else:
-            z = torch.zeros(self._p, dtype=torch.float64)
+            z = s["delta"].new_zeros(self._p)
             out["beta"] = {"mean": z, "sd": z.clone()}
         out["sigma_obs"] = ms(s["sigma_obs"] * self._y_scale)
         return out
@@ -959,7 +975,7 @@ class RetailBSTS(Fitting, CollapsedLikelihood, Forecasting):
         n = s["delta"].shape[0]
         beta = s.get("beta")
         if beta is None:
-            beta = torch.zeros(n, self._p, dtype=torch.float64)
+            beta = s["delta"].new_zeros(n, self._p)
         out = {
             "delta": s["delta"],
             "q": self._orig_q(s["q"]),
@@ -1029,10 +1045,10 @@ class RetailBSTS(Fitting, CollapsedLikelihood, Forecasting):
         forced in; 0 for variant B, which excludes them)."""
         self._check_fitted()
         if "beta" not in self.samples:
-            return torch.zeros(self._p, dtype=torch.float64)
+            return self._pi_b.new_zeros(self._p)
         if self.selection == "point_mass":
             if "gamma" not in self.samples:
-                return torch.ones(self._p, dtype=torch.float64)
+                return self._pi_b.new_ones(self._p)
             return self.samples["gamma"].mean(0)
         return self._responsibility(self.samples["beta"], self._pi_b, self.slab_scale)
 
@@ -1041,6 +1057,6 @@ class RetailBSTS(Fitting, CollapsedLikelihood, Forecasting):
         self._check_fitted()
         if self.selection == "point_mass":
             if "gamma_q" not in self.samples:
-                return torch.ones(self.num_channels, dtype=torch.float64)
+                return self._pi_q.new_ones(self.num_channels)
             return self.samples["gamma_q"].mean(0)
         return self._responsibility(self.samples["q"], self._pi_q, self.q_scale)
