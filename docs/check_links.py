@@ -7,6 +7,7 @@ already fails on a cross-reference it cannot resolve. Run by ``make docs``::
     python docs/check_links.py docs/_build/html
 """
 
+import re
 import sys
 from html.parser import HTMLParser
 from pathlib import Path
@@ -58,6 +59,43 @@ def broken_links(root):
     return broken
 
 
+#: a cross-reference Sphinx rendered as code, linked (``<a ...>`` right before it) or not
+_XREF = re.compile(
+    r'(<a [^>]*>)?<code class="xref py (py-\w+)[^"]*"[^>]*><span class="pre">([^<]*)</span>'
+)
+
+
+def unlinked_package_names(root):
+    """``[(page, name)]`` for every name a page mentions as a cross-reference without a link
+    although the site documents a package object of that name (an id ``pyro_ext.….name``):
+    a short name in a docstring that ``docs/conf.py``'s resolver should have linked."""
+    root, cache = Path(root).resolve(), {}
+    pages = [
+        page
+        for page in sorted(root.rglob("*.html"))
+        if "_static" not in page.relative_to(root).parts and "_sources" not in page.parts
+    ]
+    # Every dotted tail of each documented name: "RetailBSTS.fit" and "fit" for
+    # "pyro_ext.models.RetailBSTS.fit"; modules (ids "module-pyro_ext....") apart.
+    documented = {"objects": set(), "modules": set()}
+    for page in pages:
+        for name in _parse(page, cache).ids:
+            kind = "modules" if name.startswith("module-pyro_ext.") else "objects"
+            name = name.removeprefix("module-")
+            if name.startswith("pyro_ext."):
+                parts = name.split(".")
+                documented[kind].update(".".join(parts[i:]) for i in range(len(parts)))
+    unlinked = []
+    for page in pages:
+        for match in _XREF.finditer(page.read_text(encoding="utf-8", errors="replace")):
+            linked, role, name = match.groups()
+            name = name.removesuffix("()").lstrip("~")
+            kind = "modules" if role == "py-mod" else "objects"
+            if not linked and name in documented[kind]:
+                unlinked.append((page.relative_to(root), name))
+    return unlinked
+
+
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     root = Path(argv[0] if argv else "docs/_build/html")
@@ -68,8 +106,14 @@ def main(argv=None):
     pages = sum(1 for _ in root.rglob("*.html"))
     for page, link, why in broken:
         print(f"check_links: {page}: {link}: {why}", file=sys.stderr)
-    print(f"check_links: {pages} pages, {len(broken)} broken internal link(s)")
-    return 1 if broken else 0
+    unlinked = unlinked_package_names(root)
+    for page, name in unlinked:
+        print(f"check_links: {page}: {name} is documented but not linked", file=sys.stderr)
+    print(
+        f"check_links: {pages} pages, {len(broken)} broken internal link(s), "
+        f"{len(unlinked)} unlinked mention(s) of documented names"
+    )
+    return 1 if broken or unlinked else 0
 
 
 if __name__ == "__main__":

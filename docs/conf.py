@@ -93,9 +93,59 @@ def public_bases(app, name, obj, options, bases):
     bases[:] = shown or [object]
 
 
+def resolve_short_names(app, env, node, contnode):
+    """Link a name in a docstring to the package object it names when Python's own lookup
+    misses it: a short name (``:func:`vector_scan``` in ``pyro_ext.ops.scan``) or the path
+    of the module that defines it (``pyro_ext.models.bsts.attribution.roas``). Objects are
+    documented where users import them (``pyro_ext.ops.vector_scan``,
+    ``pyro_ext.models.bsts.roas``), not in the submodule that defines them. Only objects of
+    the role's kinds match; among several, the one nearest the name's own path (else the
+    current module) wins, then the shortest name (the re-export). Names outside the package
+    are left alone."""
+    if node.get("refdomain") != "py":
+        return None
+    target = node.get("reftarget", "").lstrip("~.")
+    if not target or target.split(".")[0] in ("pyro", "torch", "numpy"):
+        return None
+    domain = env.get_domain("py")
+    kinds = set(domain.objtypes_for_role(node["reftype"]) or ())
+    if target.startswith("pyro_ext."):
+        near, suffix = target.split("."), "." + target.rsplit(".", 1)[-1]
+    else:
+        near, suffix = (node.get("py:module") or "").split("."), "." + target
+    matches = [
+        name
+        for name, entry in domain.objects.items()
+        if name.startswith("pyro_ext.")
+        and name.endswith(suffix)
+        and name != target
+        and (not kinds or entry.objtype in kinds)
+    ]
+    if not matches:
+        return None
+
+    def nearness(name):
+        parts = name.split(".")
+        shared = 0
+        while shared < min(len(parts), len(near)) and parts[shared] == near[shared]:
+            shared += 1
+        return (-shared, len(parts))
+
+    return domain.resolve_xref(
+        env,
+        node["refdoc"],
+        app.builder,
+        node["reftype"],
+        min(matches, key=nearness),
+        node,
+        contnode,
+    )
+
+
 def setup(app):
     app.add_post_transform(RepositoryFileLinks)
     app.connect("autodoc-process-bases", public_bases)
+    app.connect("missing-reference", resolve_short_names)
 
 
 html_theme = "furo"

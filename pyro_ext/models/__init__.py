@@ -27,13 +27,14 @@ from .bnn import (
     predictive_moments,
     rmse,
 )
-from .bsts import RetailBSTS, simulate_retail
+from .bsts import RetailBSTS, RetailData, simulate_retail
 from .vae import CVAE, VAE, importance_log_likelihood, refined_mean_proposal
 
 __all__ = [
     "BayesianMLP",
     "CVAE",
     "RetailBSTS",
+    "RetailData",
     "VAE",
     "bnn",
     "bsts",
