@@ -1,4 +1,5 @@
 import os
+import sys
 
 import pyro
 import pytest
@@ -18,8 +19,10 @@ def device(request):
 
 
 class _StrayTensorsOnMeta(TorchFunctionMode):
-    """Inside it, a tensor made by a factory call that names no device (``torch.zeros(3)``,
-    ``torch.tensor(x)``, ``torch.as_tensor`` of a list) is made on the ``meta`` device."""
+    """Inside it, a tensor that the package's own code makes by a factory call naming no
+    device (``torch.zeros(3)``, ``torch.tensor(x)``, ``torch.as_tensor`` of a list) is made
+    on the ``meta`` device. Calls from elsewhere (a test's model, Pyro, torch itself) are
+    left alone: their tensors are theirs to place."""
 
     FACTORIES = frozenset(
         {
@@ -39,10 +42,16 @@ class _StrayTensorsOnMeta(TorchFunctionMode):
         }
     )
 
+    PACKAGE = os.sep + "pyro_ext" + os.sep
+
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = dict(kwargs or {})
-        if kwargs.get("device") is None and (
-            func in self.FACTORIES or (func is torch.as_tensor and not torch.is_tensor(args[0]))
+        if (
+            kwargs.get("device") is None
+            and (
+                func in self.FACTORIES or (func is torch.as_tensor and not torch.is_tensor(args[0]))
+            )
+            and self.PACKAGE in sys._getframe(1).f_code.co_filename
         ):
             kwargs["device"] = "meta"
         return func(*args, **kwargs)

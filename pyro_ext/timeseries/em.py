@@ -95,8 +95,10 @@ def _start(kind, num_states, num_symbols, y, present, generator, spread):
     values = y[present]
     K = num_states
 
+    # Random starts are drawn on the CPU (the generator is a CPU one), so that a seed gives
+    # the same starts on every device, then moved.
     def dirichlet(shape):
-        gamma = torch.empty(shape, dtype=dtype).exponential_(generator=generator)
+        gamma = torch.empty(shape, dtype=dtype, device="cpu").exponential_(generator=generator)
         return (gamma / gamma.sum(-1, keepdim=True)).to(device)
 
     if spread:
@@ -106,7 +108,7 @@ def _start(kind, num_states, num_symbols, y, present, generator, spread):
         levels = torch.linspace(0.5 / K, 1 - 0.5 / K, K, dtype=dtype, device=device)
     else:
         init, trans = dirichlet((K,)), dirichlet((K, K))
-        levels = torch.rand(K, generator=generator, dtype=dtype).to(device)
+        levels = torch.rand(K, generator=generator, dtype=dtype, device="cpu").to(device)
     params = {"init_probs": init, "transition_probs": trans}
     if kind == "categorical":
         counts = torch.bincount(values.long(), minlength=num_symbols).to(dtype) + 1.0
@@ -119,7 +121,7 @@ def _start(kind, num_states, num_symbols, y, present, generator, spread):
     else:
         params["emission_loc"] = torch.quantile(values, levels)
         scale = values.std() if values.numel() > 1 else values.new_tensor(1.0)
-        params["emission_scale"] = torch.full((K,), float(scale) / K, dtype=dtype).to(device)
+        params["emission_scale"] = torch.full((K,), float(scale) / K, dtype=dtype, device=device)
         params["emission_scale"] = params["emission_scale"].clamp_min(FLOOR)
     return params
 

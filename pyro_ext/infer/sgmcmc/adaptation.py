@@ -84,13 +84,15 @@ def stationary_variance_error(
     h, lam, a = float(step_size), float(curvature), float(friction)
     if h <= 0:
         return 0.0
-    transition = torch.tensor([[1.0 - h * lam, 1.0 - a], [-h * lam, 1.0 - a]], dtype=torch.float64)
+    # A 2 x 2 system of host numbers: solved on the CPU whatever device the chain is on.
+    host = dict(dtype=torch.float64, device="cpu")
+    transition = torch.tensor([[1.0 - h * lam, 1.0 - a], [-h * lam, 1.0 - a]], **host)
     if torch.linalg.eigvals(transition).abs().max() >= 1.0:
         return math.inf
     # Sigma = A Sigma A^T + q b b^T with b = (1, 1): the state (z, v) gets the same noise.
     q = 2.0 * a * h + h * h * float(noise_variance)
-    system = torch.eye(4, dtype=torch.float64) - torch.kron(transition, transition)
-    sigma = torch.linalg.solve(system, torch.full((4,), q, dtype=torch.float64))
+    system = torch.eye(4, **host) - torch.kron(transition, transition)
+    sigma = torch.linalg.solve(system, torch.full((4,), q, **host))
     return lam * float(sigma[0]) - 1.0
 
 
