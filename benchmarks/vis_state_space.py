@@ -38,6 +38,7 @@ import functools
 import math
 import statistics
 import time
+import warnings
 
 import pyro  # noqa: E402
 import pyro.distributions as dist  # noqa: E402
@@ -63,7 +64,11 @@ from pyro_ext.timeseries.dlm import (  # noqa: E402
     LocalLinearTrend,
     Seasonal,
 )  # noqa: E402
-from pyro_ext.timeseries.kalman import forecast_interval  # noqa: E402
+from pyro_ext.timeseries.kalman import (  # noqa: E402
+    StateSpaceMatrices,
+    forecast_interval,
+    kalman_filter,
+)
 from pyro_ext.timeseries.models import HiddenMarkovModel  # noqa: E402
 
 RESULTS = REPO / "benchmarks" / "results" / "vis_state_space.md"
@@ -356,6 +361,105 @@ def table_dlm(seeds, epochs, step_size, lr, num_draws=100, alpha=0.05):
     return metrics
 
 
+def author_co2_protocol(num_refinements, epochs, period_two=True, lr=1e-3, horizon=24):
+    """Table 2.6 computed as the author's code computes it (vicgalle/vis, ``src/dlm_big.py``,
+    run as its comment says: ``-lr 0.001 -n10 -r0`` for T = 0, 4 epochs for T = 1), with
+    this package's Kalman filter; ``{metric: value}`` of one deterministic run.
+
+    * The whole 637-month series standardised with its mean and population sd; train on
+      months 0-119, forecast months 120-143 from the end of training (no updates).
+    * 14 states (level, slope, p_0..p_11), each with its own noise, x_1 ~ N(0, W), the
+      observation level + p_0. Fifteen log-sds (states at log 0.1, observation at log 0.5),
+      no prior: maximum likelihood. The level's and slope's log-sds stand twice in the
+      code's parameter list, so each takes two steps of each update.
+    * Its seasonal block binds a loop variable late: every p_j (j < 11) copies p_11 and p_11
+      copies p_0, a period-2 swap, not the period-12 cycle its text describes
+      (``period_two=False`` builds the cycle: p_j copies p_{j+1}).
+    * An epoch: ``num_refinements`` in-place gradient steps of size ``lr`` on the negative
+      log-likelihood (the refinement, kept), then one Adam step (``lr``) from there.
+    * The forecast starts from the filtered state of the last epoch's evaluation (before its
+      Adam step) and rolls forward with the parameters after it; the interval is mean +- 2
+      sd, and MAE, entropy and interval score (alpha = 0.05) are means over the months.
+    """
+    co2 = load_co2("vis", dtype=torch.float64)
+    y = (co2 - co2.mean()) / co2.std(unbiased=False)
+    train_y, test_y = y[:120, None], y[120 : 120 + horizon]
+    S = 14
+    G = torch.zeros(S, S, dtype=torch.float64)
+    G[0, 0] = G[0, 1] = G[1, 1] = 1.0
+    for j in range(11):
+        G[2 + j, 13 if period_two else 3 + j] = 1.0
+    G[13, 2] = 1.0
+    F = torch.zeros(1, S, dtype=torch.float64)
+    F[0, 0] = F[0, 2] = 1.0
+    noises = [
+        torch.tensor(math.log(0.1), dtype=torch.float64, requires_grad=True) for _ in range(S)
+    ]
+    emit = torch.tensor(math.log(0.5), dtype=torch.float64, requires_grad=True)
+    params = [noises[0], noises[1], emit] + noises  # the code's list: level and slope twice
+
+    def matrices():
+        W = torch.diag(torch.exp(2 * torch.stack(noises)))
+        V = torch.exp(2 * emit).reshape(1, 1)
+        return StateSpaceMatrices(G, F, W, V, torch.zeros(S, dtype=torch.float64), W)
+
+    def evaluate():
+        result = kalman_filter(train_y, matrices())
+        return -result.log_likelihood, result
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # the duplicated parameters, on purpose
+        optim = torch.optim.Adam(params, lr=lr, foreach=False)
+    for _ in range(epochs):
+        optim.zero_grad()
+        loss, result = evaluate()
+        for _ in range(num_refinements):
+            grads = torch.autograd.grad(loss, params)
+            with torch.no_grad():
+                for p, g in zip(params, grads):
+                    p -= lr * g
+            loss, result = evaluate()
+        loss.backward()
+        optim.step()
+    with torch.no_grad():
+        m, P = result.filtered_means[-1], result.filtered_covs[-1]
+        G_, F_, W, V = matrices()[:4]
+        errors, entropies, scores = [], [], []
+        for target in test_y.tolist():
+            m, P = G_ @ m, G_ @ P @ G_.T + W
+            mu, sd = float(F_ @ m), float((F_ @ P @ F_.T + V).sqrt())
+            lower, upper = mu - 2 * sd, mu + 2 * sd
+            score = upper - lower
+            score += 2 / 0.05 * (max(target - upper, 0.0) + max(lower - target, 0.0))
+            errors.append(abs(mu - target))
+            entropies.append(math.log(sd * math.sqrt(2 * math.pi * math.e)))
+            scores.append(score)
+    return {
+        "MAE": statistics.mean(errors),
+        "predictive entropy": statistics.mean(entropies),
+        "interval score": statistics.mean(scores),
+    }
+
+
+def author_protocol_table():
+    """The paper's column beside the author's protocol, as written and with its seasonal
+    block mended."""
+    runs = {
+        (bug, T): author_co2_protocol(T, epochs, period_two=bug)
+        for bug in (True, False)
+        for T, epochs in ((0, 10), (1, 4))
+    }
+    header = ["metric", "paper T=0", "paper T=1", "author's code T=0", "author's code T=1"]
+    header += ["seasonal mended T=0", "seasonal mended T=1"]
+    rows = []
+    for name, (p0, p1) in PAPER_DLM_TABLE.items():
+        rows.append(
+            [name, f"{p0:.3f}", f"{p1:.3f}"]
+            + [f"{runs[(bug, T)][name]:.3f}" for bug in (True, False) for T in (0, 1)]
+        )
+    return markdown(header, rows)
+
+
 def metric_table(metrics, paper, label="ours"):
     """Paper and our columns; ``metrics`` is ``{T: {metric: [per seed]}}``, or
     ``{start: {T: ...}}`` for one pair of columns per start."""
@@ -450,7 +554,24 @@ def main(argv=None):
         dlm_metrics = table_dlm(seeds, {0: 10, 1: 4}, step_size=DLM_STEP_SIZE, lr=0.1)
         made["dlm"] = section_made_by(
             "## Table 2.6: CO2 forecast, local linear trend + seasonal(12) "
-            "(T=0: 10 epochs, T=1: 4 epochs)\n\n" + metric_table(dlm_metrics, PAPER_DLM_TABLE),
+            "(T=0: 10 epochs, T=1: 4 epochs)\n\n"
+            + metric_table(dlm_metrics, PAPER_DLM_TABLE)
+            + "\n\n### Under the thesis' protocol: the author's code\n\n"
+            "The same table computed as the author's code computes it (vicgalle/vis, "
+            "`src/dlm_big.py`; `author_co2_protocol` here, with this package's Kalman "
+            "filter): the whole series standardised with its mean and population sd (sd "
+            "25.6 ppm, against 3.7 for the training months above), 15 state and observation "
+            "log-sds fitted by maximum likelihood from log 0.1 and log 0.5 with Adam at lr "
+            "0.001 (T = 0: 10 epochs; T = 1: 4 epochs, each after one in-place gradient step of "
+            "the same size, kept), one deterministic run, a forecast interval of mean ± 2 sd. "
+            "Its seasonal block binds a loop variable late, so the seasonal states swap with "
+            "period 2 instead of cycling with period 12; the last two columns mend that. The "
+            "author's code gives the thesis' numbers to the third decimal: at 10 Adam steps of "
+            "0.001 the model is barely fitted, and T = 1's gain comes from its extra in-place "
+            "gradient steps (kept, so they train the parameters), not from a refined "
+            "posterior. On the mended model the MAE is "
+            "0.017, that is 0.4 ppm, about half of ours above (0.19 on the training months' "
+            "scale, 0.7 ppm).\n\n" + author_protocol_table(),
             args.quick,
             time.perf_counter() - start,
         )

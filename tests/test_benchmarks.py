@@ -209,6 +209,38 @@ def check_bsts_attribution(text):
     assert lags and set(lags) <= {"0", "1"}
 
 
+def check_vis_state_space(text):
+    # Table 2.6 under the thesis' protocol is one deterministic run of the author's code
+    # (quick or not): it gives the thesis' numbers, and the mended seasonal block does not.
+    table = text.split("### Under the thesis' protocol: the author's code")[1]
+    rows = {r.split("|")[1].strip(): r.split("|")[2:-1] for r in table.splitlines()[4:8]}
+    paper_0, paper_1, author_0, author_1, mended_0, mended_1 = (float(v) for v in rows["MAE"])
+    assert (author_0, author_1) == (0.271, 0.241)
+    assert abs(author_0 - paper_0) < 0.005 and abs(author_1 - paper_1) < 0.005
+    assert mended_0 < 0.1 and mended_1 < 0.1
+    assert [float(v) for v in rows["predictive entropy"][2:4]] == [2.537, 2.401]
+
+
+def check_vis_vae(text):
+    # Every MNIST row has both scores: ours (IS) and the author's (not a bound).
+    table = text.split("## Test log-likelihood")[1].split("\n## ")[0]
+    rows = [r.split("|")[1:-1] for r in table.splitlines() if r.startswith("| MNIST |")]
+    assert len(rows) == 4
+    for row in rows:
+        ours, author = float(row[3]), float(row[4])
+        assert ours < 0 and author < 0, row
+
+
+def check_vis_cvae(text):
+    # Every (T_ref, T_inf) row has an accuracy by eq. (2.15) and by the author's rule.
+    table = text.split("## Test accuracy")[1].split("\n## ")[0]
+    rows = [r.split("|")[1:-1] for r in table.splitlines() if r.startswith("| ")][1:]
+    assert len(rows) == 4
+    for row in rows:
+        for cell in (row[3], row[4]):
+            assert 0 <= float(cell.split("%")[0].split("±")[0]) <= 100, row
+
+
 #: content checks of a quick run's results, beyond "a table was written", by script name
 CONTENT_CHECKS = {
     "bsts_attribution": check_bsts_attribution,
@@ -218,6 +250,9 @@ CONTENT_CHECKS = {
     "bsts_selection": check_bsts_selection,
     "online": check_online,
     "online_bandits": check_online_bandits,
+    "vis_cvae": check_vis_cvae,
+    "vis_state_space": check_vis_state_space,
+    "vis_vae": check_vis_vae,
 }
 
 

@@ -23,6 +23,8 @@ True
 from .dlm import (
     DLM,
     Autoregressive,
+    Component,
+    ComponentBlock,
     DLMDistribution,
     LinearGaussian,
     LocalLevel,
@@ -62,6 +64,8 @@ from .models import HiddenMarkovModel
 
 __all__ = [
     "Autoregressive",
+    "Component",
+    "ComponentBlock",
     "DLM",
     "DLMDistribution",
     "HiddenMarkovDistribution",

@@ -51,6 +51,8 @@ __all__ = [
     "DLM",
     "DLMDistribution",
     "Autoregressive",
+    "Component",
+    "ComponentBlock",
     "LinearGaussian",
     "LocalLevel",
     "LocalLinearTrend",
@@ -61,8 +63,12 @@ __all__ = [
 ]
 
 
-class _Block(NamedTuple):
-    """One component's matrices; ``time_varying`` says whether dim -3 of G/F/W is time."""
+class ComponentBlock(NamedTuple):
+    """One component's matrices, what :meth:`Component.block` returns: its transition
+    ``G`` ``(*b, [T,] S, S)``, its row of the observation matrix ``F`` ``(*b, [T,] 1, S)``
+    and its state noise covariance ``W`` ``(*b, [T,] S, S)``; ``time_varying`` says whether
+    dim -3 of ``G``/``F``/``W`` is time. :class:`DLM` stacks the components' blocks
+    block-diagonally."""
 
     G: torch.Tensor  # (*b, [T,] S, S)
     F: torch.Tensor  # (*b, [T,] 1, S)
@@ -120,16 +126,20 @@ def _diag(scales):
 
 
 class Component(ABC):
-    """Base class: subclasses set ``state_dim``, ``state_names`` and implement ``block``."""
+    """Base class of a DLM's components, and how to write a new one: set ``state_dim`` and
+    ``state_names``, and implement :meth:`block` (and :meth:`future_block` where the
+    matrices depend on covariates). Components add with ``+`` into a :class:`DLM`."""
 
     name = "component"
     init_scale = 10.0
 
     @abstractmethod
-    def block(self, num_steps: int) -> _Block:
-        """Matrices over ``num_steps`` steps; see :class:`_Block`."""
+    def block(self, num_steps: int) -> ComponentBlock:
+        """The component's :class:`ComponentBlock` over ``num_steps`` steps."""
 
-    def future_block(self, num_steps: int, covariates: torch.Tensor | None = None) -> _Block:
+    def future_block(
+        self, num_steps: int, covariates: torch.Tensor | None = None
+    ) -> ComponentBlock:
         """Matrices for forecasting; covariate-driven components need ``covariates``."""
         return self.block(num_steps)
 
@@ -162,9 +172,9 @@ class LocalLevel(Component):
         self.init_scale = _init_scale(init_scale)
         self.state_dim, self.state_names = 1, ["level"]
 
-    def block(self, num_steps: int) -> _Block:
+    def block(self, num_steps: int) -> ComponentBlock:
         s = self.level_scale
-        return _Block(s.new_ones(1, 1), _e1(1, s), _diag([s]), False)
+        return ComponentBlock(s.new_ones(1, 1), _e1(1, s), _diag([s]), False)
 
 
 class LocalLinearTrend(Component):
@@ -180,10 +190,10 @@ class LocalLinearTrend(Component):
         self.init_scale = _init_scale(init_scale)
         self.state_dim, self.state_names = 2, ["level", "slope"]
 
-    def block(self, num_steps: int) -> _Block:
+    def block(self, num_steps: int) -> ComponentBlock:
         s = self.level_scale
         G = s.new_tensor([[1.0, 1.0], [0.0, 1.0]])
-        return _Block(G, _e1(2, s), _diag([s, self.slope_scale]), False)
+        return ComponentBlock(G, _e1(2, s), _diag([s, self.slope_scale]), False)
 
 
 class Seasonal(Component):
@@ -228,7 +238,7 @@ class Seasonal(Component):
             self.state_dim = self.period - 1 if form == "dummy" else self.period
             self.state_names = [f"season{k}" for k in range(self.state_dim)]
 
-    def block(self, num_steps: int) -> _Block:
+    def block(self, num_steps: int) -> ComponentBlock:
         ref, n = self.scale, self.state_dim
         zero = torch.zeros_like(self.scale)
         if self.harmonics is None:
@@ -238,7 +248,7 @@ class Seasonal(Component):
                 G[0] = -1
             else:
                 G[0, -1] = 1
-            return _Block(G, _e1(n, ref), _diag([self.scale] + [zero] * (n - 1)), False)
+            return ComponentBlock(G, _e1(n, ref), _diag([self.scale] + [zero] * (n - 1)), False)
         blocks, F = [], []
         for j, size in enumerate(self._sizes, 1):
             lam = 2 * math.pi * j / self.period
@@ -246,7 +256,7 @@ class Seasonal(Component):
             blocks.append(ref.new_tensor([[c, s], [-s, c]])[:size, :size])
             F += [1.0, 0.0][:size]
         F = ref.new_tensor([F])
-        return _Block(torch.block_diag(*blocks), F, _diag([self.scale] * n), False)
+        return ComponentBlock(torch.block_diag(*blocks), F, _diag([self.scale] * n), False)
 
 
 class Regression(Component):
@@ -283,14 +293,16 @@ class Regression(Component):
         k = self.state_dim
         scale = X.new_zeros(()) if self.coef_scale is None else self.coef_scale
         eye = torch.eye(k, dtype=X.dtype, device=X.device)
-        return _Block(eye, X.unsqueeze(-2), _diag([scale] * k), True)
+        return ComponentBlock(eye, X.unsqueeze(-2), _diag([scale] * k), True)
 
-    def block(self, num_steps: int) -> _Block:
+    def block(self, num_steps: int) -> ComponentBlock:
         if self.X.shape[-2] != num_steps:
             raise ValueError(f"X has {self.X.shape[-2]} steps but the series has {num_steps}")
         return self._block(self.X)
 
-    def future_block(self, num_steps: int, covariates: torch.Tensor | None = None) -> _Block:
+    def future_block(
+        self, num_steps: int, covariates: torch.Tensor | None = None
+    ) -> ComponentBlock:
         if covariates is None or covariates.shape[-2:] != (num_steps, self.state_dim):
             raise ValueError(
                 f"forecasting a Regression component needs future covariates of shape "
@@ -314,13 +326,13 @@ class Autoregressive(Component):
         self.state_dim = coefs.shape[-1]
         self.state_names = [f"lag{k}" for k in range(self.state_dim)]
 
-    def block(self, num_steps: int) -> _Block:
+    def block(self, num_steps: int) -> ComponentBlock:
         p, ref = self.state_dim, self.coefs
         shift = torch.eye(p, dtype=ref.dtype, device=ref.device)[:-1]
         shift = shift.expand(*self.coefs.shape[:-1], p - 1, p)
         G = torch.cat([self.coefs.unsqueeze(-2), shift], -2)  # differentiable in coefs
         zero = torch.zeros_like(self.scale)
-        return _Block(G, _e1(p, ref), _diag([self.scale] + [zero] * (p - 1)), False)
+        return ComponentBlock(G, _e1(p, ref), _diag([self.scale] + [zero] * (p - 1)), False)
 
 
 class LinearGaussian(Component):
@@ -366,7 +378,7 @@ class LinearGaussian(Component):
 
     def _block(self, G, F, W, num_steps):
         if not self.time_varying:
-            return _Block(G, F, W, False)
+            return ComponentBlock(G, F, W, False)
         out = []
         for x, n in [(G, "G"), (F, "F"), (W, "W")]:
             if x.dim() == 2:
@@ -374,12 +386,14 @@ class LinearGaussian(Component):
             elif x.shape[-3] != num_steps:
                 raise ValueError(f"{n} has {x.shape[-3]} time steps, expected {num_steps}")
             out.append(x)
-        return _Block(*out, True)
+        return ComponentBlock(*out, True)
 
-    def block(self, num_steps: int) -> _Block:
+    def block(self, num_steps: int) -> ComponentBlock:
         return self._block(self.G, self.F, self.W, num_steps)
 
-    def future_block(self, num_steps: int, covariates: torch.Tensor | None = None) -> _Block:
+    def future_block(
+        self, num_steps: int, covariates: torch.Tensor | None = None
+    ) -> ComponentBlock:
         if not self.time_varying:
             return self.block(num_steps)
         if covariates is None:

@@ -520,9 +520,10 @@ class NaturalGradientVI:
         """
         The posterior and the run's position, to checkpoint it (``torch.save``):
         :meth:`load_state_dict` on an object set up on the same model with the same
-        settings resumes it. The dict holds the class, the settings of
-        ``_STATE_SETTINGS``, a fingerprint of the model's latent sites (distribution,
-        support, shapes), the state's tensors and ``num_steps``.
+        settings resumes it. The dict holds the class, the settings (``method``, ``ess``,
+        ``beta1``, ``beta2``, ``hess_init``, ``weight_decay``, ``rescale_lr``), a
+        fingerprint of the model's latent sites (distribution, support, shapes), the
+        state's tensors and ``num_steps``.
         """
         self._require_fit()
         return {
