@@ -241,8 +241,26 @@ def check_vis_cvae(text):
             assert 0 <= float(cell.split("%")[0].split("±")[0]) <= 100, row
 
 
+def check_ara_spam(text):
+    # Table 3.1 both ways: each classifier's clean and tainted accuracy under our protocol
+    # and under the authors' code's, with the thesis' column beside each.
+    for heading in ("## Table 3.1:", "## Table 3.1 under the thesis' protocol"):
+        table = text.split(heading)[1].split("\n## ")[0]
+        rows = [r.split("|")[1:-1] for r in table.splitlines() if r.startswith("| ")][1:]
+        assert [r[0].strip() for r in rows] == [
+            "Naive Bayes",
+            "Logistic reg. (L1)",
+            "Neural net (2 layers)",
+            "Random forest",
+        ], heading
+        for row in rows:
+            clean, tainted = (float(row[i].split("±")[0]) for i in (1, 3))
+            assert 0.5 < clean <= 1 and 0 <= tainted <= clean + 0.05, row
+
+
 #: content checks of a quick run's results, beyond "a table was written", by script name
 CONTENT_CHECKS = {
+    "ara_spam": check_ara_spam,
     "bsts_attribution": check_bsts_attribution,
     "bsts_peers": check_bsts_peers,
     "first_try": check_first_try,
