@@ -10,7 +10,6 @@ by their ELBOs (the larger wins) when the difference exceeds its Monte Carlo err
 (Pyro's ``Trace_ELBO(num_particles=n)`` returns their mean only).
 """
 
-import statistics
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -51,6 +50,7 @@ def elbo_estimate(
     elbo = pyro.infer.Trace_ELBO(num_particles=1)
     with torch.no_grad(), pyro.validation_enabled(False):
         draws = [-elbo.loss(model, guide, *args, **kwargs) for _ in range(num_particles)]
-    # Host floats (Trace_ELBO.loss returns them): their summary needs no device.
-    mean, sd = statistics.fmean(draws), statistics.stdev(draws)
-    return ELBOEstimate(mean, sd / num_particles**0.5)
+    # Host floats (Trace_ELBO.loss returns them), summarised on the host; a non-finite draw
+    # gives a non-finite estimate rather than an error.
+    draws = torch.tensor(draws, dtype=torch.float64, device="cpu")
+    return ELBOEstimate(float(draws.mean()), float(draws.std() / num_particles**0.5))

@@ -66,3 +66,21 @@ def test_bad_arguments_are_refused():
     with pytest.raises(ValueError, match="num_particles"):
         elbo_estimate(model, gaussian_guide(0.0, 1.0), y, num_particles=1)
     assert ELBOEstimate(1.0, 0.1).exceeds(ELBOEstimate(0.0, 0.1))
+
+
+def test_a_guide_off_the_support_gives_a_non_finite_estimate_not_an_error(no_stray_tensors):
+    # A draw where the model's density is zero (a scale of 0 under a HalfNormal guide point)
+    # makes the ELBO -inf: the estimate says so, and is summarised on the host.
+    y = torch.tensor([0.3, 1.1], dtype=torch.float64)
+
+    def scale_model(y):
+        sigma = pyro.sample("sigma", dist.HalfNormal(y.new_tensor(1.0)))
+        with pyro.plate("data", y.shape[0]):
+            pyro.sample("y", dist.Normal(0.0, sigma), obs=y)
+
+    def zero_guide(y):
+        pyro.sample("sigma", dist.Delta(y.new_tensor(0.0)))
+
+    with no_stray_tensors():
+        estimate = elbo_estimate(scale_model, zero_guide, y, num_particles=3)
+    assert not math.isfinite(estimate.mean)
