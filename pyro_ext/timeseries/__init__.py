@@ -4,7 +4,8 @@ Discrete hidden Markov models (forward–backward, Viterbi, forward-filter backw
 prediction by parallel scans over the sum-product and max-product semirings) and dynamic
 linear models (Kalman filtering, RTS smoothing, simulation smoothing and forecasting), as
 functions, as Pyro distributions and as ready-made Pyro models; discrete HMMs are fitted by
-exact EM (:func:`fit_hmm_em`, :meth:`HiddenMarkovModel.fit`).
+exact EM (:func:`fit_hmm_em`, :meth:`HiddenMarkovModel.fit`), and a DLM's scales by maximum
+likelihood through the exact Kalman likelihood (:func:`fit_dlm`).
 
 Example: a series that switches between two levels, fitted by EM and decoded by Viterbi:
 
@@ -33,6 +34,7 @@ from .dlm import (
     Seasonal,
     dlm_observe,
 )
+from .dlm_fit import DLMFit, fit_dlm
 from .em import HMMFit, fit_hmm_em
 from .hmm import (
     HiddenMarkovDistribution,
@@ -66,6 +68,7 @@ __all__ = [
     "Autoregressive",
     "Component",
     "ComponentBlock",
+    "DLMFit",
     "DLM",
     "DLMDistribution",
     "HiddenMarkovDistribution",
@@ -84,6 +87,7 @@ __all__ = [
     "StateSpaceMatrices",
     "check_stochastic_matrix",
     "dlm_observe",
+    "fit_dlm",
     "fit_hmm_em",
     "forecast_interval",
     "hmm_expected_statistics",

@@ -1,0 +1,93 @@
+"""Maximum-likelihood scales of a DLM: the Nile's published estimates, statsmodels' on the
+same data, restarts, devices and the argument contract."""
+
+import math
+
+import pytest
+import torch
+
+from pyro_ext.datasets import load_nile
+from pyro_ext.timeseries import DLM, DLMFit, LocalLevel, LocalLinearTrend, fit_dlm
+
+
+def local_level(scales):
+    return DLM(LocalLevel(scales["level"], init_scale=1e4), scales["observation"])
+
+
+@pytest.fixture(scope="module")
+def nile():
+    return load_nile(dtype=torch.float64)[1]
+
+
+def test_the_nile_gives_durbin_and_koopmans_estimates(nile):
+    # Durbin & Koopman (2012), section 2.10: maximum-likelihood variances 15099 and 1469.1.
+    fit = fit_dlm(local_level, nile, {"level": 10.0, "observation": 100.0})
+    assert isinstance(fit, DLMFit) and fit.converged
+    assert fit.scales["observation"] ** 2 == pytest.approx(15099, rel=1e-3)
+    assert fit.scales["level"] ** 2 == pytest.approx(1469.1, rel=1e-3)
+    assert fit.log_likelihood == pytest.approx(float(fit.dlm.log_likelihood(nile)))
+
+
+def test_it_is_at_least_as_high_as_statsmodels_mle(nile):
+    # The same likelihood at statsmodels' own maximum (a numerical BFGS) is not higher.
+    sm = pytest.importorskip("statsmodels.api")
+    result = sm.tsa.UnobservedComponents(nile.numpy(), "local level").fit(disp=False)
+    irregular, level = result.params
+    theirs = local_level(
+        {"level": torch.tensor(level**0.5), "observation": torch.tensor(irregular**0.5)}
+    ).log_likelihood(nile)
+    fit = fit_dlm(local_level, nile, {"level": 10.0, "observation": 100.0})
+    assert fit.log_likelihood >= float(theirs) - 1e-9
+    assert fit.scales["observation"] ** 2 == pytest.approx(irregular, rel=0.01)
+    assert fit.scales["level"] ** 2 == pytest.approx(level, rel=0.02)
+
+
+def test_restarts_recover_from_a_poor_start_and_are_seeded(nile):
+    poor = {"level": 1e-3, "observation": 1e4}
+    one = fit_dlm(local_level, nile, poor, num_restarts=1, max_iterations=3)
+    many = fit_dlm(local_level, nile, poor, num_restarts=4, seed=1)
+    assert len(many.restart_log_likelihoods) == 4
+    assert many.log_likelihood == max(many.restart_log_likelihoods)
+    assert many.log_likelihood >= one.log_likelihood
+    again = fit_dlm(local_level, nile, poor, num_restarts=4, seed=1)
+    assert again.scales == many.scales
+
+
+def test_a_local_linear_trend_on_the_data_device(device):
+    # Simulated from known scales: the fit's likelihood beats the truth's, on the device.
+    g = torch.Generator().manual_seed(0)
+    T = 200
+    slope = torch.cumsum(0.05 * torch.randn(T, generator=g, dtype=torch.float64), 0)
+    level = torch.cumsum(slope + 0.3 * torch.randn(T, generator=g, dtype=torch.float64), 0)
+    y = (level + 1.0 * torch.randn(T, generator=g, dtype=torch.float64)).to(device)
+
+    def trend(s):
+        return DLM(LocalLinearTrend(s["level"], s["slope"], init_scale=100.0), s["obs"])
+
+    truth = {"level": 0.3, "slope": 0.05, "obs": 1.0}
+    fit = fit_dlm(trend, y, truth, num_restarts=2)
+    at_truth = trend({k: torch.tensor(v, device=device, dtype=y.dtype) for k, v in truth.items()})
+    assert fit.log_likelihood >= float(at_truth.log_likelihood(y)) - 1e-9
+    assert fit.dlm.observation_scale.device == y.device
+    assert fit.scales["obs"] == pytest.approx(1.0, rel=0.3)
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, match",
+    [
+        (dict(make_dlm=None), TypeError, "make_dlm must be callable"),
+        (dict(y=[1.0, 2.0]), TypeError, "y must be a floating-point tensor"),
+        (dict(init={}), TypeError, "init must be a non-empty dict"),
+        (dict(init={"level": -1.0, "observation": 1.0}), ValueError, r"init\['level'\]"),
+        (dict(init={"level": 1.0, "observation": math.nan}), ValueError, "observation"),
+        (dict(num_restarts=0), ValueError, "num_restarts"),
+        (dict(max_iterations=1.5), TypeError, "max_iterations"),
+        (dict(make_dlm=lambda s: 3), TypeError, "make_dlm must return a DLM, got int"),
+    ],
+)
+def test_bad_arguments_name_themselves(nile, kwargs, error, match):
+    arguments = dict(make_dlm=local_level, y=nile, init={"level": 10.0, "observation": 100.0})
+    arguments.update(kwargs)
+    make_dlm, y, init = arguments.pop("make_dlm"), arguments.pop("y"), arguments.pop("init")
+    with pytest.raises(error, match=match):
+        fit_dlm(make_dlm, y, init, **arguments)
