@@ -67,6 +67,7 @@ import torch
 from _common import accuracy, command_line_args, markdown, mean_sd, spread, write_report
 from sklearn.ensemble import RandomForestClassifier
 from sklearn.exceptions import ConvergenceWarning
+from sklearn.inspection import permutation_importance
 from sklearn.linear_model import LogisticRegression
 from sklearn.model_selection import train_test_split
 from sklearn.naive_bayes import BernoulliNB
@@ -148,8 +149,9 @@ AUTHOR_TEST_SHARE, AUTHOR_COVARIATES, AUTHOR_COPIES = 0.1, 11, 40
 def author_classifier(name, x, y, seed):
     """The classifier of ``src/models.py`` ``train_clf`` and its attackable covariates S:
     the 11 largest |coefficients| for logistic regression, else the 11 most important by
-    permutation importance on the training data (eli5's ``PermutationImportance``: 5
-    shuffles of each column, accuracy, seed 1)."""
+    permutation importance on the training data (scikit-learn's, as eli5's
+    ``PermutationImportance`` that the authors call: 5 shuffles of each column, accuracy,
+    seed 1)."""
     if name == "Logistic reg. (L1)":
         model = LogisticRegression(C=0.1, solver="saga", **L1_PENALTY).fit(x, y)
         return model, np.argsort(-np.abs(model.coef_[0]), kind="stable")[:AUTHOR_COVARIATES]
@@ -163,13 +165,7 @@ def author_classifier(name, x, y, seed):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)  # lbfgs at its 200 iterations
         model.fit(x, y)
-    rng = np.random.default_rng(1)
-    base, drops = model.score(x, y), np.zeros(x.shape[1])
-    for j in range(x.shape[1]):
-        shuffled = x.copy()
-        for _ in range(5):
-            shuffled[:, j] = rng.permutation(x[:, j])
-            drops[j] += (base - model.score(shuffled, y)) / 5
+    drops = permutation_importance(model, x, y, n_repeats=5, random_state=1).importances_mean
     return model, np.argsort(-drops, kind="stable")[:AUTHOR_COVARIATES]
 
 
