@@ -37,8 +37,8 @@ def check_online(text):
     # Issue 16's reproductions: every method's row in each of the four tables, the MNIST
     # misclassification / ECE cells in [0, 1], and the posteriors cross-check when present.
     sections = text.split("\n## ")[1:]
-    assert [s[:2] for s in sections] == ["1.", "2.", "3.", "4."]
-    moons, mnist, uci, speed = sections
+    assert [s[:2] for s in sections] == ["1.", "2.", "3.", "4.", "5."]
+    moons, mnist, uci, speed, compiled = sections
     for family in ("full", "diag", "dlr"):
         for method in ("BONG", "BLR") + (("BOG", "BBB") if family != "dlr" else ()):
             assert f"| {method} {family} |" in moons, (method, family)
@@ -59,6 +59,15 @@ def check_online(text):
     if "posteriors not installed" not in speed:
         assert "| `posteriors.ekf.diag_fisher` |" in speed
         assert "the same algorithm" in speed
+    # Section 5: each filter eager, compiled and through update_many; dynamax's EKF (when
+    # installed) agreeing with our compiled full-covariance filter.
+    for label in ("BONG full (EKF)", "BONG diag", "LoFi rank 5"):
+        for mode in ("eager, one at a time", "compiled, one at a time", "compiled, update_many"):
+            assert f"| 65 | {label} | {mode}" in compiled, (label, mode)
+    if "dynamax not installed" not in compiled:
+        assert "| 65 | dynamax `extended_kalman_filter` (jit) |" in compiled
+        gap = float(compiled.split("differ by at most ")[1].split(" ")[0])
+        assert gap < 1e-3
 
 
 def check_bsts_selection(text):

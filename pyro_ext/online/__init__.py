@@ -41,7 +41,15 @@ from .bandits import (
     logistic_contextual_model,
     neural_contextual_model,
 )
-from .filters import BONG, IMQ, LoFi, OnlineDivergenceError, OnlineInputError, WoLF
+from .filters import (
+    BONG,
+    IMQ,
+    LoFi,
+    OnlineDivergenceError,
+    OnlineInputError,
+    OnlinePredictions,
+    WoLF,
+)
 
 __all__ = [
     "BONG",
@@ -49,6 +57,7 @@ __all__ = [
     "LoFi",
     "OnlineDivergenceError",
     "OnlineInputError",
+    "OnlinePredictions",
     "WoLF",
     "BanditHistory",
     "BayesOptResult",

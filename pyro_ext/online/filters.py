@@ -9,9 +9,11 @@ and wires them together.
 import inspect
 import math
 import numbers
+import time
 import warnings
 import weakref
 from collections.abc import Callable
+from typing import NamedTuple
 
 import pyro
 import torch
@@ -19,9 +21,17 @@ from pyro.infer.autoguide.initialization import init_to_feasible
 from pyro.infer.inspect import get_dependencies
 from pyro.poutine.messenger import Messenger
 from pyro.poutine.util import site_is_subsample
+from torch.utils import _pytree as pytree
 
 from ..infer.errors import DivergenceError
 from ..infer.potential import ParticlePotential, check_model_data
+from ..infer.tracing import (
+    ModelNotTraceableError,
+    check_jit_compile,
+    compile_graph,
+    data_spec,
+    trace_pure,
+)
 from ..ops.curvature import hessian_diagonal
 from ..ops.random import rng_preserved
 from ..ops.validation import check_choice, check_int, check_real
@@ -157,7 +167,8 @@ class _Observations(Messenger):
             return
         if msg["is_observed"] and msg["value"].is_floating_point():
             missing = torch.isnan(msg["value"])
-            if bool(missing.any()):
+            # A traced update fills whatever the values (it cannot branch on them).
+            if updates.checks_deferred() or bool(missing.any()):
                 fill = msg["fn"].mean.detach()
                 msg["value"] = torch.where(missing, torch.nan_to_num(fill), msg["value"])
                 msg["infer"]["_missing"] = missing
@@ -452,6 +463,44 @@ def _check_belief_state(belief, family, rank):
         )
 
 
+class OnlinePredictions(NamedTuple):
+    r"""
+    The one-step-ahead predictions of a stream, :meth:`BONG.update_many`'s result: step
+    ``t``'s are made from the belief after the first ``t`` observations.
+    """
+
+    #: the linearised predictive mean :math:`h(\mu)` of the observed site, its steps
+    #: concatenated along the first dimension (``{site: mean}`` for several sites)
+    mean: torch.Tensor | dict
+    #: :math:`\mathrm{diag}(H \Sigma H^\top) + R`, laid out as ``mean``
+    variance: torch.Tensor | dict
+    #: ``(T,)``: each observation's predictive log-density: Normal sites under
+    #: :math:`\mathcal N(\text{mean}, \text{variance})`, Bernoulli and Categorical ones
+    #: under the predictive probabilities, others at the predicted mean (plug-in)
+    log_likelihood: torch.Tensor
+
+
+class _Graph(NamedTuple):
+    """A traced update: the callable and whether it replays CUDA graphs."""
+
+    fn: Callable
+    cudagraphs: bool
+
+
+def _random_state(device):
+    """The generator state of ``device`` (the one ``torch.randn`` there draws from)."""
+    if device.type == "cuda":
+        return torch.cuda.get_rng_state(device)
+    return torch.get_rng_state()
+
+
+def _set_random_state(device, state):
+    if device.type == "cuda":
+        torch.cuda.set_rng_state(state, device)
+    else:
+        torch.set_rng_state(state)
+
+
 class BONG:
     r"""
     An online Gaussian belief over the continuous latent sites of a Pyro model
@@ -542,6 +591,23 @@ class BONG:
         unconstrained coordinates of sites whose prior is not a fixed Normal.
     :param int jacobian_chunk_size: rows of the Jacobian of the observed means computed
         per vectorised pass (``None``: all at once; smaller saves memory).
+    :param jit_compile: ``False`` (default: each update runs op by op), ``True`` (the
+        update traced once per batch shape, with the model, its Jacobian or Hessian, the
+        family's step, the robust weights and the drift, into one graph compiled by
+        TorchInductor; the first update of a filter runs eagerly) or ``"trace"`` (the
+        traced graph uncompiled). The compiled update gives the eager one's belief to
+        float32 round-off (the Monte Carlo draws are drawn as the eager update draws them
+        and passed in). The batch's checks are the eager update's: its shapes and dtypes
+        once per new shape, its values (finite inputs, observations inside their support)
+        inside the graph, and an update whose checks or arithmetic fail there (a refused
+        batch, a precision that is not positive definite) is redone eagerly, which raises
+        the eager error. A model that cannot be traced (it branches on a tensor's value)
+        warns and runs eagerly. Compiling takes a few seconds (the first time; inductor
+        caches it on disk), which a stream of more than a few thousand updates repays (see
+        ``benchmarks/online.py``).
+    :param str compile_mode: :func:`torch.compile`'s mode with ``jit_compile=True``
+        (``None``: the default on the CPU, ``"reduce-overhead"``, one CUDA graph per
+        update, on CUDA).
     """
 
     def __init__(
@@ -560,6 +626,8 @@ class BONG:
         init_strategy: Callable | None = None,
         unconstrained_prior: dict | None = None,
         jacobian_chunk_size: int | None = None,
+        jit_compile: bool | str = False,
+        compile_mode: str | None = None,
     ):
         if not callable(model):
             raise TypeError(f"model must be a callable Pyro model, got {type(model).__name__}")
@@ -659,6 +727,13 @@ class BONG:
         self.init_strategy = init_strategy
         self.unconstrained_prior = dict(unconstrained_prior or {})
         self.jacobian_chunk_size = jacobian_chunk_size
+        self.jit_compile = check_jit_compile(jit_compile, compile_mode)
+        self.compile_mode = compile_mode
+        #: the traced (compiled) updates, by the batch's shapes: ``_Graph`` entries
+        self._graphs = {}
+        #: seconds spent tracing and compiling updates (compile time, not update time)
+        self.trace_seconds = 0.0
+        self.compile_seconds = 0.0
         self.potential = None
         self.belief = None
         self.observed_sites = None
@@ -882,6 +957,7 @@ class BONG:
                     "in an input is not)",
                 )
         self._check_model_data(args, kwargs, trace, observed, bound)
+        return observation_storages
 
     def _check_model_data(self, args, kwargs, trace, observed, bound):
         """The potential's data contract on the batch, the missing observations filled in."""
@@ -962,12 +1038,14 @@ class BONG:
                         f"observed site {name!r} is a {type(base).__name__}, which has no mean "
                         "and variance to linearise: pass linearize=False"
                     ) from None
-                if not bool((torch.isfinite(variance) & (variance > 0)).all()):
-                    raise ValueError(
+                updates.require(
+                    torch.isfinite(variance) & (variance > 0),
+                    lambda name=name, base=base: ValueError(
                         f"observed site {name!r} ({type(base).__name__}) has a variance that is "
                         "not finite and positive (a Student-t needs df > 2): pass "
                         "linearize=False"
-                    )
+                    ),
+                )
                 root = variance.sqrt()
                 u = mean / root
                 raw = value - mean.detach()
@@ -1026,11 +1104,13 @@ class BONG:
             terms.append(fn.log_prob(site["value"]).expand(fn.batch_shape).reshape(-1))
         return torch.cat(terms) * weights
 
-    def _expectations(self, belief, weights):
+    def _expectations(self, belief, weights, noise=None):
         """
         ``(grad, factor, hessian, weights)`` of the expected log-likelihood under
         ``belief``; ``weights=None`` reads the examples' weights at the belief's mean (the
         predicted mean, at an update's first inner step) from the same model run.
+        ``noise``: the Monte Carlo expectations' standard normal draws (a traced update
+        takes them as inputs), else drawn here.
         """
         chunk = self.jacobian_chunk_size
         if self.linearize and self.hessian == "ef":
@@ -1057,7 +1137,7 @@ class BONG:
             grad = A.transpose(-1, -2) @ e
             return grad, A, None, weights
         # Antithetic pairs: exact for a gradient linear in theta (a linear-Gaussian model).
-        draws = updates.sample(belief, self.num_samples, antithetic=True)
+        draws = updates.sample(belief, self.num_samples, antithetic=True, noise=noise)
 
         def log_likelihood(theta):
             return self._log_likelihoods(theta, weights)
@@ -1225,45 +1305,292 @@ class BONG:
         :func:`~pyro_ext.infer.potential.check_model_data`. A refused batch leaves the
         belief as it was.
         """
+        if self._compiles():
+            if self._compiled_update(args, kwargs) is not None:
+                return self
+        return self._eager_update(args, kwargs)
+
+    def _eager_update(self, args, kwargs, predict=False):
+        """The update run op by op (``predict``: also return :meth:`_step_predictions`)."""
         # The batch's data contract, once per update (the inner steps reuse the batch).
         self._check_batch(args, kwargs)
         if self.potential is None:
             self._setup(args, kwargs)
         else:
             self.potential.set_data(*args, **kwargs)
-        prior = self.belief
         try:
-            if self.drift is not None:
-                prior = updates.predict_random_walk(prior, self.drift)
-            # Linearised: the weights come from the first Jacobian's model run (one run
-            # fewer per update); Monte Carlo: from a run at the predicted mean.
-            weights = None if self.linearize else self._example_weights(self._observed(prior.mean))
-            current = prior
-            for inner in range(self.num_iters):
-                grad, factor, hessian, weights = self._expectations(current, weights)
-                if self.num_updates == 0 and inner == 0 and factor is not None and self.linearize:
-                    self._warn_if_at_a_saddle(prior, factor)
-                if not bool(torch.isfinite(grad).all()):
-                    raise OnlineDivergenceError(
-                        self.num_updates,
-                        "the expected gradient of the log-likelihood is not finite (NaN or "
-                        "inf in the inputs, or a model that overflows at the current belief)",
-                    )
-                if self.method in ("bong", "blr"):
-                    current = updates.natural_step(
-                        current, prior, grad, factor, hessian, self.learning_rate, self.rank
-                    )
-                else:
-                    current = updates.euclidean_step(
-                        current, prior, grad, factor, hessian, self.learning_rate
-                    )
+            prior, current = self._step(self.belief)
+            if predict:
+                with torch.no_grad():
+                    predictions = self._step_predictions(prior)
         except NotPositiveDefiniteError as error:
             raise OnlineDivergenceError(self.num_updates, str(error)) from None
         if not all(bool(torch.isfinite(x).all()) for x in current):
             raise OnlineDivergenceError(self.num_updates, "the belief is not finite")
         self.belief = current
         self.num_updates += 1
-        return self
+        return predictions if predict else self
+
+    def _step(self, belief, noises=None):
+        """
+        The arithmetic of one update from the filtered ``belief`` on the potential's current
+        data, shared by the eager and the traced update: the drift's prediction, then the
+        rule's inner steps. ``noises``: the Monte Carlo draws of each inner step (a traced
+        update's inputs), else drawn as it goes. Returns ``(predicted, updated)`` beliefs.
+        """
+        prior = belief
+        if self.drift is not None:
+            prior = updates.predict_random_walk(prior, self.drift)
+        # Linearised: the weights come from the first Jacobian's model run (one run fewer
+        # per update); Monte Carlo: from a run at the predicted mean.
+        weights = None if self.linearize else self._example_weights(self._observed(prior.mean))
+        current = prior
+        for inner in range(self.num_iters):
+            noise = None if noises is None else noises[inner]
+            grad, factor, hessian, weights = self._expectations(current, weights, noise)
+            if (
+                self.num_updates == 0
+                and inner == 0
+                and factor is not None
+                and self.linearize
+                and not updates.checks_deferred()
+            ):
+                self._warn_if_at_a_saddle(prior, factor)
+            updates.require(
+                torch.isfinite(grad),
+                lambda: OnlineDivergenceError(
+                    self.num_updates,
+                    "the expected gradient of the log-likelihood is not finite (NaN or "
+                    "inf in the inputs, or a model that overflows at the current belief)",
+                ),
+            )
+            if self.method in ("bong", "blr"):
+                current = updates.natural_step(
+                    current, prior, grad, factor, hessian, self.learning_rate, self.rank
+                )
+            else:
+                current = updates.euclidean_step(
+                    current, prior, grad, factor, hessian, self.learning_rate
+                )
+        return prior, current
+
+    def _step_predictions(self, prior):
+        r"""
+        The one-step-ahead view of the current data from the predicted belief ``prior``:
+        ``{site: (mean, variance)}`` as :meth:`predictive` linearises them, and the
+        predictive log-likelihood of the observations: a Normal site scored under
+        :math:`\mathcal N(h(\mu), \mathrm{diag}(H \Sigma H^\top) + R)` (the Kalman filter's
+        one-step-ahead density, so for a linear-Gaussian model the sum over a stream is
+        the exact log marginal likelihood), a Bernoulli or Categorical one under its
+        linearised predictive probabilities, any other at the predicted mean (plug-in).
+        Missing and masked observations score 0.
+        """
+        moments = self._linearised_moments(prior, self.observed_sites)
+        total = prior.mean.new_zeros(())
+        for name, site in self._run(prior.mean).items():
+            mean, variance = moments[name]
+            value, base = site["value"], _base(site["fn"])
+            if isinstance(base, torch.distributions.Categorical):
+                log_p = mean.clamp_min(_TINY).log().gather(-1, value.unsqueeze(-1)).squeeze(-1)
+            elif isinstance(base, torch.distributions.Bernoulli):
+                p = mean.clamp(_TINY, 1 - _TINY)
+                log_p = value * p.log() + (1 - value) * (-p).log1p()
+            elif isinstance(base, torch.distributions.Normal):
+                log_p = torch.distributions.Normal(mean, variance.sqrt(), validate_args=False)
+                log_p = log_p.log_prob(value)
+            else:
+                log_p = base.log_prob(value)
+            missing = site["infer"].get("_missing")
+            if missing is not None:
+                log_p = torch.where(missing, torch.zeros_like(log_p), log_p)
+            if site["mask"] is not None:
+                log_p = log_p * site["mask"]
+            total = total + log_p.sum()
+        return moments, total
+
+    # -- the traced (compiled) update ----------------------------------------------------------
+    def _compiles(self):
+        """Whether the next update goes through a traced graph: ``jit_compile`` is on and the
+        first update (which reads the model, and warns about a saddle start) is done."""
+        return bool(self.jit_compile) and self.potential is not None and self.num_updates > 0
+
+    def _compiled_update(self, args, kwargs, predict=False):
+        """
+        One update through the traced graph of the batch's shapes (traced, and compiled, at
+        the first batch of those shapes, after the batch's full eager checks). Returns the
+        step's predictions (``()`` without ``predict``), or ``None`` when the update must run
+        eagerly: the graph flagged it (its checks or arithmetic failed; the random state is
+        put back, so the eager update draws the same), or the model cannot be traced.
+        """
+        leaves, spec, key = data_spec(args, kwargs)
+        key = (key, predict)
+        graph = self._graphs.get(key)
+        if graph is None:
+            storages = self._check_batch(args, kwargs)  # the eager contract, once per shape
+            self.potential.set_data(*args, **kwargs)
+            try:
+                graph = self._graphs[key] = self._trace_update(leaves, spec, storages, predict)
+            except ModelNotTraceableError as error:
+                warnings.warn(
+                    f"{error} This filter runs its updates eagerly from now on.",
+                    RuntimeWarning,
+                    stacklevel=3,
+                )
+                self.jit_compile = False
+                return None
+        data = [leaf for leaf in leaves if isinstance(leaf, torch.Tensor)]
+        belief = self.belief
+        noises, random_state = [], None
+        if not self.linearize:
+            # Drawn as the eager update draws them, one inner step after the other.
+            random_state = _random_state(belief.mean.device)
+            half = (self.num_samples // 2,) + belief.mean.shape
+            noises = [
+                torch.randn(half, dtype=belief.mean.dtype, device=belief.mean.device)
+                for _ in range(self.num_iters)
+            ]
+        if graph.cudagraphs:
+            torch.compiler.cudagraph_mark_step_begin()
+        outputs = graph.fn(*belief, *noises, *data)
+        if graph.cudagraphs:
+            # A CUDA graph's outputs live in its memory, which the next replay overwrites.
+            outputs = [output.clone() for output in outputs]
+        size = len(belief)
+        if not bool(outputs[size]):
+            if random_state is not None:
+                _set_random_state(belief.mean.device, random_state)
+            return None
+        self.belief = type(belief)(*outputs[:size])
+        self.num_updates += 1
+        # What the eager update's set_data would leave (predictive() and the checks read it).
+        self.potential.model_args, self.potential.model_kwargs = tuple(args), dict(kwargs)
+        predictions = outputs[size + 1 :]
+        if not predict:
+            return ()
+        names = self.observed_sites
+        moments = {n: (predictions[2 * i], predictions[2 * i + 1]) for i, n in enumerate(names)}
+        return moments, predictions[-1]
+
+    def _trace_update(self, leaves, spec, observation_storages, predict):
+        """Trace :meth:`_step` (and the batch's value checks, and with ``predict`` the
+        step's predictions) as a function of the belief, the noise and the data's tensors."""
+        belief = self.belief
+        belief_type, num_belief = type(belief), len(belief)
+        num_noise = 0 if self.linearize else self.num_iters
+        tensors = [leaf for leaf in leaves if isinstance(leaf, torch.Tensor)]
+        # NaN is a missing observation in an observed value, an error in any other input.
+        nan_allowed = [_storage(t) in observation_storages for t in tensors]
+        with torch.no_grad(), pyro.validation_enabled(False):
+            fills = {
+                name: _support_fill(site["fn"], site["value"])
+                for name, site in self._run(belief.mean).items()
+            }
+        potential = self.potential
+
+        def update(*inputs):
+            belief = belief_type(*inputs[:num_belief])
+            noises = inputs[num_belief : num_belief + num_noise] or None
+            data = inputs[num_belief + num_noise :]
+            given = iter(data)
+            args, kwargs = pytree.tree_unflatten(
+                [next(given) if isinstance(leaf, torch.Tensor) else leaf for leaf in leaves],
+                spec,
+            )
+            saved = potential.model_args, potential.model_kwargs
+            potential.model_args, potential.model_kwargs = tuple(args), dict(kwargs)
+            try:
+                with updates.deferred_checks() as flags:
+                    # The batch's values, as _check_batch reads them.
+                    for tensor, nan_ok in zip(data, nan_allowed):
+                        if tensor.is_floating_point():
+                            flags.append((~tensor.isinf() if nan_ok else tensor.isfinite()).all())
+                    for name, site in self._run(belief.mean).items():
+                        value, missing = site["value"], site["infer"].get("_missing")
+                        if value.is_floating_point():
+                            flags.append((~value.isinf()).all())
+                        if missing is not None:
+                            value = torch.where(missing, torch.full_like(value, fills[name]), value)
+                        flags.append(site["fn"].support.check(value).all())
+                    prior, current = self._step(belief, noises)
+                    extras = ()
+                    if predict:
+                        moments, log_likelihood = self._step_predictions(prior)
+                        extras = (
+                            *(x for n in self.observed_sites for x in moments[n]),
+                            log_likelihood,
+                        )
+            finally:
+                potential.model_args, potential.model_kwargs = saved
+            flags.extend(torch.isfinite(x).all() for x in current)
+            return (*current, torch.stack(flags).all(), *extras)
+
+        inputs = [*belief]
+        if num_noise:
+            half = (self.num_samples // 2,) + belief.mean.shape
+            inputs += [belief.mean.new_zeros(half) for _ in range(num_noise)]
+        inputs += tensors
+        started = time.perf_counter()
+        graph = trace_pure(update, inputs, "build the filter with jit_compile=False")
+        self.trace_seconds += time.perf_counter() - started
+        if self.jit_compile == "trace":
+            return _Graph(graph, False)
+        fn, seconds, cudagraphs = compile_graph(graph, inputs, self.compile_mode, "update")
+        self.compile_seconds += seconds
+        return _Graph(fn, cudagraphs)
+
+    def update_many(self, *args, **kwargs) -> "OnlinePredictions":
+        r"""
+        Filter a whole stream in one call: every tensor argument holds the stream along its
+        first dimension (``T`` observations, e.g. ``update_many(X, Y)`` with ``X`` ``(T,
+        d)`` and ``Y`` ``(T,)``), and the belief is updated with one observation at a time,
+        exactly as ``T`` calls ``update(X[t : t + 1], Y[t : t + 1])`` would (the same
+        beliefs and checks). With ``jit_compile=True`` each of them is one call of the
+        compiled update, which also computes the predictions below in the same graph.
+
+        Returns :class:`OnlinePredictions`: for each step, the one-step-ahead prediction of
+        its observation from the belief before it (what a Kalman filter reports): the
+        linearised predictive mean and variance of each observed site, as
+        :meth:`predictive` gives them, and the predictive log-likelihood of the observation
+        (see :class:`OnlinePredictions`). For a linear-Gaussian model the log-likelihoods
+        sum to the stream's exact log marginal likelihood. A refused observation raises as
+        :meth:`update` does; the updates before it stand.
+        """
+        leaves, spec = pytree.tree_flatten((tuple(args), dict(kwargs)))
+        labelled = list(_tensor_leaves(_bind(self.model, args, kwargs, "update_many()")))
+        if not labelled:
+            raise ValueError("update_many() got no tensor argument: pass the stream, e.g. (X, Y)")
+        lengths = {label: (leaf.shape[0] if leaf.dim() else None) for label, leaf in labelled}
+        if len(set(lengths.values())) != 1 or None in lengths.values():
+            raise ValueError(
+                "update_many() takes a stream: every tensor argument must have the same "
+                "leading dimension, the observations' index; got "
+                + ", ".join(
+                    f"{_label(label)} of shape {tuple(leaf.shape)}" for label, leaf in labelled
+                )
+            )
+        length = next(iter(lengths.values()))
+        if length == 0:
+            raise ValueError("update_many() got an empty stream (0 observations)")
+        per_step = []
+        for t in range(length):
+            step_args, step_kwargs = pytree.tree_unflatten(
+                [leaf[t : t + 1] if isinstance(leaf, torch.Tensor) else leaf for leaf in leaves],
+                spec,
+            )
+            result = None
+            if self._compiles():
+                result = self._compiled_update(step_args, step_kwargs, predict=True)
+            if result is None:
+                result = self._eager_update(step_args, step_kwargs, predict=True)
+            per_step.append(result)
+        names = self.observed_sites
+        means = {n: torch.cat([moments[n][0] for moments, _ in per_step]) for n in names}
+        variances = {n: torch.cat([moments[n][1] for moments, _ in per_step]) for n in names}
+        log_likelihood = torch.stack([total for _, total in per_step])
+        if len(names) == 1:
+            (name,) = names
+            return OnlinePredictions(means[name], variances[name], log_likelihood)
+        return OnlinePredictions(means, variances, log_likelihood)
 
     def _warn_if_at_a_saddle(self, prior, factor):
         """
@@ -1302,7 +1629,7 @@ class BONG:
                 "Start the belief away from that point, e.g. init_strategy=init_to_sample "
                 "(from pyro.infer.autoguide), or declare model.default_init_strategy",
                 UserWarning,
-                stacklevel=3,
+                stacklevel=5,
             )
 
     def _require_belief(self):
@@ -1443,24 +1770,43 @@ class BONG:
             )
         return outputs
 
-    def _predict(self, outputs, num_samples, noise):
-        def moments(theta):
-            sites = self._run(theta, outputs)
-            means, variances = {}, {}
-            for name, site in sites.items():
-                base = _base(site["fn"])
-                if isinstance(base, torch.distributions.Categorical):
-                    p = base.probs
-                    means[name], variances[name] = p, p * (1 - p)
-                else:
-                    means[name], variances[name] = base.mean, base.variance
-            return means, variances
+    def _moments(self, theta, outputs):
+        """The observed sites' means and variances at ``theta`` (class probabilities and
+        their variances for a Categorical)."""
+        sites = self._run(theta, outputs)
+        means, variances = {}, {}
+        for name, site in sites.items():
+            base = _base(site["fn"])
+            if isinstance(base, torch.distributions.Categorical):
+                p = base.probs
+                means[name], variances[name] = p, p * (1 - p)
+            else:
+                means[name], variances[name] = base.mean, base.variance
+        return means, variances
 
+    def _linearised_moments(self, belief, outputs, noise=True):
+        r""":math:`h(\mu)` and :math:`\mathrm{diag}(H \Sigma H^\top)` (+ :math:`R` with
+        ``noise``) of each observed site under ``belief``."""
+        mean = belief.mean
+        means, variances = self._moments(mean, outputs)
+        result = {}
+        for name in means:
+            shape = means[name].shape
+
+            def flat_mean(theta, name=name):
+                return self._moments(theta, outputs)[0][name].reshape(-1)
+
+            jacobian = torch.func.jacrev(flat_mean, chunk_size=self.jacobian_chunk_size)(mean)
+            spread = updates.quadratic_diagonal(belief, jacobian).reshape(shape)
+            result[name] = (means[name], variances[name] + spread if noise else spread)
+        return result
+
+    def _predict(self, outputs, num_samples, noise):
         belief = self.predicted_belief()
         with torch.no_grad():
             if num_samples is not None:
                 draws = updates.sample(belief, num_samples)
-                per_draw = [moments(theta) for theta in draws]
+                per_draw = [self._moments(theta, outputs) for theta in draws]
                 result = {}
                 for name in per_draw[0][0]:
                     m = torch.stack([d[0][name] for d in per_draw])
@@ -1468,20 +1814,10 @@ class BONG:
                     spread = m.var(0, unbiased=False)
                     result[name] = (m.mean(0), v.mean(0) + spread if noise else spread)
                 return result
-        mean = belief.mean
-        means, variances = moments(mean)
-        result = {}
-        for name in means:
-            shape = means[name].shape
-
-            def flat_mean(theta, name=name):
-                return moments(theta)[0][name].reshape(-1)
-
-            jacobian = torch.func.jacrev(flat_mean, chunk_size=self.jacobian_chunk_size)(mean)
-            spread = updates.quadratic_diagonal(belief, jacobian).reshape(shape)
-            variance = variances[name] + spread if noise else spread
-            result[name] = (means[name].detach(), variance.detach())
-        return result
+        return {
+            name: (m.detach(), v.detach())
+            for name, (m, v) in self._linearised_moments(belief, outputs, noise).items()
+        }
 
 
 def _check_choice(name, value, choices):

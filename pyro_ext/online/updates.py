@@ -41,6 +41,7 @@ The families (the slides' table, ``../shared/reference/murphy-bong-slides.md``):
   :math:`O(D (L + P)^2)` time and :math:`O(D (L + P))` memory.
 """
 
+import contextlib
 from typing import NamedTuple
 
 import torch
@@ -83,6 +84,43 @@ class NotPositiveDefiniteError(FloatingPointError):
     """A step left the precision (or covariance) without a Cholesky factor."""
 
 
+#: while an update is traced into a graph (:func:`deferred_checks`), the flags of the checks
+#: that would raise; ``None`` otherwise
+_deferred = None
+
+
+@contextlib.contextmanager
+def deferred_checks():
+    """
+    Inside the body, :func:`require` records each check's flag instead of raising: a
+    traced (compiled) update cannot branch on a tensor's value, so it returns the flags'
+    conjunction, and the caller redoes an update whose flag is false eagerly, where the
+    check raises its error. Yields the list of flags (0-dim bool tensors).
+    """
+    global _deferred
+    outer, _deferred = _deferred, []
+    try:
+        yield _deferred
+    finally:
+        _deferred = outer
+
+
+def checks_deferred() -> bool:
+    """Whether :func:`require` records instead of raising (an update is being traced)."""
+    return _deferred is not None
+
+
+def require(ok: torch.Tensor, error) -> None:
+    """
+    Raise ``error()`` (a function returning the exception) unless every element of the
+    bool tensor ``ok`` is true; inside :func:`deferred_checks`, record ``ok.all()``.
+    """
+    if _deferred is not None:
+        _deferred.append(ok.all())
+    elif not bool(ok.all()):
+        raise error()
+
+
 def _cholesky(matrix, what):
     """
     The Cholesky factor of ``matrix``, computed in float64 whatever its dtype: a
@@ -91,11 +129,13 @@ def _cholesky(matrix, what):
     float64 factor and cast back (:func:`_solve`, :func:`_inverse`).
     """
     factor, info = torch.linalg.cholesky_ex(matrix.to(torch.float64))
-    if bool(info.any()):
-        raise NotPositiveDefiniteError(
+    require(
+        info == 0,
+        lambda: NotPositiveDefiniteError(
             f"the {what} is not positive definite"
             + (" (even in float64)" if matrix.dtype != torch.float64 else "")
-        )
+        ),
+    )
     return factor
 
 
@@ -205,7 +245,13 @@ def covariance_solve_rows(belief: Belief, rows: torch.Tensor) -> torch.Tensor:
     return dlr_solve(belief, rows.transpose(-1, -2)).transpose(-1, -2)
 
 
-def sample(belief: Belief, num_samples: int, generator=None, antithetic=False) -> torch.Tensor:
+def sample(
+    belief: Belief,
+    num_samples: int,
+    generator=None,
+    antithetic=False,
+    noise: torch.Tensor | None = None,
+) -> torch.Tensor:
     r"""
     ``num_samples`` draws ``(S, D)``; ``antithetic=True`` (``S`` even) draws ``S / 2`` and
     reflects them about the mean, :math:`\mu \pm \epsilon`: each half is an exact sample,
@@ -214,7 +260,8 @@ def sample(belief: Belief, num_samples: int, generator=None, antithetic=False) -
     :math:`O(D L^2)`: with :math:`V = \Upsilon^{-1/2} W = Q S R^\top` (thin SVD),
     :math:`\theta = \mu + \Upsilon^{-1/2}\big(I + Q((1 + S^2)^{-1/2} - 1) Q^\top\big)
     \epsilon` has covariance :math:`\Upsilon^{-1/2} (I + V V^\top)^{-1} \Upsilon^{-1/2} =
-    \Lambda^{-1}`.
+    \Lambda^{-1}`. ``noise``: the standard normal draws ``(S, D)`` to transform (``(S /
+    2, D)`` when antithetic) instead of drawing them, as a traced update takes them.
     """
     mean = belief.mean
     if antithetic:
@@ -222,11 +269,13 @@ def sample(belief: Belief, num_samples: int, generator=None, antithetic=False) -
             raise ValueError(
                 f"antithetic draws come in pairs: num_samples must be even, got {num_samples}"
             )
-        half = sample(belief, num_samples // 2, generator) - mean
+        half = sample(belief, num_samples // 2, generator, noise=noise) - mean
         return torch.cat([mean + half, mean - half])
-    eps = torch.randn(
-        (num_samples,) + mean.shape, dtype=mean.dtype, device=mean.device, generator=generator
-    )
+    eps = noise
+    if eps is None:
+        eps = torch.randn(
+            (num_samples,) + mean.shape, dtype=mean.dtype, device=mean.device, generator=generator
+        )
     if isinstance(belief, FullBelief):
         chol = _cholesky(belief.precision, "precision")
         # Lambda = L L^T, so L^-T eps has covariance Lambda^-1.
@@ -336,8 +385,10 @@ def natural_step(
             precision = prior.precision + lr * increment
         else:
             precision = (1 - lr) * current.precision + lr * (prior.precision + increment)
-        if not bool((precision > 0).all()):
-            raise NotPositiveDefiniteError("the updated diagonal precision is not positive")
+        require(
+            precision > 0,
+            lambda: NotPositiveDefiniteError("the updated diagonal precision is not positive"),
+        )
         direction = grad if first else grad - prior.precision * offset
         return DiagBelief(current.mean + lr * direction / precision, precision)
     # diagonal plus low rank: stack the precision's low-rank columns, then project
@@ -389,7 +440,9 @@ def euclidean_step(
         variance = current.precision.reciprocal()
         direction = grad - prior.precision * offset
         new_variance = variance + 0.5 * lr * (G + current.precision - prior.precision)
-        if not bool((new_variance > 0).all()):
-            raise NotPositiveDefiniteError("the updated diagonal variance is not positive")
+        require(
+            new_variance > 0,
+            lambda: NotPositiveDefiniteError("the updated diagonal variance is not positive"),
+        )
         return DiagBelief(current.mean + lr * direction, new_variance.reciprocal())
     raise ValueError("the Euclidean (BOG/BBB) steps have the full and diagonal families only")

@@ -2,8 +2,8 @@
 
 from ..errors import SamplerDivergenceError
 from ..potential import LogJointMessenger, ParticlePotential, SupportMap
+from ..tracing import ModelNotTraceableError
 from .adaptation import StepSizeAdaptation, bias_bounded_step_size, stationary_variance_error
-from .compiled import ModelNotTraceableError
 from .distributed import RankFailedError, Shard
 from .kernels import (
     KERNELS,

@@ -33,7 +33,6 @@ reads the flags every few steps and replays from the last verified state (see
 ``divergence_check_every`` of :class:`~.kernels.SGMCMCKernel`).
 """
 
-import contextlib
 import logging
 import time
 import warnings
@@ -41,137 +40,12 @@ from typing import NamedTuple
 
 import pyro
 import torch
-from torch._subclasses.fake_tensor import FakeTensorMode
-from torch.fx.experimental.proxy_tensor import make_fx
-from torch.fx.experimental.symbolic_shapes import ShapeEnv
 from torch.utils import _pytree as pytree
 
-from ...ops.validation import check_choice
+from ..tracing import compile_graph, data_spec, trace_pure
 from .step import step as pure_step
 
 logger = logging.getLogger(__name__)
-
-#: the kinds ``jit_compile`` accepts (``True`` is ``"compile"``)
-JIT_COMPILE = (False, True, "trace", "compile")
-COMPILE_MODES = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
-
-
-def check_jit_compile(jit_compile, compile_mode):
-    """Validate the kernels' ``jit_compile`` and ``compile_mode`` arguments."""
-    if not isinstance(jit_compile, (bool, str)):
-        raise TypeError(
-            f"jit_compile must be a bool or one of 'trace', 'compile'; got {type(jit_compile).__name__}"
-        )
-    if jit_compile not in JIT_COMPILE:
-        raise ValueError(
-            f"jit_compile must be False (eager), True (= 'compile': compile the traced step "
-            f"with TorchInductor) or 'trace' (run the traced step uncompiled); got {jit_compile!r}"
-        )
-    check_choice(compile_mode, "compile_mode", COMPILE_MODES[1:], allow_none=True)
-    if compile_mode is not None and jit_compile in (False, "trace"):
-        raise ValueError(f"compile_mode={compile_mode!r} needs jit_compile=True")
-    return "compile" if jit_compile is True else jit_compile
-
-
-@contextlib.contextmanager
-def _without_sample_checks():
-    """
-    Skip distributions' checks that a scored value lies in their support while tracing.
-
-    :func:`pyro.validation_enabled` turns them off only for distributions built inside it;
-    one built earlier with checks on (a ``PyroModule``'s cached priors, say) still checks
-    each value, and that check branches on tensor values, which a trace cannot follow.
-    The values scored here are images of unconstrained particles: always in the support.
-    """
-    original = torch.distributions.Distribution._validate_sample
-    torch.distributions.Distribution._validate_sample = lambda self, value: None
-    try:
-        yield
-    finally:
-        torch.distributions.Distribution._validate_sample = original
-
-
-class ModelNotTraceableError(RuntimeError):
-    """The model cannot be traced into a compiled step; the message says why and what to do."""
-
-
-_aten = torch.ops.aten
-#: operations whose output's size depends on tensor values
-_VALUE_SIZED = {
-    _aten.nonzero.default,
-    _aten.masked_select.default,
-    _aten.argwhere.default,
-    _aten._unique2.default,
-    _aten.unique_dim.default,
-    _aten.unique_consecutive.default,
-}
-
-
-def _check_static_shapes(graph):
-    """
-    Refuse a traced step that selects elements by value (boolean-mask reads, ``nonzero``,
-    ``masked_select``, ``unique``): the trace records the sizes of the minibatch it saw, so
-    the next minibatch would break it. Assignment through a mask keeps the shape and passes.
-    A selection whose size happens to be the same at every step (a mask over the full data,
-    say) is refused too: the trace cannot tell it apart.
-    """
-    for node in graph.graph.nodes:
-        if node.op != "call_function":
-            continue
-        value_sized = node.target in _VALUE_SIZED
-        if node.target is _aten.index.Tensor:
-            indices = node.args[1] if len(node.args) > 1 else ()
-            value_sized = any(
-                getattr(index, "meta", {}).get("val") is not None
-                and index.meta["val"].dtype in (torch.bool, torch.uint8)
-                for index in indices
-            )
-        if value_sized:
-            raise ModelNotTraceableError(
-                "jit_compile: the model selects elements by value (boolean-mask indexing such "
-                "as x[y > 0], nonzero, masked_select or unique), so its tensor sizes change from "
-                "one minibatch to the next, and a traced step keeps the sizes it saw. Keep the "
-                "shapes fixed: weight by a 0/1 mask (log_prob * mask, or pyro.poutine.mask) "
-                f"instead of selecting; or run the kernel eagerly with jit_compile=False. "
-                f"(Traced operation: {node.target}.)"
-            )
-
-
-class _Constant:
-    """A non-tensor model argument, compared by value when it is a plain value, else by identity."""
-
-    __slots__ = ("value",)
-
-    def __init__(self, value):
-        self.value = value
-
-    def _key(self):
-        value = self.value
-        if value is None or isinstance(value, (bool, int, float, complex, str, bytes)):
-            return (type(value), value)
-        return (type(value), id(value))
-
-    def __eq__(self, other):
-        return isinstance(other, _Constant) and self._key() == other._key()
-
-    def __hash__(self):
-        return hash(self._key())
-
-
-def _data_spec(args, kwargs):
-    """
-    Leaves of the model arguments and a hashable key of what the trace depends on: the
-    tensors' shapes (they are inputs of the traced step) and the other values themselves
-    (they are constants of it).
-    """
-    leaves, spec = pytree.tree_flatten((tuple(args), dict(kwargs)))
-    key = []
-    for leaf in leaves:
-        if isinstance(leaf, torch.Tensor):
-            key.append((tuple(leaf.shape), leaf.dtype, leaf.device, leaf.requires_grad))
-        else:
-            key.append(_Constant(leaf))
-    return leaves, spec, (spec, tuple(key))
 
 
 class StepOutput(NamedTuple):
@@ -220,7 +94,7 @@ class CompiledStep:
         self._cudagraphs = False
 
     # -- the traced step --------------------------------------------------------------------
-    def _pure_step(self, state_type, data_spec, subsample_names, discrete_names, leaves):
+    def _pure_step(self, state_type, spec, subsample_names, discrete_names, leaves):
         potential, sampler, hyper = self.potential, self.sampler, self.hyper
         temperature, repulsion, shard = self.temperature, self.repulsion, self.shard
         num_state = len(state_type._fields)
@@ -239,7 +113,7 @@ class CompiledStep:
             tensors = iter(rest[num_discrete:])
             args, kwargs = pytree.tree_unflatten(
                 [next(tensors) if isinstance(leaf, torch.Tensor) else leaf for leaf in leaves],
-                data_spec,
+                spec,
             )
 
             def gradient(z, batch):
@@ -270,7 +144,7 @@ class CompiledStep:
 
         return step
 
-    def _build(self, key, state, inputs, data_spec, subsample_names, discrete_names, leaves):
+    def _build(self, key, state, inputs, spec, subsample_names, discrete_names, leaves):
         state_type = type(state)
         if self.potential.vectorize is None and state.z.shape[0] > 1:
             # vectorize="auto": settle vmap or plate eagerly, so that the trace holds only
@@ -280,52 +154,22 @@ class CompiledStep:
             conditioned = dict(zip(discrete_names, after_state[len(subsample_names) :]))
             with torch.no_grad(), pyro.validation_enabled(False):
                 self.potential.log_density_all(state.z, subsamples, conditioned=conditioned)
-        step = self._pure_step(state_type, data_spec, subsample_names, discrete_names, leaves)
+        step = self._pure_step(state_type, spec, subsample_names, discrete_names, leaves)
         started = time.perf_counter()
-        with pyro.validation_enabled(False), _without_sample_checks(), warnings.catch_warnings():
-            warnings.simplefilter("ignore", UserWarning)  # tracer notes on scalars
-            graph = make_fx(step)(*inputs)
-        graph.graph.eliminate_dead_code()
-        graph.recompile()
-        _check_static_shapes(graph)
+        graph = trace_pure(step, inputs, "run the kernel eagerly with jit_compile=False")
         self.trace_seconds += time.perf_counter() - started
         self.num_traces += 1
         if self.kind == "trace":
             return graph
-        mode = self.compile_mode
-        if mode is None and state.z.is_cuda:
-            mode = "reduce-overhead"
-        if not state.z.is_cuda:
-            # The graph is already a traced aten graph, and this class keys it by shapes:
-            # inductor alone compiles it, without dynamo's frame guards (half the per-call
-            # overhead of torch.compile on a small model).
-            started = time.perf_counter()
-            options = {} if mode in (None, "default") else torch._inductor.list_mode_options(mode)
-            # Fake example inputs with a shape environment (shapes kept static) let inductor
-            # use its on-disk graph cache: a later run of the same model compiles in a second.
-            fake_mode = FakeTensorMode(shape_env=ShapeEnv())
-            examples = [fake_mode.from_tensor(t, static_shapes=True) for t in inputs]
-            try:
-                compiled = torch._inductor.compile(graph, examples, options=options)
-            except Exception as error:  # an inductor limitation must not stop the chain
-                self.compile_seconds += time.perf_counter() - started
-                warnings.warn(
-                    "jit_compile=True: TorchInductor could not compile this model's step "
-                    f"({type(error).__name__}: {str(error).splitlines()[0][:200]}); it runs "
-                    "as the traced graph instead (jit_compile='trace': the same results, "
-                    "slower). Pass jit_compile='trace' to skip the attempt.",
-                    RuntimeWarning,
-                    stacklevel=2,
-                )
-                return graph
-            self.compile_seconds += time.perf_counter() - started
+        fn, seconds, cudagraphs = compile_graph(graph, inputs, self.compile_mode, "step")
+        if state.z.is_cuda:
+            # torch.compile compiles at the first call: _run times it.
+            self._cudagraphs = cudagraphs
+            self._pending_first_call.add(key)
+        else:
+            self.compile_seconds += seconds
             self._log_compile_time()
-            return compiled
-        self._cudagraphs = mode in ("reduce-overhead", "max-autotune")
-        self._pending_first_call.add(key)
-        return torch.compile(
-            graph, mode=None if mode == "default" else mode, dynamic=False, fullgraph=True
-        )
+        return fn
 
     def _log_compile_time(self):
         logger.info(
@@ -333,24 +177,6 @@ class CompiledStep:
             self.trace_seconds,
             self.compile_seconds,
         )
-
-    def _trace(self, key, state, inputs, data_spec, subsample_names, discrete_names, leaves):
-        try:
-            return self._build(
-                key, state, inputs, data_spec, subsample_names, discrete_names, leaves
-            )
-        except RuntimeError as error:
-            if "_local_scalar_dense" not in str(error) and "data-dependent" not in str(error):
-                raise
-            raise ModelNotTraceableError(
-                "jit_compile: the model needs a tensor's value on the host while tracing: it "
-                "branches on a latent value (if, bool(tensor), .item()), or reads its data "
-                "as a Python number (e.g. int(y.sum())). A traced step cannot follow either. "
-                "Write such a branch with torch.where; compute numbers from the data outside "
-                "the model and pass them as Python numbers (they are constants of the trace); "
-                "or run the kernel eagerly with jit_compile=False. Tracing stopped with: "
-                f"{str(error).splitlines()[0][:200]}"
-            ) from error
 
     # -- calling ---------------------------------------------------------------------------
     def __call__(
@@ -382,7 +208,7 @@ class CompiledStep:
     def _lookup(self, state, noise, step_size, adapt, subsamples, conditioned, args, kwargs):
         subsample_names = tuple(sorted(subsamples))
         discrete_names = tuple(sorted(conditioned))
-        leaves, data_spec, data_key = _data_spec(args, kwargs)
+        leaves, spec, data_key = data_spec(args, kwargs)
         shapes = (
             tuple((tuple(t.shape), t.dtype) for t in state)
             + tuple(tuple(subsamples[n].shape) for n in subsample_names)
@@ -409,8 +235,8 @@ class CompiledStep:
                     RuntimeWarning,
                     stacklevel=2,
                 )
-            fn = self._fns[key] = self._trace(
-                key, state, inputs, data_spec, subsample_names, discrete_names, leaves
+            fn = self._fns[key] = self._build(
+                key, state, inputs, spec, subsample_names, discrete_names, leaves
             )
         return key, fn, inputs, subsample_names
 

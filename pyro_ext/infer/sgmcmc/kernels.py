@@ -14,8 +14,9 @@ from ...ops.validation import check_choice, check_int, check_positive, check_rea
 from ..errors import SamplerDivergenceError
 from ..potential import VECTORIZE, ParticlePotential
 from ..potential.arguments import check_per_particle, has_per_particle
+from ..tracing import check_jit_compile
 from .adaptation import StepSizeAdaptation
-from .compiled import CompiledStep, check_jit_compile
+from .compiled import CompiledStep
 from .distributed import SHARD_MODES, resolve_shard
 from .escape import Escape, KeptLogDensity, find_escaped
 from .mass import rescale_momenta, windowed_mass
@@ -201,7 +202,7 @@ class SGMCMCKernel(ParticleKernel):
         steps repulsion amplifies that round-off, so long repulsive chains part while
         their posteriors agree). Model structure: the compiled step runs the sites and
         shapes seen when it was traced. A model must not branch on latent values (tracing
-        stops with a :class:`~pyro_ext.infer.sgmcmc.compiled.ModelNotTraceableError`
+        stops with a :class:`~pyro_ext.infer.ModelNotTraceableError`
         that says what to change). New data of the same shapes (:meth:`set_data`) reuses
         the compiled step; other shapes (or a new non-tensor argument) trace and compile
         it again, with a warning from the third shape on. A model whose sites change for
