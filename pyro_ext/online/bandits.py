@@ -530,7 +530,10 @@ class ThompsonBandit:
     :param callable filter_factory: a zero-argument callable returning a fresh filter
         (a :class:`~pyro_ext.online.BONG`) over a reward model ``model(context, action,
         reward=None)`` (see the module docstring), e.g. ``lambda: BONG(model,
-        family="diag")``; :meth:`reset` calls it again.
+        family="diag")``; :meth:`reset` calls it again (and a filter built with
+        ``jit_compile=True`` traces its update again, from inductor's disk cache). With
+        ``jit_compile=True`` each round's :meth:`observe` is one compiled update; the
+        action is still computed eagerly.
     :param int num_arms: number of arms, at least 2; the number the reward model declares
         (``model.num_arms``, as this module's helpers do), if it does.
     :param str policy: ``"thompson"`` (default), ``"ucb"``, ``"greedy"`` or

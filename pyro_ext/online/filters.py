@@ -354,7 +354,7 @@ def _support_fill(fn, value):
 #: the keys of :meth:`BONG.state_dict`, and of its belief in each family
 _STATE_KEYS = ("family", "belief", "num_updates", "observed_sites", "fingerprint")
 _BELIEF_KEYS = {
-    "full": ("mean", "precision"),
+    "full": ("mean", "covariance"),
     "diag": ("mean", "precision"),
     "dlr": ("mean", "diagonal", "low_rank"),
 }
@@ -405,10 +405,16 @@ def _compare_models(saved, mine):
 
 def _check_belief_state(belief, family, rank):
     """The belief of a state: the family's keys, floating tensors, finite, consistent
-    shapes, a positive (definite) precision."""
+    shapes, a positive (definite) precision (covariance for the full family)."""
     if not isinstance(belief, dict):
         raise TypeError(f"state['belief'] must be a dict of tensors, got {type(belief).__name__}")
     keys = _BELIEF_KEYS[family]
+    if family == "full" and "precision" in belief and "covariance" not in belief:
+        raise ValueError(
+            "state['belief'] holds a 'precision': it was saved before the full family kept "
+            "its covariance. Convert it before loading: state['belief']['covariance'] = "
+            "torch.linalg.inv(state['belief'].pop('precision'))"
+        )
     missing = [key for key in keys if key not in belief]
     extra = [key for key in belief if key not in keys]
     if missing or extra:
@@ -435,7 +441,7 @@ def _check_belief_state(belief, family, rank):
     dim = mean.shape[0]
     expected = {"mean": (dim,)}
     if family == "full":
-        expected["precision"] = (dim, dim)
+        expected["covariance"] = (dim, dim)
     elif family == "diag":
         expected["precision"] = (dim,)
     else:
@@ -447,15 +453,16 @@ def _check_belief_state(belief, family, rank):
                 f"of {dim} coordinates{f' and rank {rank}' if family == 'dlr' else ''} it "
                 f"must be {shape}"
             )
-    positive = belief["diagonal"] if family == "dlr" else belief["precision"]
     if family == "full":
-        precision = positive.to(torch.float64)
-        _, info = torch.linalg.cholesky_ex(0.5 * (precision + precision.T))
-        if bool(info.any()) or not torch.allclose(precision, precision.T):
+        covariance = belief["covariance"].to(torch.float64)
+        _, info = torch.linalg.cholesky_ex(0.5 * (covariance + covariance.T))
+        if bool(info.any()) or not torch.allclose(covariance, covariance.T):
             raise ValueError(
-                "state['belief']['precision'] is not a symmetric positive-definite matrix"
+                "state['belief']['covariance'] is not a symmetric positive-definite matrix"
             )
-    elif not bool((positive > 0).all()):
+        return
+    positive = belief["diagonal"] if family == "dlr" else belief["precision"]
+    if not bool((positive > 0).all()):
         key = "diagonal" if family == "dlr" else "precision"
         raise ValueError(
             f"state['belief'][{key!r}] must be positive, got {positive.min().item()!r} first "
@@ -550,7 +557,9 @@ class BONG:
     :param callable model: a Pyro model with continuous latent sites and static
         structure; each call of :meth:`update` passes one batch of data (no subsampled
         plates: a filter sees each datum once).
-    :param str family: ``"full"`` (dense covariance, ``O(D^3)``), ``"diag"`` or ``"dlr"``
+    :param str family: ``"full"`` (dense covariance: ``O(D^2 P)`` for BONG's linearised or
+        empirical-Fisher update of ``P < D`` outputs, the Kalman form; ``O(D^3)`` for a
+        dense Hessian, BLR, BOG and BBB), ``"diag"`` or ``"dlr"``
         (diagonal plus rank-``rank`` precision, LoFi: ``O(D rank^2)``).
     :param int rank: the low rank ``L`` of ``"dlr"``, in ``[1, D]`` (default 10).
     :param str method: ``"bong"`` (one natural-gradient step from the prior; default),
@@ -830,7 +839,7 @@ class BONG:
                 f"rank must be at most the number of parameters D = {dim}, got {self.rank}"
             )
         if self.family == "full":
-            belief = FullBelief(point, torch.diag(precision).to(torch.float64))
+            belief = FullBelief(point, torch.diag(precision.reciprocal()).to(torch.float64))
         elif self.family == "diag":
             belief = DiagBelief(point, precision)
         else:
@@ -1200,7 +1209,10 @@ class BONG:
         self._require_belief()
         return {
             "family": self.family,
-            "belief": {k: v.detach().clone() for k, v in self.belief._asdict().items()},
+            "belief": {
+                k: v.detach().clone(memory_format=torch.contiguous_format)
+                for k, v in self.belief._asdict().items()
+            },
             "num_updates": self.num_updates,
             "observed_sites": self.observed_sites,
             "fingerprint": {"model": self._fingerprint, "filter": self._hyperparameters()},

@@ -31,7 +31,13 @@ For a linear-Gaussian likelihood one natural step with :math:`\alpha = 1` is Bay
 
 The families (the slides' table, ``../shared/reference/murphy-bong-slides.md``):
 
-* :class:`FullBelief`: :math:`(\mu, \Lambda)`, :math:`O(D^3)` per step;
+* :class:`FullBelief`: :math:`(\mu, \Sigma)`, the covariance: the natural step from the
+  prior with a factored Hessian (BONG, the EKF) is the Kalman update,
+  :math:`\Sigma' = \Sigma - \Sigma B^\top (I + B \Sigma B^\top)^{-1} B \Sigma` with
+  :math:`B = \sqrt{\alpha} A`, :math:`O(D^2 P)` for ``P < D`` outputs (Woodbury's form of
+  :math:`\Lambda_0 + \alpha A^\top A`), and the drift :math:`\Sigma + qI` is exact and
+  :math:`O(D^2)`; a dense Hessian, BLR's later steps and BOG/BBB need the precision,
+  :math:`O(D^3)`;
 * :class:`DiagBelief`: :math:`(\mu, \lambda)` with :math:`\Lambda = \mathrm{diag}(\lambda)`;
   the natural step keeps the diagonal of :math:`-G` (the variational diagonal EKF);
 * :class:`DLRBelief`: :math:`\Lambda = \mathrm{diag}(\upsilon) + W W^\top` with ``W``
@@ -48,13 +54,13 @@ import torch
 
 
 class FullBelief(NamedTuple):
-    """A Gaussian with a dense precision matrix."""
+    """A Gaussian with a dense covariance matrix."""
 
     #: ``(D,)``
     mean: torch.Tensor
-    #: ``(D, D)``, float64 whatever the mean's dtype: a network's precision has a condition
+    #: ``(D, D)``, float64 whatever the mean's dtype: a network's covariance has a condition
     #: number that float32 round-off turns indefinite within a few dozen updates
-    precision: torch.Tensor
+    covariance: torch.Tensor
 
 
 class DiagBelief(NamedTuple):
@@ -186,20 +192,27 @@ def dlr_matvec(diagonal, low_rank, vector):
     return diagonal * vector + low_rank @ (low_rank.transpose(-1, -2) @ vector)
 
 
+def full_precision(belief: FullBelief) -> torch.Tensor:
+    r"""The precision :math:`\Sigma^{-1}` ``(D, D)`` of a full belief, in float64
+    (:math:`O(D^3)`: the steps that need it are the ones that are :math:`O(D^3)` anyway)."""
+    return _sym(_inverse(_cholesky(belief.covariance, "covariance"), torch.float64))
+
+
 def precision_matvec(belief: Belief, vector: torch.Tensor) -> torch.Tensor:
     """The precision times ``vector`` ``(D,)``."""
     if isinstance(belief, FullBelief):
-        return (belief.precision @ vector.to(belief.precision.dtype)).to(vector.dtype)
+        chol = _cholesky(belief.covariance, "covariance")
+        return _solve(chol, vector.unsqueeze(-1)).squeeze(-1)
     if isinstance(belief, DiagBelief):
         return belief.precision * vector
     return dlr_matvec(belief.diagonal, belief.low_rank, vector)
 
 
 def covariance_solve(belief: Belief, vector: torch.Tensor) -> torch.Tensor:
-    """The covariance times ``vector`` ``(D,)`` (a solve with the precision)."""
+    """The covariance times ``vector`` ``(D,)`` (a solve with the precision, except for the
+    full family, which holds the covariance)."""
     if isinstance(belief, FullBelief):
-        chol = _cholesky(belief.precision, "precision")
-        return _solve(chol, vector.unsqueeze(-1)).squeeze(-1)
+        return (belief.covariance @ vector.to(belief.covariance.dtype)).to(vector.dtype)
     if isinstance(belief, DiagBelief):
         return vector / belief.precision
     return dlr_solve(belief, vector)
@@ -208,7 +221,7 @@ def covariance_solve(belief: Belief, vector: torch.Tensor) -> torch.Tensor:
 def covariance(belief: Belief) -> torch.Tensor:
     """The dense covariance ``(D, D)`` (``O(D^2)`` memory whatever the family)."""
     if isinstance(belief, FullBelief):
-        return _inverse(_cholesky(belief.precision, "precision"), belief.mean.dtype)
+        return belief.covariance.to(belief.mean.dtype)
     if isinstance(belief, DiagBelief):
         return torch.diag(belief.precision.reciprocal())
     eye = torch.eye(belief.mean.shape[-1], dtype=belief.mean.dtype, device=belief.mean.device)
@@ -218,7 +231,7 @@ def covariance(belief: Belief) -> torch.Tensor:
 def marginal_variance(belief: Belief) -> torch.Tensor:
     """The diagonal of the covariance ``(D,)``, in ``O(D L^2)`` for the low-rank family."""
     if isinstance(belief, FullBelief):
-        return covariance(belief).diagonal()
+        return belief.covariance.diagonal().to(belief.mean.dtype)
     if isinstance(belief, DiagBelief):
         return belief.precision.reciprocal()
     chol, scaled = _dlr_capacitance(belief)
@@ -238,8 +251,7 @@ def quadratic_diagonal(belief: Belief, rows: torch.Tensor) -> torch.Tensor:
 def covariance_solve_rows(belief: Belief, rows: torch.Tensor) -> torch.Tensor:
     """:math:`(\\Sigma H^T)^T` for ``rows`` ``H`` ``(P, D)``."""
     if isinstance(belief, FullBelief):
-        chol = _cholesky(belief.precision, "precision")
-        return _solve(chol, rows.transpose(-1, -2)).transpose(-1, -2)
+        return (rows.to(belief.covariance.dtype) @ belief.covariance).to(rows.dtype)
     if isinstance(belief, DiagBelief):
         return rows / belief.precision
     return dlr_solve(belief, rows.transpose(-1, -2)).transpose(-1, -2)
@@ -277,10 +289,9 @@ def sample(
             (num_samples,) + mean.shape, dtype=mean.dtype, device=mean.device, generator=generator
         )
     if isinstance(belief, FullBelief):
-        chol = _cholesky(belief.precision, "precision")
-        # Lambda = L L^T, so L^-T eps has covariance Lambda^-1.
-        z = _triangular_solve(chol.transpose(-1, -2), eps.transpose(-1, -2), upper=True)
-        return mean + z.transpose(-1, -2)
+        chol = _cholesky(belief.covariance, "covariance")
+        # Sigma = L L^T, so L eps has covariance Sigma.
+        return mean + (eps.to(chol.dtype) @ chol.transpose(-1, -2)).to(mean.dtype)
     if isinstance(belief, DiagBelief):
         return mean + eps * belief.precision.rsqrt()
     root = belief.diagonal.rsqrt()
@@ -300,10 +311,9 @@ def predict_random_walk(belief: Belief, q: torch.Tensor) -> Belief:
     so the rank stays ``L``.
     """
     if isinstance(belief, FullBelief):
-        cov = _inverse(_cholesky(belief.precision, "precision"), torch.float64)
+        cov = belief.covariance
         eye = torch.eye(cov.shape[-1], dtype=cov.dtype, device=cov.device)
-        chol = _cholesky(_sym(cov + q * eye), "predicted covariance")
-        return FullBelief(belief.mean, _sym(_inverse(chol, torch.float64)))
+        return FullBelief(belief.mean, cov + q * eye)
     if isinstance(belief, DiagBelief):
         return DiagBelief(belief.mean, belief.precision / (1 + q * belief.precision))
     ups, W = belief.diagonal, belief.low_rank
@@ -365,20 +375,36 @@ def natural_step(
     first = current is prior
     offset = current.mean - prior.mean
     if isinstance(current, FullBelief):
-        # Formed in float64: A^T A and the prior precision can differ by orders of magnitude.
+        # In float64: A^T A and the prior precision can differ by orders of magnitude.
         wide = torch.float64
-        increment = _negative_hessian(current, factor, hessian)
-        if first:
-            precision = prior.precision.to(wide) + lr * increment
-        else:
-            precision = (1 - lr) * current.precision.to(wide) + lr * (
-                prior.precision.to(wide) + increment
+        if first and factor is not None and factor.shape[-2] < factor.shape[-1]:
+            # The Kalman update, Woodbury's form of (Sigma^-1 + lr A^T A)^-1: O(D^2 P).
+            cov = prior.covariance
+            scaled = factor.to(wide) * lr**0.5
+            cov_scaled = cov @ scaled.transpose(-1, -2)
+            eye = torch.eye(scaled.shape[-2], dtype=wide, device=cov.device)
+            chol = _cholesky(_sym(eye + scaled @ cov_scaled), "innovation covariance")
+            new_cov = _sym(cov - cov_scaled @ _solve(chol, cov_scaled.transpose(-1, -2)))
+            # Positive definite on paper; its diagonal is the cheap round-off check.
+            require(
+                new_cov.diagonal() > 0,
+                lambda: NotPositiveDefiniteError("the updated covariance is not positive"),
             )
+            step = (new_cov @ grad.to(wide)).to(grad.dtype)
+            return FullBelief(current.mean + lr * step, new_cov)
+        increment = _negative_hessian(current, factor, hessian)
+        prior_precision = full_precision(prior)
+        if first:
+            precision = prior_precision + lr * increment
+        else:
+            precision = (1 - lr) * full_precision(current) + lr * (prior_precision + increment)
         precision = _sym(precision)
-        direction = grad if first else grad - precision_matvec(prior, offset)
+        direction = grad
+        if not first:
+            direction = grad - (prior_precision @ offset.to(wide)).to(grad.dtype)
         chol = _cholesky(precision, "updated precision")
         step = _solve(chol, direction.unsqueeze(-1)).squeeze(-1)
-        return FullBelief(current.mean + lr * step, precision)
+        return FullBelief(current.mean + lr * step, _sym(_inverse(chol, wide)))
     if isinstance(current, DiagBelief):
         increment = _negative_hessian(current, factor, hessian)
         if first:
@@ -430,11 +456,13 @@ def euclidean_step(
     if isinstance(current, FullBelief):
         wide = torch.float64
         G = -_negative_hessian(current, factor, hessian)
-        cov = _inverse(_cholesky(current.precision, "precision"), wide)
-        direction = grad - precision_matvec(prior, offset)
-        new_cov = _sym(cov + 0.5 * lr * (G + current.precision - prior.precision))
-        chol = _cholesky(new_cov, "updated covariance")
-        return FullBelief(current.mean + lr * direction, _sym(_inverse(chol, wide)))
+        prior_precision = full_precision(prior)
+        direction = grad - (prior_precision @ offset.to(wide)).to(grad.dtype)
+        new_cov = _sym(
+            current.covariance + 0.5 * lr * (G + full_precision(current) - prior_precision)
+        )
+        _cholesky(new_cov, "updated covariance")  # the step must keep it positive definite
+        return FullBelief(current.mean + lr * direction, new_cov)
     if isinstance(current, DiagBelief):
         G = -_negative_hessian(current, factor, hessian)
         variance = current.precision.reciprocal()

@@ -150,12 +150,16 @@ def test_load_state_dict_refuses_extra_keys_wrong_types_and_shapes():
     belief = dict(good["belief"])
     with pytest.raises(TypeError, match=r"state\['belief'\]\['mean'\] must be a tensor"):
         BONG(linear).load_state_dict({**good, "belief": {**belief, "mean": [0.0, 0.0]}})
-    with pytest.raises(ValueError, match=r"state\['belief'\] has no key 'precision'"):
+    with pytest.raises(ValueError, match=r"state\['belief'\] has no key 'covariance'"):
         BONG(linear).load_state_dict({**good, "belief": {"mean": belief["mean"]}})
-    with pytest.raises(ValueError, match=r"\['precision'\] has shape \(3, 3\)"):
-        BONG(linear).load_state_dict({**good, "belief": {**belief, "precision": torch.eye(3)}})
+    with pytest.raises(ValueError, match=r"\['covariance'\] has shape \(3, 3\)"):
+        BONG(linear).load_state_dict({**good, "belief": {**belief, "covariance": torch.eye(3)}})
     with pytest.raises(ValueError, match="positive-definite"):
-        BONG(linear).load_state_dict({**good, "belief": {**belief, "precision": -torch.eye(D)}})
+        BONG(linear).load_state_dict({**good, "belief": {**belief, "covariance": -torch.eye(D)}})
+    # a state saved when the full family kept its precision says how to convert it
+    old_format = {"mean": belief["mean"], "precision": torch.eye(D)}
+    with pytest.raises(ValueError, match=r"saved before .*torch.linalg.inv"):
+        BONG(linear).load_state_dict({**good, "belief": old_format})
     # the state of the same filter still resumes it
     x, y = data()
     resumed = BONG(linear).load_state_dict(good).update(x, y)
@@ -382,7 +386,7 @@ def test_bernoulli_rewards_outside_zero_one_are_refused(reward):
 
 @SETTINGS
 @given(
-    key=st.sampled_from(["mean", "precision"]),
+    key=st.sampled_from(["mean", "covariance"]),
     position=st.integers(0, D * D - 1),
     value=nonfinite,
 )

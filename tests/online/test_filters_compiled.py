@@ -21,14 +21,6 @@ from pyro_ext.online import (
 )
 
 
-@pytest.fixture
-def float64():
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float64)
-    yield
-    torch.set_default_dtype(previous)
-
-
 def logistic_model(dim):
     def model(x, y=None):
         w = pyro.sample("w", dist.Normal(torch.zeros(dim, device=x.device), 1.0).to_event(1))
