@@ -46,6 +46,7 @@ import pyro.distributions as dist
 import torch
 from pyro.infer.autoguide.initialization import init_to_mean, init_to_sample
 
+from ..infer.tracing import ModelNotTraceableError, compile_graph, trace_pure
 from ..ops.validation import check_int, check_real
 from . import updates
 from .filters import BONG, LoFi
@@ -597,6 +598,9 @@ class ThompsonBandit:
         #: the filter holding the belief (its ``belief`` is ``None`` before the first observation)
         self.filter = filter
         self._site = None
+        #: the traced scoring of the arms (a filter built with ``jit_compile``), by the
+        #: context's shape; ``False`` once a model proved untraceable
+        self._score_graphs = {}
         return self
 
     def __repr__(self):
@@ -700,7 +704,68 @@ class ThompsonBandit:
             )
         return arm_means.reshape(num_arms)
 
+    def _compiled_scores(self, context):
+        """
+        The arms' scores through one traced (compiled) graph of the belief, the draw's
+        standard normal noise (drawn here, as :func:`~.updates.sample` draws it) and the
+        context: the draw, the drift and the batched model run that the eager scoring does
+        op by op. ``None`` when the scoring runs eagerly (a model that cannot be traced).
+        """
+        filter = self.filter
+        belief = filter.belief
+        thompson = self.policy == "thompson"
+        key = (tuple(context.shape), context.dtype) if context is not None else None
+        graph = self._score_graphs.get(key)
+        if graph is False:
+            return None
+        inputs = list(belief)
+        if thompson:
+            mean = belief.mean
+            inputs.append(torch.randn((1,) + mean.shape, dtype=mean.dtype, device=mean.device))
+        if context is not None:
+            inputs.append(context)
+        if graph is None:
+            num_belief, belief_type = len(belief), type(belief)
+
+            def scores(*inputs):
+                current = belief_type(*inputs[:num_belief])
+                rest = list(inputs[num_belief:])
+                if thompson:
+                    noise = rest.pop(0)
+                    predicted = current
+                    if filter.drift is not None:
+                        predicted = updates.predict_random_walk(current, filter.drift)
+                    theta = updates.sample(predicted, 1, noise=noise)[0]
+                else:
+                    theta = current.mean
+                with updates.deferred_checks():
+                    means = self._arm_means(filter.potential.constrain(theta), *rest or [None])
+                return (means,)
+
+            try:
+                traced = trace_pure(scores, inputs, "build the filter with jit_compile=False")
+            except ModelNotTraceableError:
+                self._score_graphs[key] = False  # the filter's own update warns about it
+                return None
+            cudagraphs = False
+            if filter.jit_compile == "trace":
+                fn = traced
+            else:
+                fn, _, cudagraphs = compile_graph(traced, inputs, filter.compile_mode, "scoring")
+            graph = self._score_graphs[key] = (fn, cudagraphs)
+        fn, cudagraphs = graph
+        if cudagraphs:
+            torch.compiler.cudagraph_mark_step_begin()
+            return fn(*inputs)[0].clone()
+        return fn(*inputs)[0]
+
     def _scores(self, context):
+        if self.filter.jit_compile and self.policy in ("thompson", "greedy", "epsilon_greedy"):
+            if context is not None:
+                context = context.to(self.filter.belief.mean.device)
+            scores = self._compiled_scores(context)
+            if scores is not None:
+                return scores
         if self.policy == "thompson":
             with torch.no_grad():
                 # A draw of the parameters of the coming round: after the drift, if any.

@@ -297,3 +297,20 @@ def test_errors():
         bayes_opt_1d(_two_bumps, (0.0, 1.0), dtype=torch.long)
     with pytest.raises(ValueError, match="objective returned nan"):
         bayes_opt_1d(lambda x: math.nan, (0.0, 1.0), num_steps=2)
+
+
+@pytest.mark.parametrize("policy", ["thompson", "greedy"])
+def test_a_traced_agent_plays_the_eager_agents_game(policy):
+    # The compiled filter's update and the traced scoring of the arms: the same draws, so
+    # the same actions and the same belief as the eager agent, round after round.
+    env = LinearContextualBandit(torch.randn(3, 4, generator=torch.Generator().manual_seed(0)))
+    model = neural_contextual_model(4, 3, hidden=(8,))
+    histories, beliefs = [], []
+    for jit in (False, "trace"):
+        agent = ThompsonBandit(lambda jit=jit: LoFi(model, 4, jit_compile=jit), 3, policy=policy)
+        histories.append(agent.run(env, num_steps=40, seed=3))
+        beliefs.append(agent.filter.mean)
+        if jit:
+            assert len(agent._score_graphs) == 1 and len(agent.filter._graphs) == 1
+    assert torch.equal(histories[0].actions, histories[1].actions)
+    torch.testing.assert_close(beliefs[1], beliefs[0], atol=1e-5, rtol=1e-5)
