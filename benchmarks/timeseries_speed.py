@@ -51,7 +51,12 @@ from _common import (
 )
 
 from pyro_ext.timeseries.hmm import HiddenMarkovDistribution, hmm_log_likelihood, hmm_viterbi
-from pyro_ext.timeseries.kalman import StateSpaceMatrices, kalman_filter, kalman_log_likelihood
+from pyro_ext.timeseries.kalman import (
+    StateSpaceMatrices,
+    kalman_filter,
+    kalman_log_likelihood,
+    kalman_smoother,
+)
 
 RESULTS = REPO / "benchmarks" / "results" / "timeseries_speed.md"
 PERIOD = 12
@@ -97,6 +102,29 @@ def _installed(module):
         return None
 
 
+def _dynamax():
+    """dynamax's HMM and linear-Gaussian inference in float64 (``jax_enable_x64``), or
+    ``None`` when it is not installed."""
+    try:
+        import jax
+
+        jax.config.update("jax_enable_x64", True)
+        from dynamax.hidden_markov_model import hmm_filter, hmm_posterior_mode
+        from dynamax.linear_gaussian_ssm import inference as lgssm
+    except ImportError:
+        return None
+    return jax, hmm_filter, hmm_posterior_mode, lgssm
+
+
+def _jax_timed(fn, *args):
+    """``fn`` jitted, its compile done, as a zero-argument call that waits for the result."""
+    import jax
+
+    jitted = jax.jit(fn)
+    jax.block_until_ready(jitted(*args))
+    return lambda: jax.block_until_ready(jitted(*args))
+
+
 def random_hmm(K, T, dtype, device, generator):
     """Pyro-convention initial logits (state before the first transition), transition logits
     with sticky rows, Gaussian emission means and a series drawn from well-separated states."""
@@ -114,6 +142,7 @@ def hmm_tables(sizes, repeats, device):
     generator = torch.Generator().manual_seed(0)
     loglik_rows, grad_rows, viterbi_rows = [], [], []
     have_hmmlearn = _installed("hmmlearn")
+    peer = _dynamax()
     if have_hmmlearn:
         from hmmlearn.hmm import GaussianHMM
     for K, T in sizes:
@@ -209,6 +238,49 @@ def hmm_tables(sizes, repeats, device):
                 ),
             )
         )
+        if peer is not None and device.type == "cpu":
+            jax, hmm_filter, hmm_posterior_mode, _ = peer
+            jnp, norm = jax.numpy, jax.scipy.stats.norm
+            p0, A = jnp.asarray(init64.exp().numpy()), jnp.asarray(trans64.exp().numpy())
+            mu, xs = jnp.asarray(locs64.numpy()), jnp.asarray(x64.numpy())
+            # The emission log-densities inside the jitted call, as ours computes them.
+            their_ll = _jax_timed(
+                lambda p0, A, mu, xs: (
+                    hmm_filter(p0, A, norm.logpdf(xs[:, None], mu, 1.0)).marginal_loglik
+                ),
+                p0,
+                A,
+                mu,
+                xs,
+            )
+            their_mode = _jax_timed(
+                lambda p0, A, mu, xs: hmm_posterior_mode(p0, A, norm.logpdf(xs[:, None], mu, 1.0)),
+                p0,
+                A,
+                mu,
+                xs,
+            )
+            if not np.isclose(ours_ll, float(their_ll()), rtol=1e-8, atol=1e-6):
+                raise AssertionError(
+                    f"log-likelihood mismatch: ours {ours_ll}, dynamax {their_ll()}"
+                )
+            agree = float((np.asarray(their_mode()) == ours_path[0].numpy()).mean())
+            if agree < 0.999:
+                raise AssertionError(f"Viterbi paths agree on only {agree:.4f} of the steps")
+            loglik_rows.append(
+                _row(
+                    "hmm_log_likelihood vs dynamax hmm_filter (f64, jit)",
+                    setting,
+                    timed_pair(ours_floor, their_ll, repeats, device),
+                )
+            )
+            viterbi_rows.append(
+                _row(
+                    "hmm_viterbi vs dynamax hmm_posterior_mode (f64, jit)",
+                    setting,
+                    timed_pair(ours_viterbi, their_mode, repeats, device),
+                )
+            )
     return loglik_rows, grad_rows, viterbi_rows
 
 
@@ -264,9 +336,65 @@ def trend_seasonal_matrices(variances, dtype, device):
     return G, F, W, V
 
 
+def _dynamax_kalman_rows(
+    peer, y, variances, init_mean, init_cov, setting, repeats, device, ours, ours_filter
+):
+    """Ours against dynamax's jitted ``lgssm_filter`` (log-likelihood; all filtered
+    moments) and ``lgssm_smoother`` on the same model and series, checked to agree."""
+    jax, _, _, lgssm = peer
+    jnp = jax.numpy
+    G, F, W, V = trend_seasonal_matrices(variances, torch.float64, device)
+    as_jax = lambda t: jnp.asarray(t.cpu().numpy())  # noqa: E731
+    S = G.shape[0]
+    params = lgssm.ParamsLGSSM(
+        initial=lgssm.ParamsLGSSMInitial(mean=as_jax(init_mean), cov=as_jax(init_cov)),
+        dynamics=lgssm.ParamsLGSSMDynamics(
+            weights=as_jax(G), bias=jnp.zeros(S), input_weights=jnp.zeros((S, 0)), cov=as_jax(W)
+        ),
+        emissions=lgssm.ParamsLGSSMEmissions(
+            weights=as_jax(F), bias=jnp.zeros(1), input_weights=jnp.zeros((1, 0)), cov=as_jax(V)
+        ),
+    )
+    emissions = as_jax(y)[:, None]
+    their_ll = _jax_timed(lambda e: lgssm.lgssm_filter(params, e).marginal_loglik, emissions)
+    their_filter = _jax_timed(lambda e: lgssm.lgssm_filter(params, e), emissions)
+    their_smoother = _jax_timed(lambda e: lgssm.lgssm_smoother(params, e), emissions)
+    matrices = StateSpaceMatrices(G, F, W, V, init_mean, init_cov)
+
+    def ours_smoother():
+        return kalman_smoother(y[:, None], matrices)
+
+    if not np.isclose(float(ours()), float(their_ll()), rtol=1e-8, atol=1e-6):
+        raise AssertionError(
+            f"Kalman log-likelihood mismatch: ours {float(ours())}, dynamax {their_ll()}"
+        )
+    smoothed = np.asarray(their_smoother().smoothed_means)
+    gap = np.abs(ours_smoother().smoothed_means.cpu().numpy() - smoothed).max()
+    if gap > 1e-6 * max(1.0, np.abs(smoothed).max()):
+        raise AssertionError(f"smoothed means differ from dynamax's by {gap}")
+    return [
+        _row(
+            "kalman_log_likelihood vs dynamax lgssm_filter (f64, jit)",
+            setting,
+            timed_pair(ours, their_ll, repeats, device),
+        ),
+        _row(
+            "kalman_filter (all moments) vs dynamax lgssm_filter",
+            setting,
+            timed_pair(ours_filter, their_filter, repeats, device),
+        ),
+        _row(
+            "kalman_smoother vs dynamax lgssm_smoother",
+            setting,
+            timed_pair(ours_smoother, their_smoother, repeats, device),
+        ),
+    ]
+
+
 def kalman_tables(lengths, repeats, device):
     rows, grad_rows = [], []
     have_statsmodels = _installed("statsmodels")
+    peer = _dynamax()
     dtype = torch.float64
     truth = torch.tensor([0.1, 0.01, 0.05, 0.5], dtype=dtype)
     generator = torch.Generator().manual_seed(1)
@@ -296,6 +424,21 @@ def kalman_tables(lengths, repeats, device):
             kalman_log_likelihood(y[:, None], matrices).backward()
 
         setting = f"LLT + seasonal(12), T={T:.0e}"
+        if peer is not None and device.type == "cpu":
+            rows.extend(
+                _dynamax_kalman_rows(
+                    peer,
+                    y,
+                    variances,
+                    init_mean,
+                    init_cov,
+                    setting,
+                    repeats,
+                    device,
+                    ours,
+                    ours_filter,
+                )
+            )
         if not have_statsmodels:
             rows.append(
                 [
@@ -355,16 +498,25 @@ def main(argv=None):
     device = torch.device(args.device)
     repeats = args.repeats or (2 if args.quick else 7)
     hmm_sizes = (
-        [(3, 200), (20, 200)] if args.quick else [(3, 1000), (3, 100000), (20, 1000), (20, 100000)]
+        [(3, 200), (20, 200)]
+        if args.quick
+        else [(3, 1000), (3, 100000), (10, 100000), (20, 1000), (20, 100000)]
     )
     kalman_lengths = [200] if args.quick else [1000, 10000]
 
+    # Funsor first: once jax is imported (the dynamax rows), funsor's
+    # is_jax_compiled_function fails on every call of a process that did not set its jax
+    # backend (funsor 0.4.8).
+    enum_rows = enumeration_table(200, repeats, device)
     loglik_rows, grad_rows, viterbi_rows = hmm_tables(hmm_sizes, repeats, device)
     kalman_rows, kalman_grad_rows = kalman_tables(kalman_lengths, repeats, device)
-    enum_rows = enumeration_table(200, repeats, device)
     header = ["ours vs baseline", "setting", "ours (ms)", "baseline (ms)", "ratio (median)"]
     peers = (
-        ", ".join(f"{m} {_installed(m)}" for m in ("hmmlearn", "statsmodels") if _installed(m))
+        ", ".join(
+            f"{m} {_installed(m)}"
+            for m in ("hmmlearn", "statsmodels", "dynamax", "jax")
+            if _installed(m)
+        )
         or "none"
     )
     preamble = (

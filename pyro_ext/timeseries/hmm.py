@@ -441,17 +441,23 @@ def hmm_filter(
 def _forward_backward(problem):
     """Filtered probabilities and scaled backward messages, both ``(T, ..., K)``: a forward
     prefix scan and a backward (suffix) scan."""
-    filtered, log_norms = problem.forward()
-    _check_evidence(problem, log_norms[-1], log_norms)
     # beta_t^T = 1^T X_T^T ... X_{t+1}^T: a prefix scan over the reversed, transposed factors.
-    backward_factors = problem.log_factors().transpose(-1, -2).flip(0)
-    uniform = torch.zeros_like(problem.log_init)
-    beta = scan.vector_scan(
-        semiring.scaled_vector(uniform),
-        semiring.scaled_matrix(backward_factors),
+    # Both scans run as one, stacked on a new leading batch dim: half the Python steps
+    # (each level's products are tiny for a small K, so their count is the cost).
+    log_factors = problem.log_factors()
+    first = problem.log_first()
+    uniform = torch.zeros_like(first)
+    stacked_factors = torch.stack([log_factors, log_factors.transpose(-1, -2).flip(0)], 1)
+    stacked_start = torch.stack([first, uniform.expand_as(first)])
+    probs, log_norms = scan.vector_scan(
+        semiring.scaled_vector(stacked_start),
+        semiring.scaled_matrix(stacked_factors),
         semiring.scaled_vec_mat,
         semiring.scaled_mat_mat,
-    )[0].flip(0)
+    )
+    filtered, log_norms = probs[:, 0], log_norms[:, 0]
+    _check_evidence(problem, log_norms[-1], log_norms)
+    beta = probs[:, 1].flip(0)
     return filtered, beta, log_norms[-1]
 
 
