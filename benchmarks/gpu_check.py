@@ -653,11 +653,76 @@ def stage_scans(ctx, record):
                     f"{name}, {setting}", f"{ours} / {theirs} ms (ours / baseline)", f"{ratio}"
                 )
 
+    # Funsor's enumeration first: the HMM tables may import jax (dynamax rows on the CPU),
+    # after which funsor 0.4.8's torch backend fails in this process.
+    add(ts.enumeration_table(200, repeats, device))
     for rows in ts.hmm_tables(hmm_sizes, repeats, device):
         add(rows)
     for rows in ts.kalman_tables(lengths, repeats, device):
         add(rows)
-    add(ts.enumeration_table(200, repeats, device))
+
+
+# -- 5b. compiled online updates ---------------------------------------------------------------
+def stage_online(ctx, record):
+    import pyro
+    import pyro.distributions as dist
+
+    from pyro_ext.online import BONG, LoFi
+
+    device = ctx.device
+    hidden = 16 if ctx.small else 100
+    steps = 12 if ctx.small else 60
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(steps, 2, generator=g).to(device)
+    y = torch.sin(2 * x[:, 0]) + 0.3 * torch.randn(steps, generator=g).to(device)
+    start = {
+        "w1": torch.randn(2, hidden, generator=g).to(device),
+        "b1": torch.randn(hidden, generator=g).to(device),
+        "w2": torch.randn(hidden, generator=g).to(device),
+    }
+
+    def model(x, y=None):
+        w1 = pyro.sample(
+            "w1", dist.Normal(torch.zeros(2, hidden, device=x.device), 1.0).to_event(2)
+        )
+        b1 = pyro.sample("b1", dist.Normal(torch.zeros(hidden, device=x.device), 1.0).to_event(1))
+        w2 = pyro.sample("w2", dist.Normal(torch.zeros(hidden, device=x.device), 1.0).to_event(1))
+        with pyro.plate("data", x.shape[0]):
+            pyro.sample("y", dist.Normal(torch.tanh(x @ w1 + b1) @ w2, 0.3), obs=y)
+
+    init = pyro.infer.autoguide.initialization.init_to_value(values=start)
+    dim = 2 * hidden + hidden + hidden
+    for label, make in (
+        ("BONG full", lambda jit: BONG(model, init_strategy=init, jit_compile=jit)),
+        ("LoFi rank 10", lambda jit: LoFi(model, 10, init_strategy=init, jit_compile=jit)),
+    ):
+        times, means = {}, {}
+        for jit in (False, True):
+            f = make(jit)
+            f.update(x[:1], y[:1])
+            began = time.perf_counter()
+            f.update(x[1:2], y[1:2])  # compiles (CUDA: at this first call)
+            sync(device)
+            first = time.perf_counter() - began
+            per = []
+            for t in range(2, steps):
+                began = time.perf_counter()
+                f.update(x[t : t + 1], y[t : t + 1])
+                sync(device)
+                per.append(time.perf_counter() - began)
+            times[jit], means[jit] = per, f.mean
+            if jit:
+                compile_note = f"the update that compiled: {first:.1f} s"
+        gap = float((means[True] - means[False]).abs().max())
+        if not gap < 1e-3:
+            raise StageFailed(f"{label}: compiled and eager means differ by {gap:.2e} on {device}")
+        ratio = statistics.median(times[True]) / statistics.median(times[False])
+        record.row(
+            f"{label} update, compiled, 2-{hidden}-1 MLP (D = {dim})",
+            spread_us(times[True]),
+            f"÷ eager {ratio:.2f}; means agree to {gap:.1e}; {compile_note}",
+        )
+        record.row(f"{label} update, eager", spread_us(times[False]), "baseline")
 
 
 # -- 6. the distributed step ------------------------------------------------------------------
@@ -740,7 +805,8 @@ STAGES = [
     ),
     Stage("vis", "VIS refinement cost, T = 5 / T = 0 (vis_cost.py)", 0.06, stage_vis),
     Stage("ivon", "IVON step vs Adam's (ngvi.py)", 0.13, stage_ivon),
-    Stage("scans", "HMM / Kalman scans at long T (timeseries_speed.py)", 0.10, stage_scans),
+    Stage("scans", "HMM / Kalman scans at long T (timeseries_speed.py)", 0.08, stage_scans),
+    Stage("online", "Online filters: compiled vs eager update (online.py)", 0.05, stage_online),
     Stage("distributed", "Distributed SG-MCMC step (distributed.py)", 0.08, stage_distributed),
 ]
 
