@@ -30,9 +30,10 @@ repeat; times in milliseconds, median / mean / p90 / max over the repeats):
    dynamax's jitted ``lgssm_filter`` (its log-likelihood; all its filtered moments) and
    ``lgssm_smoother`` against ``kalman_log_likelihood``, ``kalman_filter`` and
    ``kalman_smoother`` on the same model and series, checked to agree.
-4. DLM maximum likelihood: ``fit_dlm`` (L-BFGS through the exact Kalman likelihood; its
-   default 3 seeded starts, and 1) against statsmodels' ``UnobservedComponents(y, "local
-   level").fit()`` on the Nile, with the estimates and log-likelihoods.
+4. DLM maximum likelihood: ``fit_dlm`` (L-BFGS through the exact Kalman likelihood, and EM
+   with SQUAREM; its default 3 seeded starts, and 1) against statsmodels'
+   ``UnobservedComponents(y, "local level").fit()`` on the Nile, with the estimates and
+   log-likelihoods.
 
 CPU runs use one intra-op thread (``--threads``). Peers that are not importable get a
 "not installed" row (``pip install -c constraints.txt -e ".[bench]"`` installs them).
@@ -521,16 +522,22 @@ def dlm_fit_table(repeats, device):
             return model.fit(disp=False)
 
     rows = []
-    for restarts in (3, 1):
+    for method, restarts in (("lbfgs", 3), ("lbfgs", 1), ("em", 3), ("em", 1)):
         timing = timed_pair(
-            lambda restarts=restarts: fit_dlm(local_level, flow, start, num_restarts=restarts),
+            lambda method=method, restarts=restarts: fit_dlm(
+                local_level, flow, start, num_restarts=restarts, method=method
+            ),
             theirs,
             repeats,
             device,
         )
-        label = f"fit_dlm ({restarts} start{'s' if restarts > 1 else ''}) vs statsmodels fit"
+        label = (
+            f"fit_dlm (method={method!r}, {restarts} start{'s' if restarts > 1 else ''}) "
+            "vs statsmodels fit"
+        )
         rows.append(_row(label, "Nile local level (T = 100)", timing))
     ours = fit_dlm(local_level, flow, start)
+    em = fit_dlm(local_level, flow, start, method="em")
     irregular, level = theirs().params
     at_theirs = local_level(
         {"level": torch.tensor(level**0.5), "observation": torch.tensor(irregular**0.5)}
@@ -538,7 +545,9 @@ def dlm_fit_table(repeats, device):
     note = (
         f"Estimates (observation, level variances): ours {ours.scales['observation'] ** 2:.0f} / "
         f"{ours.scales['level'] ** 2:.1f}, statsmodels {irregular:.0f} / {level:.1f}; our "
-        f"log-likelihood at ours {ours.log_likelihood:.4f}, at statsmodels' {float(at_theirs):.4f}."
+        f"log-likelihood at ours {ours.log_likelihood:.4f}, at statsmodels' {float(at_theirs):.4f}; "
+        f"EM's estimates {em.scales['observation'] ** 2:.0f} / {em.scales['level'] ** 2:.1f}, "
+        f"log-likelihood {em.log_likelihood:.4f}."
     )
     return rows, note
 

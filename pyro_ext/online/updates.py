@@ -221,7 +221,8 @@ def covariance_solve(belief: Belief, vector: torch.Tensor) -> torch.Tensor:
 def covariance(belief: Belief) -> torch.Tensor:
     """The dense covariance ``(D, D)`` (``O(D^2)`` memory whatever the family)."""
     if isinstance(belief, FullBelief):
-        return belief.covariance.to(belief.mean.dtype)
+        # A copy: the caller may write into it, the belief must not change.
+        return belief.covariance.to(belief.mean.dtype, copy=True)
     if isinstance(belief, DiagBelief):
         return torch.diag(belief.precision.reciprocal())
     eye = torch.eye(belief.mean.shape[-1], dtype=belief.mean.dtype, device=belief.mean.device)
@@ -231,7 +232,7 @@ def covariance(belief: Belief) -> torch.Tensor:
 def marginal_variance(belief: Belief) -> torch.Tensor:
     """The diagonal of the covariance ``(D,)``, in ``O(D L^2)`` for the low-rank family."""
     if isinstance(belief, FullBelief):
-        return belief.covariance.diagonal().to(belief.mean.dtype)
+        return belief.covariance.diagonal().to(belief.mean.dtype, copy=True)
     if isinstance(belief, DiagBelief):
         return belief.precision.reciprocal()
     chol, scaled = _dlr_capacitance(belief)

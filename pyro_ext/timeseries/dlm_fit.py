@@ -1,6 +1,6 @@
-"""
+r"""
 Maximum-likelihood fitting of a dynamic linear model's scales, by L-BFGS through the exact
-Kalman likelihood (:meth:`~pyro_ext.timeseries.DLM.log_likelihood`).
+Kalman likelihood (:meth:`~pyro_ext.timeseries.DLM.log_likelihood`), or by EM.
 
 The model is given as a function of its scales, so any combination of components (and any
 tying of scales between them) fits: ``make_dlm(scales) -> DLM`` with ``scales`` a dict of
@@ -8,6 +8,17 @@ positive 0-dim tensors. The scales are optimised on the log scale, from ``init``
 ``num_restarts - 1`` further starts around it; the best start by log-likelihood is kept.
 This is the estimator of statsmodels' ``UnobservedComponents.fit`` (there by BFGS with
 numerical or approximate derivatives; here with the exact gradient of the Kalman filter).
+
+``method="em"`` runs the EM algorithm of Shumway & Stoffer (1982) instead: the E-step is one
+Kalman filter and smoother pass (with the lag-one covariances
+:math:`\mathrm{Cov}(x_t, x_{t-1} \mid y)`), the M-step the closed-form variance of each
+scale's state disturbances (or of the observation noise). It applies when every scale is the
+scale of its own diagonal entries of the disturbance covariance ``W`` (or of the observation
+variance), as in :class:`~pyro_ext.timeseries.LocalLevel`,
+:class:`~pyro_ext.timeseries.LocalLinearTrend` and :class:`~pyro_ext.timeseries.Seasonal`,
+and the prior of the first state does not depend on them; every iteration raises the
+likelihood (checked). EM is robust far from the optimum but converges linearly, so it
+takes more passes than L-BFGS near it.
 
 Example: the Nile's local level model (Durbin & Koopman 2012, section 2.10, where the
 maximum-likelihood variances are 15099 and 1469.1):
@@ -30,8 +41,9 @@ from typing import NamedTuple
 
 import torch
 
-from ..ops.validation import check_int, check_positive
+from ..ops.validation import check_choice, check_int, check_positive
 from .dlm import DLM
+from .kalman import smoothed_second_moments
 
 __all__ = ["DLMFit", "fit_dlm"]
 
@@ -63,6 +75,7 @@ def fit_dlm(
     max_iterations: int = 200,
     tolerance: float = 1e-9,
     seed: int = 0,
+    method: str = "lbfgs",
 ) -> DLMFit:
     """Maximum-likelihood scales of a DLM (see the module docstring).
 
@@ -72,14 +85,17 @@ def fit_dlm(
     :param dict init: name -> positive starting scale (the first start).
     :param int num_restarts: starts in all; each further one multiplies every starting
         scale by ``exp(z)``, ``z ~ N(0, 1)`` (seeded by ``seed``), against local optima.
-    :param int max_iterations: L-BFGS iterations per start.
+    :param int max_iterations: L-BFGS (or EM) iterations per start.
     :param float tolerance: L-BFGS's tolerance on the change of the log-likelihood and on
-        the gradient of the log-scales.
+        the gradient of the log-scales; EM stops when an iteration raises the
+        log-likelihood by less than ``tolerance`` per observation.
+    :param str method: ``"lbfgs"`` (default) or ``"em"`` (see the module docstring).
     :returns: :class:`DLMFit`.
     :raises TypeError: if ``make_dlm`` is not callable, ``y`` not a floating-point tensor,
         ``init`` not a non-empty dict, or ``make_dlm`` does not return a :class:`DLM`.
-    :raises ValueError: if a starting scale is not positive and finite, or no start reaches
-        a finite log-likelihood.
+    :raises ValueError: if a starting scale is not positive and finite, no start reaches a
+        finite log-likelihood, or ``method="em"`` meets a model EM does not apply to (the
+        message says why; ``method="lbfgs"`` fits it).
     """
     if not callable(make_dlm):
         raise TypeError(f"make_dlm must be callable (scales -> DLM), got {make_dlm!r}")
@@ -92,6 +108,7 @@ def fit_dlm(
     max_iterations = check_int(max_iterations, "max_iterations", low=1)
     tolerance = check_positive(tolerance, "tolerance")
     seed = check_int(seed, "seed")
+    check_choice(method, "method", ("lbfgs", "em"))
     names = list(starts)
     base = torch.tensor([math.log(starts[n]) for n in names], dtype=torch.float64)
     # Starts are drawn on the CPU, so that a seed gives the same fit on every device.
@@ -105,6 +122,18 @@ def fit_dlm(
             raise TypeError(f"make_dlm must return a DLM, got {type(model).__name__}")
         return model
 
+    if method == "em":
+        return _fit_em(
+            build,
+            names,
+            y,
+            [base] + list(base + jitter),
+            options,
+            max_iterations,
+            tolerance,
+            init,
+            num_restarts,
+        )
     best, finals = None, []
     for start in [base] + list(base + jitter):
         log_scales = start.to(**options).requires_grad_()
@@ -130,6 +159,195 @@ def fit_dlm(
         finals.append(value if math.isfinite(value) else -math.inf)
         if math.isfinite(value) and (best is None or value > best[0]):
             best = (value, log_scales.detach().clone(), iterations < max_iterations)
+    if best is None:
+        raise ValueError(
+            f"no start of fit_dlm reached a finite log-likelihood ({num_restarts} tried from "
+            f"init={init}): check y and make_dlm, or give starting scales of y's magnitude"
+        )
+    value, log_scales, converged = best
+    return DLMFit(
+        build(log_scales),
+        {n: float(log_scales[i].exp()) for i, n in enumerate(names)},
+        value,
+        converged,
+        finals,
+    )
+
+
+# -- EM (Shumway & Stoffer 1982) --------------------------------------------------------------
+class _Patterns(NamedTuple):
+    """How each scale enters the model: its diagonal entries of ``W`` (``(K, S)``
+    coefficients, ``W = diag(sum_k s_k^2 w_k)``) and of the observation variance (``(K,)``)."""
+
+    state: torch.Tensor
+    observation: torch.Tensor
+
+
+def _em_patterns(build, log_scales, num_steps):
+    """Read each scale's coefficients by perturbing it, and check that EM's M-step applies:
+    static diagonal ``W`` and scalar ``V`` linear in the squared scales, each state or the
+    observation driven by at most one scale, ``G``, ``F`` and the first state's prior free of
+    the scales."""
+
+    def read(log_s):
+        return build(log_s).matrices(num_steps)
+
+    base = read(log_scales)
+    G, F, W, V = (
+        base.transition_matrix,
+        base.observation_matrix,
+        base.transition_cov,
+        base.observation_cov,
+    )
+    why = None
+    if W.dim() != 2 or V.dim() != 2 or G.dim() != 2 or F.dim() != 2:
+        why = "its matrices vary over time or carry a batch (a regression component)"
+    elif V.shape != (1, 1):
+        why = "its observations are not scalar"
+    elif bool((W - torch.diag(W.diagonal())).abs().max() > 0):
+        why = "its disturbance covariance W is not diagonal"
+    if why is None:
+        scales2 = (2 * log_scales).exp()
+        state, observation = [], []
+        for k in range(log_scales.shape[0]):
+            bumped = log_scales.clone()
+            bumped[k] = bumped[k] + 0.5 * math.log(2.0)  # doubles s_k^2
+            m = read(bumped)
+            if not (
+                torch.equal(m.transition_matrix, G)
+                and torch.equal(m.observation_matrix, F)
+                and torch.equal(m.init_mean, base.init_mean)
+                and torch.equal(m.init_cov, base.init_cov)
+            ):
+                why = "a scale changes G, F or the first state's prior (only W and V may)"
+                break
+            state.append((m.transition_cov.diagonal() - W.diagonal()) / scales2[k])
+            observation.append((m.observation_cov[0, 0] - V[0, 0]) / scales2[k])
+        if why is None:
+            state, observation = torch.stack(state), torch.stack(observation)
+            rebuilt_w = (scales2.unsqueeze(-1) * state).sum(0)
+            rebuilt_v = (scales2 * observation).sum()
+            tol = 1e-8 * max(1.0, float(W.diagonal().abs().max()), float(V.abs().max()))
+            drives = (state.abs() > tol).sum(0)
+            if not (
+                torch.allclose(rebuilt_w, W.diagonal(), rtol=1e-8, atol=tol)
+                and torch.allclose(rebuilt_v, V[0, 0], rtol=1e-8, atol=tol)
+            ):
+                why = "W and V are not linear in the squared scales"
+            elif bool((state < -tol).any()) or bool((observation < -tol).any()):
+                why = "a scale lowers a variance"
+            elif bool((drives > 1).any()) or int((observation.abs() > tol).sum()) > 1:
+                why = "two scales drive the same state (or both the observation)"
+            elif bool(((state.abs() > tol).sum(1) + (observation.abs() > tol)).eq(0).any()):
+                why = "a scale drives neither a state nor the observation"
+    if why is not None:
+        raise ValueError(
+            f"method='em' fits scales that each own diagonal entries of W or the observation "
+            f"variance; this model cannot be fitted by EM: {why}. Use method='lbfgs'"
+        )
+    state = torch.where(state.abs() > tol, state, torch.zeros_like(state))
+    observation = torch.where(observation.abs() > tol, observation, torch.zeros_like(observation))
+    return _Patterns(state, observation), G, F
+
+
+def _em_step(y, matrices, patterns, G, F, present):
+    """One E-step (filter and smoother) and the M-step's new squared scales ``(K,)``, with
+    the log-likelihood at the current scales."""
+    means, covs, cross, log_likelihood = smoothed_second_moments(y.unsqueeze(-1), matrices)
+    # E[(x_t - G x_{t-1})_i^2], t = 2..T: the disturbances' second moments.
+    residual = means[1:] - means[:-1] @ G.mT
+    GP = G @ covs[:-1]
+    second = (
+        residual.square()
+        + covs[1:].diagonal(dim1=-2, dim2=-1)
+        + (GP * G).sum(-1)
+        - 2 * (cross * G).sum(-1)
+    )
+    state_totals = second.sum(0)  # (S,)
+    num_transitions = second.shape[0]
+    # E[(y_t - F x_t)^2] at the observed steps.
+    fitted = (means @ F.mT).squeeze(-1)
+    spread = ((covs @ F.mT).squeeze(-1) * F.squeeze(0)).sum(-1)
+    obs_terms = torch.where(present, (y - fitted).square() + spread, torch.zeros_like(y))
+    obs_total, num_observed = obs_terms.sum(), present.sum()
+    updated = []
+    for k in range(patterns.state.shape[0]):
+        coefs, obs_coef = patterns.state[k], patterns.observation[k]
+        total, count = y.new_zeros(()), 0
+        owned = coefs > 0
+        if bool(owned.any()):
+            total = total + (state_totals[owned] / coefs[owned]).sum()
+            count += int(owned.sum()) * num_transitions
+        if obs_coef > 0:
+            total = total + obs_total / obs_coef
+            count += int(num_observed)
+        updated.append(total / count)
+    return torch.stack(updated), float(log_likelihood)
+
+
+def _fit_em(build, names, y, starts, options, max_iterations, tolerance, init, num_restarts):
+    """
+    :func:`fit_dlm` with ``method="em"``: EM from each start, the best kept. EM's linear
+    convergence is accelerated by SQUAREM (Varadhan & Roland 2008, scheme S3) on the log
+    squared scales: two EM steps give an extrapolated point, kept only when its likelihood
+    is at least the second step's, so every accepted point raises the likelihood as plain
+    EM does. ``max_iterations`` counts E-steps (filter and smoother passes).
+    """
+    if y.dim() != 1:
+        raise ValueError(f"method='em' fits one series y of shape (T,), got {tuple(y.shape)}")
+    present = ~torch.isnan(y)
+    num_observed = int(present.sum())
+    patterns, G, F = _em_patterns(build, starts[0].to(**options), y.shape[0])
+
+    def em_map(log_s):
+        """One EM step from ``log_s`` (half log squared scales): the next point and the
+        log-likelihood at ``log_s`` (``-inf`` where the pass fails)."""
+        try:
+            squared, value = _em_step(y, build(log_s).matrices(y.shape[0]), patterns, G, F, present)
+        except (torch.linalg.LinAlgError, ValueError):
+            return log_s, -math.inf
+        if not math.isfinite(value):
+            return log_s, -math.inf
+        return 0.5 * squared.clamp_min(torch.finfo(y.dtype).tiny).log(), value
+
+    best, finals = None, []
+    for start in starts:
+        current = start.to(**options)
+        following, value = em_map(current)
+        passes, converged = 1, False
+        while math.isfinite(value) and passes < max_iterations:
+            # The plain step's point and the next; then the extrapolation from the two.
+            after, step_value = em_map(following)
+            passes += 1
+            candidate, candidate_value, next_point = following, step_value, after
+            r = following - current
+            v = after - following - r
+            if passes < max_iterations and float(v.norm()) > 0:
+                alpha = min(-float(r.norm()) / float(v.norm()), -1.0)
+                extrapolated = current - 2 * alpha * r + alpha**2 * v
+                beyond, extrapolated_value = em_map(extrapolated)
+                passes += 1
+                if extrapolated_value >= step_value:
+                    candidate, candidate_value, next_point = (
+                        extrapolated,
+                        extrapolated_value,
+                        beyond,
+                    )
+            if not math.isfinite(candidate_value):
+                break
+            if candidate_value < value - 1e-8 * max(1.0, abs(value)):
+                raise RuntimeError(
+                    f"EM lowered the log-likelihood ({value:.8f} -> {candidate_value:.8f}): a "
+                    "bug, please report it"
+                )
+            gain = candidate_value - value
+            current, value, following = candidate, candidate_value, next_point
+            if gain < tolerance * num_observed:
+                converged = True
+                break
+        finals.append(value if math.isfinite(value) else -math.inf)
+        if math.isfinite(value) and (best is None or value > best[0]):
+            best = (value, current.clone(), converged)
     if best is None:
         raise ValueError(
             f"no start of fit_dlm reached a finite log-likelihood ({num_restarts} tried from "

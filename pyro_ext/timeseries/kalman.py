@@ -651,16 +651,22 @@ def _smoother_combine(later, earlier):
     return Eb @ Ea, _mv(Eb, ga) + gb, _sym(Eb @ La @ Eb.mT + Lb)
 
 
-def _run_smoother(ssm, m, P, mp, Pp):
+def _run_smoother(ssm, m, P, mp, Pp, gains=False):
+    r"""Smoothed means and covariances (time-first); ``gains=True`` adds the smoother gains
+    :math:`E_t = P_t G_{t+1}^\top P_{t+1|t}^{-1}` ``(T-1, ...)``, from which
+    :math:`\mathrm{Cov}(x_{t+1}, x_t \mid y) = P^s_{t+1} E_t^\top`."""
     Lp = _cholesky(Pp[1:], "predicted state covariance (smoothing needs it invertible)")
     E = torch.cholesky_solve(ssm.G[1:] @ P[:-1], Lp).mT  # P_t G^T Pp_{t+1}^{-1}
     g = m[:-1] - _mv(E, mp[1:])
     Lc = _sym(P[:-1] - E @ Pp[1:] @ E.mT)
+    gain = E
     E = torch.cat([E, torch.zeros_like(E[:1])])
     g = torch.cat([g, m[-1:]])
     Lc = torch.cat([Lc, P[-1:]])
     rev = (E.flip(0), g.flip(0), Lc.flip(0))
     _, gs, Ls = associative_scan(_smoother_combine, rev)
+    if gains:
+        return gs.flip(0), Ls.flip(0), gain
     return gs.flip(0), Ls.flip(0)
 
 
@@ -909,6 +915,17 @@ def kalman_log_likelihood(
     if ll is None:
         ll = _run_filter(_build(args))[0]
     return ll
+
+
+def smoothed_second_moments(y: torch.Tensor, matrices: StateSpaceMatrices):
+    r"""What EM's E-step needs: smoothed means ``(..., T, S)``, covariances ``(..., T, S,
+    S)``, lag-one covariances :math:`\mathrm{Cov}(x_{t+1}, x_t \mid y_{1:T})` ``(..., T-1,
+    S, S)`` and the log-likelihood, from one filter and one smoother pass."""
+    ssm = prepare_state_space(y, matrices)
+    ll, m, P, mp, Pp = _run_filter(ssm)
+    ms, Ps, gains = _run_smoother(ssm, m, P, mp, Pp, gains=True)
+    cross = Ps[1:] @ gains.mT
+    return _to_external(ms, 1), _to_external(Ps, 2), _to_external(cross, 2), ll
 
 
 def kalman_smoother(y: torch.Tensor, matrices: StateSpaceMatrices) -> KalmanSmootherResult:

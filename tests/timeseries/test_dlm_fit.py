@@ -7,7 +7,16 @@ import pytest
 import torch
 
 from pyro_ext.datasets import load_nile
-from pyro_ext.timeseries import DLM, DLMFit, LocalLevel, LocalLinearTrend, fit_dlm
+from pyro_ext.timeseries import (
+    DLM,
+    Autoregressive,
+    DLMFit,
+    LocalLevel,
+    LocalLinearTrend,
+    Regression,
+    Seasonal,
+    fit_dlm,
+)
 
 
 def local_level(scales):
@@ -83,6 +92,7 @@ def test_a_local_linear_trend_on_the_data_device(device):
         (dict(num_restarts=0), ValueError, "num_restarts"),
         (dict(max_iterations=1.5), TypeError, "max_iterations"),
         (dict(make_dlm=lambda s: 3), TypeError, "make_dlm must return a DLM, got int"),
+        (dict(method="newton"), ValueError, "method"),
     ],
 )
 def test_bad_arguments_name_themselves(nile, kwargs, error, match):
@@ -91,3 +101,75 @@ def test_bad_arguments_name_themselves(nile, kwargs, error, match):
     make_dlm, y, init = arguments.pop("make_dlm"), arguments.pop("y"), arguments.pop("init")
     with pytest.raises(error, match=match):
         fit_dlm(make_dlm, y, init, **arguments)
+
+
+# -- EM --------------------------------------------------------------------------------------
+def test_em_reaches_the_nile_maximum_likelihood(nile):
+    # The same optimum as L-BFGS (Durbin & Koopman's 15099 / 1469.1) from EM's closed-form
+    # M-steps, to EM's linear convergence.
+    em = fit_dlm(local_level, nile, {"level": 10.0, "observation": 100.0}, method="em")
+    lbfgs = fit_dlm(local_level, nile, {"level": 10.0, "observation": 100.0})
+    assert em.converged
+    assert em.log_likelihood == pytest.approx(lbfgs.log_likelihood, abs=1e-4)
+    assert em.log_likelihood <= lbfgs.log_likelihood + 1e-9
+    assert em.scales["observation"] ** 2 == pytest.approx(15099, rel=2e-3)
+    assert em.scales["level"] ** 2 == pytest.approx(1469.1, rel=5e-3)
+    assert em.log_likelihood == pytest.approx(float(em.dlm.log_likelihood(nile)))
+
+
+def test_every_em_iteration_raises_the_likelihood(nile):
+    # EM's defining property, from a poor start: the log-likelihood after k iterations
+    # never falls as k grows (the fit itself raises if one iteration lowers it).
+    poor = {"level": 1.0, "observation": 1000.0}
+    values = [
+        fit_dlm(
+            local_level, nile, poor, method="em", num_restarts=1, max_iterations=k
+        ).log_likelihood
+        for k in (1, 2, 4, 8, 16, 32)
+    ]
+    assert all(later >= earlier - 1e-9 for earlier, later in zip(values, values[1:]))
+    assert values[-1] > values[0] + 1.0
+
+
+def test_em_fits_a_trend_and_a_season_with_missing_values_as_lbfgs_does():
+    # Three scales owning disjoint states (level, slope, season) and the observation noise;
+    # missing observations are marginalised in both fits.
+    g = torch.Generator().manual_seed(3)
+    T, period = 60, 4
+    slope = torch.cumsum(0.02 * torch.randn(T, generator=g, dtype=torch.float64), 0)
+    level = torch.cumsum(slope + 0.2 * torch.randn(T, generator=g, dtype=torch.float64), 0)
+    season = 2 * torch.sin(2 * math.pi * torch.arange(T, dtype=torch.float64) / period)
+    y = level + season + 0.5 * torch.randn(T, generator=g, dtype=torch.float64)
+    y[[10, 30, 31]] = math.nan
+
+    def model(s):
+        return DLM(
+            [
+                LocalLinearTrend(s["level"], s["slope"], init_scale=100.0),
+                Seasonal(period, s["season"], init_scale=10.0),
+            ],
+            s["obs"],
+        )
+
+    start = {"level": 0.5, "slope": 0.1, "season": 0.1, "obs": 1.0}
+    em = fit_dlm(model, y, start, method="em", num_restarts=1)
+    lbfgs = fit_dlm(model, y, start, num_restarts=1)
+    assert math.isfinite(em.log_likelihood)
+    assert em.log_likelihood == pytest.approx(lbfgs.log_likelihood, abs=0.05)
+    assert em.scales["obs"] == pytest.approx(lbfgs.scales["obs"], rel=0.05)
+
+
+def test_em_refuses_models_it_cannot_fit_and_says_what_to_use(nile):
+    x = torch.randn(nile.shape[0], 1, dtype=torch.float64)
+    regression = lambda s: DLM(  # noqa: E731
+        [LocalLevel(s["level"], init_scale=1e4), Regression(x, s["coef"])], s["observation"]
+    )
+    start = {"level": 10.0, "observation": 100.0, "coef": 1.0}
+    with pytest.raises(ValueError, match="vary over time.*method='lbfgs'"):
+        fit_dlm(regression, nile, start, method="em")
+    # A scale used as an autoregressive coefficient changes G, not a variance.
+    ar = lambda s: DLM(Autoregressive(s["phi"].reshape(1), s["noise"]), s["observation"])  # noqa: E731
+    with pytest.raises(ValueError, match="changes G, F or the first state's prior"):
+        fit_dlm(ar, nile, {"phi": 0.5, "noise": 10.0, "observation": 100.0}, method="em")
+    with pytest.raises(ValueError, match=r"one series y of shape \(T,\)"):
+        fit_dlm(local_level, nile.expand(2, -1), {"level": 10.0, "observation": 100.0}, method="em")
