@@ -159,6 +159,11 @@ def fit_dlm(
         finals.append(value if math.isfinite(value) else -math.inf)
         if math.isfinite(value) and (best is None or value > best[0]):
             best = (value, log_scales.detach().clone(), iterations < max_iterations)
+    return _kept(best, finals, build, names, init, num_restarts)
+
+
+def _kept(best, finals, build, names, init, num_restarts):
+    """The :class:`DLMFit` of the best start ``(log-likelihood, log scales, converged)``."""
     if best is None:
         raise ValueError(
             f"no start of fit_dlm reached a finite log-likelihood ({num_restarts} tried from "
@@ -348,16 +353,4 @@ def _fit_em(build, names, y, starts, options, max_iterations, tolerance, init, n
         finals.append(value if math.isfinite(value) else -math.inf)
         if math.isfinite(value) and (best is None or value > best[0]):
             best = (value, current.clone(), converged)
-    if best is None:
-        raise ValueError(
-            f"no start of fit_dlm reached a finite log-likelihood ({num_restarts} tried from "
-            f"init={init}): check y and make_dlm, or give starting scales of y's magnitude"
-        )
-    value, log_scales, converged = best
-    return DLMFit(
-        build(log_scales),
-        {n: float(log_scales[i].exp()) for i, n in enumerate(names)},
-        value,
-        converged,
-        finals,
-    )
+    return _kept(best, finals, build, names, init, num_restarts)
