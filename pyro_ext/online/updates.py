@@ -383,9 +383,17 @@ def natural_step(
             cov = prior.covariance
             scaled = factor.to(wide) * lr**0.5
             cov_scaled = cov @ scaled.transpose(-1, -2)
-            eye = torch.eye(scaled.shape[-2], dtype=wide, device=cov.device)
-            chol = _cholesky(_sym(eye + scaled @ cov_scaled), "innovation covariance")
-            new_cov = _sym(cov - cov_scaled @ _solve(chol, cov_scaled.transpose(-1, -2)))
+            if scaled.shape[-2] == 1:
+                # One output (a scalar observation): the innovation is a positive number,
+                # so the solve is a division (no factorisation call: it is most of a small
+                # compiled update's time).
+                innovation = 1 + (scaled @ cov_scaled).squeeze(-1)
+                gain = cov_scaled.transpose(-1, -2) / innovation.unsqueeze(-1)
+            else:
+                eye = torch.eye(scaled.shape[-2], dtype=wide, device=cov.device)
+                chol = _cholesky(_sym(eye + scaled @ cov_scaled), "innovation covariance")
+                gain = _solve(chol, cov_scaled.transpose(-1, -2))
+            new_cov = _sym(cov - cov_scaled @ gain)
             # Positive definite on paper; its diagonal is the cheap round-off check.
             require(
                 new_cov.diagonal() > 0,
