@@ -181,11 +181,18 @@ def _kept(best, finals, build, names, init, num_restarts):
 
 # -- EM (Shumway & Stoffer 1982) --------------------------------------------------------------
 class _Patterns(NamedTuple):
-    """How each scale enters the model: its diagonal entries of ``W`` (``(K, S)``
-    coefficients, ``W = diag(sum_k s_k^2 w_k)``) and of the observation variance (``(K,)``)."""
+    """How each scale enters the model, ``W = diag(sum_k s_k^2 c_k)`` and ``V = sum_k s_k^2
+    d_k``, as the M-step uses it: ``s_k^2`` is the mean of the disturbances' second moments
+    divided by their coefficients over the entries scale ``k`` owns."""
 
-    state: torch.Tensor
-    observation: torch.Tensor
+    #: ``(K, S)``: ``1 / c_ki`` where scale ``k`` drives state ``i``, else 0
+    state_weights: torch.Tensor
+    #: ``(K,)``: ``1 / d_k`` where scale ``k`` drives the observation, else 0
+    observation_weights: torch.Tensor
+    #: ``(K,)``: how many states scale ``k`` drives
+    num_states: torch.Tensor
+    #: ``(K,)``: 1 where scale ``k`` drives the observation, else 0
+    observes: torch.Tensor
 
 
 def _em_patterns(build, log_scales, num_steps):
@@ -250,9 +257,14 @@ def _em_patterns(build, log_scales, num_steps):
             f"method='em' fits scales that each own diagonal entries of W or the observation "
             f"variance; this model cannot be fitted by EM: {why}. Use method='lbfgs'"
         )
-    state = torch.where(state.abs() > tol, state, torch.zeros_like(state))
-    observation = torch.where(observation.abs() > tol, observation, torch.zeros_like(observation))
-    return _Patterns(state, observation), G, F
+    drives, observes = state > tol, observation > tol
+    patterns = _Patterns(
+        torch.where(drives, state.reciprocal(), torch.zeros_like(state)),
+        torch.where(observes, observation.reciprocal(), torch.zeros_like(observation)),
+        drives.sum(-1).to(state.dtype),
+        observes.to(state.dtype),
+    )
+    return patterns, G, F
 
 
 def _em_step(y, matrices, patterns, G, F, present):
@@ -274,20 +286,10 @@ def _em_step(y, matrices, patterns, G, F, present):
     fitted = (means @ F.mT).squeeze(-1)
     spread = ((covs @ F.mT).squeeze(-1) * F.squeeze(0)).sum(-1)
     obs_terms = torch.where(present, (y - fitted).square() + spread, torch.zeros_like(y))
-    obs_total, num_observed = obs_terms.sum(), present.sum()
-    updated = []
-    for k in range(patterns.state.shape[0]):
-        coefs, obs_coef = patterns.state[k], patterns.observation[k]
-        total, count = y.new_zeros(()), 0
-        owned = coefs > 0
-        if bool(owned.any()):
-            total = total + (state_totals[owned] / coefs[owned]).sum()
-            count += int(owned.sum()) * num_transitions
-        if obs_coef > 0:
-            total = total + obs_total / obs_coef
-            count += int(num_observed)
-        updated.append(total / count)
-    return torch.stack(updated), float(log_likelihood)
+    # The M-step of every scale at once: its entries' second moments over their count.
+    total = patterns.state_weights @ state_totals + patterns.observation_weights * obs_terms.sum()
+    count = patterns.num_states * num_transitions + patterns.observes * present.sum()
+    return total / count, float(log_likelihood)
 
 
 def _fit_em(build, names, y, starts, options, max_iterations, tolerance, init, num_restarts):
