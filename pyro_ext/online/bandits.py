@@ -47,6 +47,7 @@ import torch
 from pyro.infer.autoguide.initialization import init_to_mean, init_to_sample
 
 from ..infer.tracing import ModelNotTraceableError, compile_graph, trace_pure
+from ..ops.random import device_random_state, set_device_random_state
 from ..ops.validation import check_int, check_real
 from . import updates
 from .filters import BONG, LoFi
@@ -709,7 +710,9 @@ class ThompsonBandit:
         The arms' scores through one traced (compiled) graph of the belief, the draw's
         standard normal noise (drawn here, as :func:`~.updates.sample` draws it) and the
         context: the draw, the drift and the batched model run that the eager scoring does
-        op by op. ``None`` when the scoring runs eagerly (a model that cannot be traced).
+        op by op. ``None`` when the scoring runs eagerly: a model that cannot be traced, or
+        a round whose checks fail in the graph (a covariance without a Cholesky factor),
+        which the eager scoring then reports, from the same random state.
         """
         filter = self.filter
         belief = filter.belief
@@ -718,10 +721,12 @@ class ThompsonBandit:
         graph = self._score_graphs.get(key)
         if graph is False:
             return None
-        inputs = list(belief)
+        device = belief.mean.device
+        inputs, random_state = list(belief), None
         if thompson:
+            random_state = device_random_state(device)
             mean = belief.mean
-            inputs.append(torch.randn((1,) + mean.shape, dtype=mean.dtype, device=mean.device))
+            inputs.append(torch.randn((1,) + mean.shape, dtype=mean.dtype, device=device))
         if context is not None:
             inputs.append(context)
         if graph is None:
@@ -730,17 +735,19 @@ class ThompsonBandit:
             def scores(*inputs):
                 current = belief_type(*inputs[:num_belief])
                 rest = list(inputs[num_belief:])
-                if thompson:
-                    noise = rest.pop(0)
-                    predicted = current
-                    if filter.drift is not None:
-                        predicted = updates.predict_random_walk(current, filter.drift)
-                    theta = updates.sample(predicted, 1, noise=noise)[0]
-                else:
-                    theta = current.mean
-                with updates.deferred_checks():
+                # The draw's factorisations check themselves inside the graph.
+                with updates.deferred_checks() as flags:
+                    if thompson:
+                        noise = rest.pop(0)
+                        predicted = current
+                        if filter.drift is not None:
+                            predicted = updates.predict_random_walk(current, filter.drift)
+                        theta = updates.sample(predicted, 1, noise=noise)[0]
+                    else:
+                        theta = current.mean
                     means = self._arm_means(filter.potential.constrain(theta), *rest or [None])
-                return (means,)
+                ok = torch.stack(flags).all() if flags else means.new_ones((), dtype=torch.bool)
+                return means, ok
 
             try:
                 traced = trace_pure(scores, inputs, "build the filter with jit_compile=False")
@@ -756,8 +763,13 @@ class ThompsonBandit:
         fn, cudagraphs = graph
         if cudagraphs:
             torch.compiler.cudagraph_mark_step_begin()
-            return fn(*inputs)[0].clone()
-        return fn(*inputs)[0]
+        means, ok = fn(*inputs)
+        if not bool(ok):
+            if random_state is not None:
+                set_device_random_state(device, random_state)
+            return None
+        # A CUDA graph's outputs are overwritten by its next replay.
+        return means.clone() if cudagraphs else means
 
     def _scores(self, context):
         if self.filter.jit_compile and self.policy in ("thompson", "greedy", "epsilon_greedy"):

@@ -33,7 +33,7 @@ from ..infer.tracing import (
     trace_pure,
 )
 from ..ops.curvature import hessian_diagonal
-from ..ops.random import rng_preserved
+from ..ops.random import device_random_state, rng_preserved, set_device_random_state
 from ..ops.validation import check_choice, check_int, check_real
 from . import updates
 from .updates import DiagBelief, DLRBelief, FullBelief, NotPositiveDefiniteError
@@ -492,20 +492,6 @@ class _Graph(NamedTuple):
 
     fn: Callable
     cudagraphs: bool
-
-
-def _random_state(device):
-    """The generator state of ``device`` (the one ``torch.randn`` there draws from)."""
-    if device.type == "cuda":
-        return torch.cuda.get_rng_state(device)
-    return torch.get_rng_state()
-
-
-def _set_random_state(device, state):
-    if device.type == "cuda":
-        torch.cuda.set_rng_state(state, device)
-    else:
-        torch.set_rng_state(state)
 
 
 class BONG:
@@ -1455,7 +1441,7 @@ class BONG:
         noises, random_state = [], None
         if not self.linearize:
             # Drawn as the eager update draws them, one inner step after the other.
-            random_state = _random_state(belief.mean.device)
+            random_state = device_random_state(belief.mean.device)
             half = (self.num_samples // 2,) + belief.mean.shape
             noises = [
                 torch.randn(half, dtype=belief.mean.dtype, device=belief.mean.device)
@@ -1470,7 +1456,7 @@ class BONG:
         size = len(belief)
         if not bool(outputs[size]):
             if random_state is not None:
-                _set_random_state(belief.mean.device, random_state)
+                set_device_random_state(belief.mean.device, random_state)
             return None
         self.belief = type(belief)(*outputs[:size])
         self.num_updates += 1

@@ -30,3 +30,20 @@ def rng_preserved(python_and_numpy=True):
     finally:
         if state is not None:
             pyro.util.set_rng_state(state)
+
+
+def device_random_state(device: torch.device) -> torch.Tensor:
+    """The state of the generator that ``torch.randn(..., device=device)`` draws from (the
+    CPU's, or that CUDA device's), to put back with :func:`set_device_random_state`: a
+    computation redone must draw what it drew the first time."""
+    if device.type == "cuda":
+        return torch.cuda.get_rng_state(device)
+    return torch.get_rng_state()
+
+
+def set_device_random_state(device: torch.device, state: torch.Tensor) -> None:
+    """Put back a state from :func:`device_random_state`."""
+    if device.type == "cuda":
+        torch.cuda.set_rng_state(state, device)
+    else:
+        torch.set_rng_state(state)

@@ -299,18 +299,31 @@ def test_errors():
         bayes_opt_1d(lambda x: math.nan, (0.0, 1.0), num_steps=2)
 
 
-@pytest.mark.parametrize("policy", ["thompson", "greedy"])
-def test_a_traced_agent_plays_the_eager_agents_game(policy):
+@pytest.mark.parametrize(
+    "policy, make",
+    [
+        ("thompson", lambda model, jit: LoFi(model, 4, jit_compile=jit)),
+        ("greedy", lambda model, jit: LoFi(model, 4, jit_compile=jit)),
+        # A full covariance with drift: the draw factorises the predicted covariance
+        # inside the graph, its check deferred to the graph's flag.
+        (
+            "thompson",
+            lambda model, jit: BONG(model, dynamics=("random_walk", 1e-3), jit_compile=jit),
+        ),
+    ],
+)
+def test_a_traced_agent_plays_the_eager_agents_game(policy, make):
     # The compiled filter's update and the traced scoring of the arms: the same draws, so
     # the same actions and the same belief as the eager agent, round after round.
     env = LinearContextualBandit(torch.randn(3, 4, generator=torch.Generator().manual_seed(0)))
     model = neural_contextual_model(4, 3, hidden=(8,))
     histories, beliefs = [], []
     for jit in (False, "trace"):
-        agent = ThompsonBandit(lambda jit=jit: LoFi(model, 4, jit_compile=jit), 3, policy=policy)
+        agent = ThompsonBandit(lambda jit=jit: make(model, jit), 3, policy=policy)
         histories.append(agent.run(env, num_steps=40, seed=3))
         beliefs.append(agent.filter.mean)
         if jit:
-            assert len(agent._score_graphs) == 1 and len(agent.filter._graphs) == 1
+            assert len(agent.filter._graphs) == 1
+            assert [g is not False for g in agent._score_graphs.values()] == [True]
     assert torch.equal(histories[0].actions, histories[1].actions)
     torch.testing.assert_close(beliefs[1], beliefs[0], atol=1e-5, rtol=1e-5)
