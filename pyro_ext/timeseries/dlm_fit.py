@@ -18,7 +18,8 @@ variance), as in :class:`~pyro_ext.timeseries.LocalLevel`,
 :class:`~pyro_ext.timeseries.LocalLinearTrend` and :class:`~pyro_ext.timeseries.Seasonal`,
 and the prior of the first state does not depend on them; every iteration raises the
 likelihood (checked). EM is robust far from the optimum but converges linearly, so it
-takes more passes than L-BFGS near it.
+takes more passes than L-BFGS near it, and creeps towards a scale whose maximum-likelihood
+value is 0 (a component the data do not need), which L-BFGS reaches faster.
 
 Example: the Nile's local level model (Durbin & Koopman 2012, section 2.10, where the
 maximum-likelihood variances are 15099 and 1469.1):
@@ -72,7 +73,7 @@ def fit_dlm(
     init: dict,
     *,
     num_restarts: int = 3,
-    max_iterations: int = 200,
+    max_iterations: int | None = None,
     tolerance: float = 1e-9,
     seed: int = 0,
     method: str = "lbfgs",
@@ -85,7 +86,9 @@ def fit_dlm(
     :param dict init: name -> positive starting scale (the first start).
     :param int num_restarts: starts in all; each further one multiplies every starting
         scale by ``exp(z)``, ``z ~ N(0, 1)`` (seeded by ``seed``), against local optima.
-    :param int max_iterations: L-BFGS (or EM) iterations per start.
+    :param int max_iterations: per start, L-BFGS iterations (default 200) or EM's filter and
+        smoother passes (default 1,000: EM creeps towards a scale whose maximum-likelihood
+        value is 0, where L-BFGS is the better choice).
     :param float tolerance: L-BFGS's tolerance on the change of the log-likelihood and on
         the gradient of the log-scales; EM stops when an iteration raises the
         log-likelihood by less than ``tolerance`` per observation.
@@ -105,10 +108,12 @@ def fit_dlm(
         raise TypeError(f"init must be a non-empty dict of name -> starting scale, got {init!r}")
     starts = {name: check_positive(value, f"init[{name!r}]") for name, value in init.items()}
     num_restarts = check_int(num_restarts, "num_restarts", low=1)
+    check_choice(method, "method", ("lbfgs", "em"))
+    if max_iterations is None:
+        max_iterations = 1000 if method == "em" else 200
     max_iterations = check_int(max_iterations, "max_iterations", low=1)
     tolerance = check_positive(tolerance, "tolerance")
     seed = check_int(seed, "seed")
-    check_choice(method, "method", ("lbfgs", "em"))
     names = list(starts)
     base = torch.tensor([math.log(starts[n]) for n in names], dtype=torch.float64)
     # Starts are drawn on the CPU, so that a seed gives the same fit on every device.
