@@ -6,13 +6,17 @@ from pathlib import Path
 
 from docutils import nodes
 from sphinx import addnodes
+from sphinx.ext import intersphinx
 from sphinx.transforms.post_transforms import SphinxPostTransform
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
 REPOSITORY = "https://github.com/pyro-ext/pyro_ext/blob/main/"
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(DOCS))
 os.environ.setdefault("PYRO_EXT_DATA", str(ROOT.parent / "shared" / "data"))
+
+import external_inventories  # noqa: E402
 
 import pyro_ext  # noqa: E402
 
@@ -28,6 +32,8 @@ extensions = [
     # MathJax served from the site itself (_static/mathjax), not a CDN: math renders offline
     "sphinx-mathjax-offline",
     "sphinx.ext.viewcode",
+    # Names of Python, PyTorch, Pyro and NumPy link to their documentation (below)
+    "sphinx.ext.intersphinx",
     # MyST markdown and the tutorial notebooks (myst-nb includes myst-parser)
     "myst_nb",
 ]
@@ -41,6 +47,12 @@ nb_execution_mode = "off"
 nb_output_stderr = "remove"
 myst_enable_extensions = ["dollarmath"]
 myst_heading_anchors = 3
+
+# The inventories of the upstream documentation, offline: written at every build from the
+# lists kept in docs/inventories/ (docs/external_inventories.py), read from local files only.
+intersphinx_mapping = external_inventories.write_inventories(DOCS / "_build" / "inventories")
+# Changes with those lists, so that an edit relinks every page (a config value of the build).
+external_inventories_digest = external_inventories.digest()
 
 autodoc_default_options = {"members": True, "show-inheritance": True}
 autodoc_member_order = "bysource"
@@ -142,10 +154,26 @@ def resolve_short_names(app, env, node, contnode):
     )
 
 
+def link_external_any_type(app, env, node, contnode):
+    """Link an upstream name that intersphinx missed because the role names another kind of
+    object than upstream's: a type field makes every name a class reference, ``None`` (data)
+    and ``callable`` (a function) included, and ``:func:`torch.no_grad``` names a class. The
+    inventories are searched again for the name as any kind of object, as Sphinx's own lookup
+    mostly does for the package's objects. Runs after intersphinx and the short names, before
+    Sphinx's silencing of unlinked builtins (priority 900)."""
+    if node.get("refdomain") != "py" or node.get("reftype") == "obj":
+        return None
+    retry = node.deepcopy()
+    retry["reftype"] = "obj"
+    return intersphinx.missing_reference(app, env, retry, contnode)
+
+
 def setup(app):
+    app.add_config_value("external_inventories_digest", "", "env", types=frozenset({str}))
     app.add_post_transform(RepositoryFileLinks)
     app.connect("autodoc-process-bases", public_bases)
     app.connect("missing-reference", resolve_short_names)
+    app.connect("missing-reference", link_external_any_type, priority=800)
 
 
 html_theme = "furo"

@@ -1,5 +1,8 @@
 """The tutorials teach the public API only and point the reader onwards (issue 37); the
-built site's internal links resolve (``docs/check_links.py``, run by ``make docs``)."""
+built site's internal links resolve (``docs/check_links.py``, run by ``make docs``); the
+inventories of the upstream documentation that the site links to, kept by hand in
+``docs/inventories`` and written offline at every build (``docs/external_inventories.py``),
+are well formed and read back by Sphinx as written."""
 
 import ast
 import importlib.util
@@ -99,3 +102,75 @@ def test_check_links_finds_a_documented_name_left_unlinked(tmp_path):
         "scan",
     ]
     assert check_links.main([str(tmp_path)]) == 1
+
+
+def _docs_module(name):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "docs" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+MAPPINGS = sorted((ROOT / "docs" / "inventories").glob("*.txt"))
+
+
+def test_every_inventory_mapping_has_a_project():
+    # docs/inventories/<name>.txt <-> PROJECTS[name] (the base URL its entries are under).
+    inventories = _docs_module("external_inventories")
+    assert {path.stem for path in MAPPINGS} == set(inventories.PROJECTS)
+    for project, base in inventories.PROJECTS.values():
+        assert base.startswith("https://") and base.endswith("/"), project
+
+
+@pytest.mark.parametrize("path", MAPPINGS, ids=[p.name for p in MAPPINGS])
+def test_inventory_mappings_are_well_formed(path):
+    # One "<type> <name> <uri>" a line: a known type, a page relative to the project's base
+    # URL, each name once; the header says where the entries were checked.
+    inventories = _docs_module("external_inventories")
+    entries = inventories.read_mapping(path)
+    assert entries
+    assert inventories.problems(entries) == []
+    header = path.read_text(encoding="utf-8").split("\npy:")[0]
+    assert "Checked" in header and "To add an entry" in header
+
+
+def test_inventory_problems_are_found(tmp_path):
+    inventories = _docs_module("external_inventories")
+    entries = [
+        ("py:func", "a", "a.html#a"),  # a role, not a type
+        ("py:class", "b", "/b.html#b"),
+        ("py:class", "c", "https://example.org/c.html#c"),
+        ("py:class", "d", "#d"),
+        ("py:class", "e", "e.html#e"),
+        ("py:function", "e", "e.html#e"),
+    ]
+    found = inventories.problems(entries)
+    assert [line.split(":")[0] for line in found] == ["a", "b", "c", "d", "e"]
+    assert inventories.problems(entries[4:5]) == []
+    (tmp_path / "bad.txt").write_text("py:class torch.Tensor\n")
+    with pytest.raises(ValueError, match="bad.txt:1"):
+        inventories.read_mapping(tmp_path / "bad.txt")
+
+
+def test_generated_inventories_round_trip_through_sphinx(tmp_path):
+    # docs/conf.py's intersphinx_mapping: local objects.inv files only (the build is offline),
+    # each read back by Sphinx's own loader with exactly the entries of its mapping.
+    import posixpath
+
+    from sphinx.util.inventory import InventoryFile
+
+    inventories = _docs_module("external_inventories")
+    mapping = inventories.write_inventories(tmp_path)
+    assert set(mapping) == set(inventories.PROJECTS)
+    for name, (base, location) in mapping.items():
+        project, url = inventories.PROJECTS[name]
+        assert base == url and Path(location).parent == tmp_path
+        with open(location, "rb") as stream:
+            data = InventoryFile.load(stream, base, posixpath.join)
+        loaded = {
+            (kind, obj, item.uri, item.project_name, item.display_name)
+            for kind, objects in data.items()
+            for obj, item in objects.items()
+        }
+        entries = inventories.read_mapping(inventories.mapping_path(name))
+        assert loaded == {(kind, obj, base + uri, project, "-") for kind, obj, uri in entries}
