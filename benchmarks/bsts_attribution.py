@@ -32,7 +32,15 @@ sampled; the adstock simulator's own family, the thesis simulator's linear goodw
 bend of 0); ``lift_test`` is the default with ``roas_prior`` on the channel of the largest
 true contribution, as a lift test would give it: a log-normal of mean the true ROAS times
 ``exp(N(0, 0.2^2))`` (the test's error, drawn with the seed) and sd a quarter of that mean.
-Every channel is forced in (variant RF).
+Every channel is forced in (variant RF).  ``pymc_marketing`` is PyMC-Marketing's ``MMM`` set
+up as ``benchmarks/bsts_peers.py`` sets it up (``GeometricAdstock(l_max=8)``, which
+includes the current week, ``LogisticSaturation()``, yearly seasonality with 2 Fourier
+modes, the covariates standardised plus a linear trend as controls, default priors, PyMC's
+NUTS defaults of 2 chains x (1000 + 1000) run one after the other), fitted on the same
+weeks; its contribution is ``channel_contribution_original_scale`` summed over the weeks,
+which, as the truth, is the spend within the data switched off (its adstock starts at 0
+before the data).  Its row reads "not installed" when ``pymc_marketing`` cannot be
+imported (the ``bench`` extra installs it).
 
 Reported per simulator x model, over channels x seeds: the relative error of the
 posterior mean contribution (median / mean / p90 / max of its absolute value) for the
@@ -53,17 +61,29 @@ Run from the repository root::
     python benchmarks/bsts_attribution.py --jobs 2      # the fits on two processes
     python benchmarks/bsts_attribution.py --budget short  # 100 + 100 draws, no extension
     python benchmarks/bsts_attribution.py --quick       # smoke test (tiny sampler)
+    python benchmarks/bsts_attribution.py --models pymc_marketing --seeds 5 --merge
 
-PyMC-Marketing's ``MMM`` on the same data is not run here yet (see the issue).
+``--merge`` keeps the fits of the models not rerun from the last run's records
+(``results/bsts_attribution.json``, written beside the report), so that one model can be
+rerun, or run on fewer seeds, without refitting the others; every row of the table says
+the budget and seeds its fits had.
 """
 
-import math
-import statistics
-import sys
-import time
-import warnings
-from concurrent.futures import ProcessPoolExecutor
-from pathlib import Path
+import os
+
+# One core per fit for every method (numpy / pytensor BLAS as well as torch); set before
+# numpy loads.
+for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
+
+import json  # noqa: E402
+import math  # noqa: E402
+import statistics  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+import warnings  # noqa: E402
+from concurrent.futures import ProcessPoolExecutor  # noqa: E402
+from pathlib import Path  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -72,7 +92,7 @@ from _common import REPO, argument_parser, command_line_args, markdown, write_re
 RESULTS = REPO / "benchmarks" / "results" / "bsts_attribution.md"
 NUM_WEEKS = 104
 SIMULATORS = ("thesis", "adstock")
-MODELS = ("default", "thesis", "saturation", "lift_test")
+MODELS = ("default", "thesis", "saturation", "lift_test", "pymc_marketing")
 LIFT_TEST_ERROR, LIFT_TEST_SD = 0.2, 0.25  # log-scale error of the test; prior sd / mean
 SIMULATED_LAG = {"thesis": 1, "adstock": 0}
 SHARE = 0.1  # channels whose contribution is at least this share of media's total
@@ -138,8 +158,40 @@ def lift_test(truth, spend, seed):
     return {i: (measured, LIFT_TEST_SD * measured)}
 
 
+def run_pymc(simulator, seed, sales, spend, covariates, truth, quick):
+    """PyMC-Marketing's ``MMM`` on the simulated weeks (None when it is not installed)."""
+    import numpy as np
+    import torch
+    from bsts_peers import fit_pymc_mmm, import_pymc_marketing, pymc_contributions, pymc_rhat
+
+    try:
+        import_pymc_marketing()
+    except ImportError:
+        return None
+    T, k = spend.shape
+    dates = np.datetime64("2022-01-03") + 7 * np.arange(T)  # Mondays, as the simulator's weeks
+    channels = [f"channel_{i}" for i in range(k)]
+    controls = {f"covariate_{j}": covariates[:, j].numpy() for j in range(covariates.shape[1])}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        mmm, idata, _, _, seconds = fit_pymc_mmm(
+            dates, spend.numpy(), channels, controls, sales.numpy(), T, seed, quick
+        )
+    draws = torch.as_tensor(pymc_contributions(idata, channels))
+    return dict(
+        draws=draws,
+        lag=None,
+        evidence=None,
+        rhat=pymc_rhat(mmm, idata),
+        seconds=seconds,
+        warnings=sorted({type(w.message).__name__ for w in caught}),
+        divergences=int(idata.sample_stats["diverging"].sum()),
+    )
+
+
 def run_one(task):
-    """One fit: ``(simulator, model, seed, num_weeks, quick, budget)`` -> a dict."""
+    """One fit: ``(simulator, model, seed, num_weeks, quick, budget)`` -> a dict (None for
+    a model whose package is not installed)."""
     simulator, model_name, seed, num_weeks, quick, budget = task
     import torch
 
@@ -149,39 +201,55 @@ def run_one(task):
     sales, spend, covariates, truth = (thesis_data if simulator == "thesis" else adstock_data)(
         seed, num_weeks
     )
-    model = {
-        "default": RetailBSTS,
-        "thesis": lambda: RetailBSTS(**THESIS_MODEL),
-        "saturation": lambda: RetailBSTS(saturation="hill"),
-        "lift_test": lambda: RetailBSTS(roas_prior=lift_test(truth, spend, seed)),
-    }[model_name]()
-    options = (
-        dict(num_samples=10, warmup_steps=10, num_particles=2, map_init_steps=20, rhat_target=None)
-        if quick
-        else (SHORT if budget == "short" else {})
-    )
-    start = time.perf_counter()
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        model.fit(sales, spend, covariates, seed=seed, **options)
-    seconds = time.perf_counter() - start
-    draws = model.channel_contributions()  # (n, k)
+    if model_name == "pymc_marketing":
+        fit = run_pymc(simulator, seed, sales, spend, covariates, truth, quick)
+        if fit is None:
+            return None
+    else:
+        model = {
+            "default": RetailBSTS,
+            "thesis": lambda: RetailBSTS(**THESIS_MODEL),
+            "saturation": lambda: RetailBSTS(saturation="hill"),
+            "lift_test": lambda: RetailBSTS(roas_prior=lift_test(truth, spend, seed)),
+        }[model_name]()
+        options = (
+            dict(
+                num_samples=10,
+                warmup_steps=10,
+                num_particles=2,
+                map_init_steps=20,
+                rhat_target=None,
+            )
+            if quick
+            else (SHORT if budget == "short" else {})
+        )
+        start = time.perf_counter()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            model.fit(sales, spend, covariates, seed=seed, **options)
+        fit = dict(
+            draws=model.channel_contributions(),  # (n, k)
+            lag=model.spend_lag,
+            evidence=model.spend_lag_evidence,
+            rhat=max(float(r.max()) for r in model.rhat().values()),
+            seconds=time.perf_counter() - start,
+            warnings=sorted({type(w.message).__name__ for w in caught}),
+            divergences=None,
+        )
+    draws = fit.pop("draws")
     tails = torch.tensor([(1 - INTERVAL) / 2, (1 + INTERVAL) / 2], dtype=torch.float64)
-    low, high = torch.quantile(draws, tails, dim=0)
-    rhat = max(float(r.max()) for r in model.rhat().values())
+    low, high = torch.quantile(draws.double(), tails, dim=0)
     return dict(
         simulator=simulator,
         model=model_name,
         seed=seed,
+        budget="quick" if quick else budget,
+        weeks=num_weeks,
         truth=truth.sum(0).tolist(),
-        mean=draws.mean(0).tolist(),
+        mean=draws.double().mean(0).tolist(),
         low=low.tolist(),
         high=high.tolist(),
-        lag=model.spend_lag,
-        evidence=model.spend_lag_evidence,
-        rhat=rhat,
-        seconds=seconds,
-        warnings=sorted({type(w.message).__name__ for w in caught}),
+        **fit,
     )
 
 
@@ -191,12 +259,16 @@ def spread(values):
     return f"{statistics.median(ordered):.0%} / {statistics.fmean(ordered):.0%} / {p90:.0%} / {ordered[-1]:.0%}"
 
 
-def summarise(results):
+def summarise(results, missing=()):
+    """The report's sections from the fits ``results``; ``missing`` lists the models whose
+    package is not installed (a row each says so)."""
     rows, detail = [], []
     for simulator in SIMULATORS:
         for model in MODELS:
             runs = [r for r in results if r["simulator"] == simulator and r["model"] == model]
             if not runs:
+                if model in missing:
+                    rows.append([simulator, model, "not installed", *["-"] * 7])
                 continue
             errors, signs, big, covered, channels, nulls = [], 0, 0, 0, 0, []
             for r in runs:
@@ -216,18 +288,25 @@ def summarise(results):
             lags = [r["lag"] for r in runs]
             right = sum(lag == SIMULATED_LAG[simulator] for lag in lags)
             seconds = [r["seconds"] for r in runs]
+            budgets = "/".join(sorted({r.get("budget", "short") for r in runs}))
+            if model == "thesis":
+                lag = "fixed 1"
+            elif model == "pymc_marketing":
+                lag = "adstock from lag 0"
+            else:
+                lag = f"{right} of {len(runs)}"
             rows.append(
                 [
                     simulator,
                     model,
-                    len(runs),
+                    f"{len(runs)} ({budgets})",
                     spread(errors) if errors else "-",
                     f"{signs} of {big}",
                     f"{covered / channels:.0%} ({covered} of {channels})",
                     f"{len(nulls)}: {statistics.median(nulls):.1%} / {max(nulls):.1%}"
                     if nulls
                     else "none",
-                    f"{right} of {len(runs)}" if model != "thesis" else "fixed 1",
+                    lag,
                     f"{max(r['rhat'] for r in runs):.2f}",
                     f"{statistics.median(seconds):.0f} / {max(seconds):.0f}",
                 ]
@@ -237,11 +316,12 @@ def summarise(results):
                     f"{m:,.0f} [{lo:,.0f}, {hi:,.0f}] ({t:,.0f})"
                     for t, m, lo, hi in zip(r["truth"], r["mean"], r["low"], r["high"])
                 )
-                detail.append([simulator, model, r["seed"], r["lag"], cells])
+                fitted_lag = "-" if r["lag"] is None else r["lag"]
+                detail.append([simulator, model, r["seed"], fitted_lag, cells])
     header = [
         "simulator",
         "model",
-        "seeds",
+        "seeds (budget)",
         f"abs. rel. error, channels >= {SHARE:.0%} of media (median / mean / p90 / max)",
         "sign errors",
         f"{INTERVAL:.0%} interval coverage, channels with an effect",
@@ -255,6 +335,26 @@ def summarise(results):
         "## Every fit: posterior mean [90 % interval] (truth) per channel\n\n"
         + markdown(["simulator", "model", "seed", "lag", "channels"], detail),
     ]
+
+
+def fit_all(tasks, jobs):
+    """Every fit of ``tasks``, each record saying the command that made it, and the models
+    whose package is not installed."""
+    start = time.perf_counter()
+    if jobs > 1:
+        with ProcessPoolExecutor(jobs) as pool:
+            results = list(pool.map(run_one, tasks))
+    else:
+        results = [run_one(task) for task in tasks]
+    missing = sorted({task[1] for task, r in zip(tasks, results) if r is None})
+    results = [r for r in results if r is not None]
+    elapsed = time.perf_counter() - start
+    cmd = command_line_args()
+    command = f"python benchmarks/bsts_attribution.py{(' ' + cmd) if cmd else ''}"
+    for r in results:
+        print(r["simulator"], r["model"], r["seed"], r["lag"], f"{r['seconds']:.0f}s", flush=True)
+        r["command"] = f"`{command}` ({elapsed / 60:.1f} min)"
+    return results, missing
 
 
 def main():
@@ -276,7 +376,19 @@ def main():
         choices=["default", "short"],
         default="default",
         help="default: fit's own draws (200 + 200, extended while R-hat >= 1.05); short: "
-        "100 warm-up + 100 draws per particle, no extension (about 3x cheaper)",
+        "100 warm-up + 100 draws per particle, no extension (about 3x cheaper); "
+        "PyMC-Marketing always runs its NUTS defaults",
+    )
+    parser.add_argument(
+        "--merge",
+        action="store_true",
+        help="keep the fits of the (simulator, model) pairs not run now from the records "
+        "beside the report (its .json), and report them all",
+    )
+    parser.add_argument(
+        "--report-only",
+        action="store_true",
+        help="fit nothing: write the report again from the records beside it",
     )
     args = parser.parse_args()
     num_seeds = args.seeds or (1 if args.quick else 10)
@@ -287,42 +399,44 @@ def main():
         for simulator in args.simulators
         for model in args.models
     ]
-    start = time.perf_counter()
-    if args.jobs > 1:
-        with ProcessPoolExecutor(args.jobs) as pool:
-            results = list(pool.map(run_one, tasks))
+    records = args.output.with_suffix(".json")
+    if args.report_only:
+        results, missing = json.loads(records.read_text()), []
     else:
-        results = [run_one(task) for task in tasks]
-    for r in results:
-        print(r["simulator"], r["model"], r["seed"], r["lag"], f"{r['seconds']:.0f}s", flush=True)
-    elapsed = time.perf_counter() - start
+        results, missing = fit_all(tasks, args.jobs)
+        if args.merge and records.exists():
+            rerun = {(task[0], task[1]) for task in tasks}
+            kept = json.loads(records.read_text())
+            results = [r for r in kept if (r["simulator"], r["model"]) not in rerun] + results
+        if not args.quick:
+            records.parent.mkdir(parents=True, exist_ok=True)
+            records.write_text(json.dumps(results, indent=1) + "\n")
     import torch
 
-    cmd = command_line_args()
+    commands = {}
+    for r in results:
+        commands.setdefault(r["command"], set()).add(r["model"])
+    made_by = "; ".join(f"{c}: {', '.join(sorted(m))}" for c, m in commands.items())
     preamble = (
         "# RetailBSTS channel contributions against known truths\n\n"
         f"Mode: {'quick (smoke test)' if args.quick else 'full'}. torch {torch.__version__}, "
-        f"1 thread per fit, {args.jobs} process(es), float64; total {elapsed / 60:.1f} min. "
-        f"Generated by `python benchmarks/bsts_attribution.py{(' ' + cmd) if cmd else ''}`. "
-        f"{num_seeds} seeds x {len(args.simulators)} simulator(s), {weeks} weeks each, "
-        "every week a training week. "
-        "Protocol in the script's docstring: `default` is `RetailBSTS()` with only the "
+        f"1 thread per fit, float64. Generated by {made_by}. "
+        f"Seeds x simulators as each row says, "
+        f"{'/'.join(str(w) for w in sorted({r['weeks'] for r in results}))} weeks each, "
+        "every week a training "
+        "week. Protocol in the script's docstring: `default` is `RetailBSTS()` with only the "
         "required arguments, `thesis` is `RetailBSTS(**THESIS_MODEL)`, `saturation` is "
         '`RetailBSTS(saturation="hill")`, `lift_test` is `RetailBSTS(roas_prior=...)` on the '
         "largest channel (a simulated lift test: the true ROAS with a 20 % log-scale error, "
-        "prior sd a quarter of it); "
-        + (
-            "`fit`'s own draws"
-            if args.budget == "default"
-            else "a short fit, `fit(num_samples=100, warmup_steps=100, rhat_target=None)` "
-            "(8 particles, thinning 2), to fit the session's time: see the R-hat column"
-        )
-        + ". Targets: no sign "
+        "prior sd a quarter of it), `pymc_marketing` PyMC-Marketing's `MMM` with NUTS; budget "
+        "`default` is `fit`'s own draws, `short` is "
+        "`fit(num_samples=100, warmup_steps=100, rhat_target=None)` (8 particles, thinning "
+        "2): see the R-hat column. Targets: no sign "
         f"error; median absolute relative error at most 20 % for channels with at least "
         f"{SHARE:.0%} of media's contribution; {INTERVAL:.0%} intervals covering 80-95 % of "
         "the truths."
     )
-    write_report(preamble, summarise(results), args.output)
+    write_report(preamble, summarise(results, missing), args.output)
 
 
 if __name__ == "__main__":

@@ -308,42 +308,39 @@ def import_pymc_marketing():
     return MMM, GeometricAdstock, LogisticSaturation
 
 
-def run_pymc(data, quick, seed):
-    label = "PyMC-Marketing `MMM` (NUTS)"
-    try:
-        MMM, GeometricAdstock, LogisticSaturation = import_pymc_marketing()
-    except ImportError:
-        return Skipped(label, "not installed (`pip install pymc-marketing`)")
-    import arviz as az
+def fit_pymc_mmm(dates, spend, channels, controls, sales, num_train, seed, quick):
+    """PyMC-Marketing's ``MMM`` as the docstring sets it up, fitted on the first
+    ``num_train`` weeks: ``spend`` ``(T, k)`` and ``controls`` ``{name: (T,)}`` (standardised
+    here with training statistics; a linear trend ``t`` is added) as numpy arrays, ``sales``
+    ``(T,)``.  Returns ``(mmm, idata, frame, columns, seconds)``: the fitted model, its
+    posterior (with the contributions in original units), the whole weekly frame and the
+    columns ``MMM`` reads, and the wall time of ``fit`` (pytensor's compilation included).
+    ``benchmarks/bsts_attribution.py`` fits it the same way."""
+    MMM, GeometricAdstock, LogisticSaturation = import_pymc_marketing()
     import pandas as pd
 
-    n, T = data.num_train, data.sales.shape[0]
-    frame = {"date": pd.to_datetime(data.dates)}
-    for i, c in enumerate(data.channels):
-        frame[c] = data.spend[:, i].numpy()
-    controls = []
-    if data.covariates is not None:
-        X = data.covariates
-        X = (X - X[:n].mean(0)) / X[:n].std(0)  # MMM does not scale controls itself
-        for j, c in enumerate(data.covariate_names):
-            frame[c] = X[:, j].numpy()
-            controls.append(c)
+    n, T = num_train, len(sales)
+    frame = {"date": pd.to_datetime(dates)}
+    for i, c in enumerate(channels):
+        frame[c] = np.asarray(spend[:, i])
+    for c, x in controls.items():
+        x = np.asarray(x)
+        frame[c] = (x - x[:n].mean()) / x[:n].std()  # MMM does not scale controls itself
     frame["t"] = np.arange(T) / n
-    controls.append("t")
-    frame["y"] = data.sales.numpy()
+    frame["y"] = np.asarray(sales)
     df = pd.DataFrame(frame)
-    columns = ["date", *data.channels, *controls]
-    train, test = df.iloc[:n], df.iloc[n:]
+    columns = ["date", *channels, *controls, "t"]
+    train = df.iloc[:n]
     sampler = dict(chains=1, tune=20, draws=20) if quick else dict(chains=2, tune=1000, draws=1000)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         mmm = MMM(
             date_column="date",
-            channel_columns=list(data.channels),
+            channel_columns=list(channels),
             target_column="y",
             adstock=GeometricAdstock(l_max=8),
             saturation=LogisticSaturation(),
-            control_columns=controls,
+            control_columns=[*controls, "t"],
             yearly_seasonality=2,
         )
         mmm.build_model(train[columns], train["y"])
@@ -358,24 +355,55 @@ def run_pymc(data, quick, seed):
             **sampler,
         )
         seconds = time.perf_counter() - t0
-        pred = mmm.sample_posterior_predictive(
-            test[columns],
-            extend_idata=False,
-            include_last_observations=True,
-            progressbar=False,
-            random_seed=seed,
-        )
-        predicted = pred["y_original_scale"].mean("sample").to_numpy()
-        free = [rv.name for rv in mmm.model.free_RVs]
-        rhat = float(az.rhat(idata.posterior[free]).to_array().max())
-    contribution = (
+    return mmm, idata, df, columns, seconds
+
+
+def pymc_rhat(mmm, idata):
+    """The largest split-R-hat over ``MMM``'s free random variables."""
+    import arviz as az
+
+    free = [rv.name for rv in mmm.model.free_RVs]
+    return float(az.rhat(idata.posterior[free]).to_array().max())
+
+
+def pymc_contributions(idata, channels):
+    """Draws x channels of each channel's contribution summed over the fitted weeks."""
+    return (
         idata.posterior["channel_contribution_original_scale"]
-        .sel(channel=list(data.channels))
+        .sel(channel=list(channels))
         .sum("date")
         .stack(sample=("chain", "draw"))
         .transpose("sample", "channel")
         .to_numpy()
     )
+
+
+def run_pymc(data, quick, seed):
+    label = "PyMC-Marketing `MMM` (NUTS)"
+    try:
+        import_pymc_marketing()
+    except ImportError:
+        return Skipped(label, "not installed (`pip install pymc-marketing`)")
+    n = data.num_train
+    controls = {}
+    if data.covariates is not None:
+        for j, c in enumerate(data.covariate_names):
+            controls[c] = data.covariates[:, j].numpy()
+    mmm, idata, df, columns, seconds = fit_pymc_mmm(
+        data.dates, data.spend.numpy(), data.channels, controls, data.sales.numpy(), n, seed, quick
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        pred = mmm.sample_posterior_predictive(
+            df.iloc[n:][columns],
+            extend_idata=False,
+            include_last_observations=True,
+            progressbar=False,
+            random_seed=seed,
+        )
+    predicted = pred["y_original_scale"].mean("sample").to_numpy()
+    rhat = pymc_rhat(mmm, idata)
+    contribution = pymc_contributions(idata, data.channels)
     errors = ape(data.sales[n:], predicted)
     divergences = int(idata.sample_stats["diverging"].sum())
     sampling = float(idata.posterior.attrs.get("sampling_time", math.nan))
@@ -387,7 +415,7 @@ def run_pymc(data, quick, seed):
         None,
         rhat,
         seconds,
-        f"{sampler['chains']} × {sampler['draws']}",
+        f"{idata.posterior.sizes['chain']} × {idata.posterior.sizes['draw']}",
         f"{divergences} divergences; sampling {sampling:.0f} s",
     )
 
