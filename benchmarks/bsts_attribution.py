@@ -160,6 +160,8 @@ def lift_test(truth, spend, seed):
 
 def run_pymc(simulator, seed, sales, spend, covariates, truth, quick):
     """PyMC-Marketing's ``MMM`` on the simulated weeks (None when it is not installed)."""
+    from importlib.metadata import version
+
     import numpy as np
     import torch
     from bsts_peers import fit_pymc_mmm, import_pymc_marketing, pymc_contributions, pymc_rhat
@@ -186,6 +188,7 @@ def run_pymc(simulator, seed, sales, spend, covariates, truth, quick):
         seconds=seconds,
         warnings=sorted({type(w.message).__name__ for w in caught}),
         divergences=int(idata.sample_stats["diverging"].sum()),
+        package=", ".join(f"{p} {version(p)}" for p in ("pymc-marketing", "pymc")),
     )
 
 
@@ -259,6 +262,15 @@ def spread(values):
     return f"{statistics.median(ordered):.0%} / {statistics.fmean(ordered):.0%} / {p90:.0%} / {ordered[-1]:.0%}"
 
 
+def divergences(runs):
+    """`` (N divergences, M of K fits)`` for NUTS fits (PyMC-Marketing's), else empty."""
+    counts = [r["divergences"] for r in runs if r.get("divergences") is not None]
+    if not counts:
+        return ""
+    hit = sum(c > 0 for c in counts)
+    return f" ({sum(counts):,} divergences; in {hit} of {len(counts)} fits)"
+
+
 def summarise(results, missing=()):
     """The report's sections from the fits ``results``; ``missing`` lists the models whose
     package is not installed (a row each says so)."""
@@ -307,7 +319,7 @@ def summarise(results, missing=()):
                     if nulls
                     else "none",
                     lag,
-                    f"{max(r['rhat'] for r in runs):.2f}",
+                    f"{max(r['rhat'] for r in runs):.2f}" + divergences(runs),
                     f"{statistics.median(seconds):.0f} / {max(seconds):.0f}",
                 ]
             )
@@ -327,7 +339,7 @@ def summarise(results, missing=()):
         f"{INTERVAL:.0%} interval coverage, channels with an effect",
         "channels without effect: their share of the estimated media total (median / max)",
         "lag chosen as simulated",
-        "max R-hat",
+        "max R-hat (NUTS: divergences after tuning)",
         "fit s (median / max)",
     ]
     return [
@@ -417,6 +429,17 @@ def main():
     for r in results:
         commands.setdefault(r["command"], set()).add(r["model"])
     made_by = "; ".join(f"{c}: {', '.join(sorted(m))}" for c, m in commands.items())
+    # PyMC-Marketing's version where its records have it (the first run's used the pins of
+    # the bench extra in constraints.txt: pymc-marketing 0.19.2, pymc 5.28.5).
+    packages = sorted(
+        {
+            r.get("package", "the bench extra's pins")
+            for r in results
+            if r["model"] == "pymc_marketing"
+        }
+    )
+    if packages:
+        made_by += f" (PyMC-Marketing: {'; '.join(packages)})"
     preamble = (
         "# RetailBSTS channel contributions against known truths\n\n"
         f"Mode: {'quick (smoke test)' if args.quick else 'full'}. torch {torch.__version__}, "
