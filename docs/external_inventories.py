@@ -118,8 +118,32 @@ def write_inventories(folder):
         data = inventory_bytes(entries, project)
         if not target.is_file() or target.read_bytes() != data:
             target.write_bytes(data)
+        check_round_trip(target, base, entries, project)
         mapping[name] = (base, str(target))
     return mapping
+
+
+def check_round_trip(path, base, entries, project):
+    """Read ``path`` back with Sphinx's own inventory loader and raise ``ValueError`` unless
+    it holds exactly ``entries`` (``(type, name, uri)``) under ``base``: run at every docs
+    build, where Sphinx is installed, so a file intersphinx would misread stops the build."""
+    import posixpath
+
+    from sphinx.util.inventory import InventoryFile
+
+    with open(path, "rb") as stream:
+        data = InventoryFile.load(stream, base, posixpath.join)
+    loaded = {
+        (kind, obj, item.uri, item.project_name, item.display_name)
+        for kind, objects in data.items()
+        for obj, item in objects.items()
+    }
+    expected = {(kind, obj, base + uri, project, "-") for kind, obj, uri in entries}
+    if loaded != expected:
+        raise ValueError(
+            f"{path}: Sphinx reads back {len(loaded)} entries, not the {len(expected)} listed "
+            f"(differing: {sorted(loaded ^ expected)[:3]})"
+        )
 
 
 def digest():
