@@ -325,7 +325,8 @@ def fit_pymc_mmm(dates, spend, channels, controls, sales, num_train, seed, quick
         frame[c] = np.asarray(spend[:, i])
     for c, x in controls.items():
         x = np.asarray(x)
-        frame[c] = (x - x[:n].mean()) / x[:n].std()  # MMM does not scale controls itself
+        # MMM does not scale controls itself (ddof=1: the sd torch's std gave before)
+        frame[c] = (x - x[:n].mean()) / x[:n].std(ddof=1)
     frame["t"] = np.arange(T) / n
     frame["y"] = np.asarray(sales)
     df = pd.DataFrame(frame)
