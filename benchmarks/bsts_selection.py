@@ -49,7 +49,9 @@ Ablation (``--seasonal oracle``): the same fits on the sales less the simulator'
 seasonal (``truth["seasonal"]``: smooth yearly waves plus Christmas, Easter and summer
 bumps that the model's 2-harmonic seasonal cannot follow), every other part of the data
 as simulated.  It tells whether delta's misses come from that misspecification or from
-the sampler.
+the sampler.  ``--simulate NAME=VALUE ...`` passes keyword arguments to
+``simulate_retail`` for other ablations (``level_scale=0``: a level without innovations;
+``goodwill_scale=0``: a goodwill without shocks).
 
 Sampler check (``--rao-blackwell``, shared ``delta`` only): for each fit, the model's own
 conditional density of ``delta`` given every other site, on a grid of 91 values in
@@ -603,6 +605,11 @@ def report(
             if args.seasonal == "oracle"
             else ""
         )
+        + (
+            f" **Ablation: `simulate_retail({', '.join(args.simulate)})`.**"
+            if args.simulate
+            else ""
+        )
         + "\n\n"
         f"**Targets**: mean inclusion probability of the true covariates ≥ {TARGET_TRUE} and "
         f"of the null covariates ≤ {TARGET_NULL}; split-R̂ < {TARGET_RHAT} for RA on every "
@@ -682,6 +689,14 @@ def main(argv=None):
         "docstring)",
     )
     parser.add_argument(
+        "--simulate",
+        nargs="+",
+        default=[],
+        metavar="NAME=VALUE",
+        help="ablation: keyword arguments of simulate_retail (floats), e.g. level_scale=0 "
+        "goodwill_scale=0",
+    )
+    parser.add_argument(
         "--rao-blackwell",
         action="store_true",
         help="also estimate delta's posterior from the model's conditional densities (the "
@@ -694,13 +709,14 @@ def main(argv=None):
     version = code_version()
     seeds = [args.first_seed + i for i in range(args.seeds or (1 if args.quick else 10))]
 
+    simulate = {k: float(v) for k, v in (a.split("=", 1) for a in args.simulate)}
     selections = list(args.selections)
     results = {(sel, v): [] for sel in selections for v in args.variants}
     truths, truth_data = {}, {}
     names = channels = None
     errors = []
     for i, seed in enumerate(seeds):
-        data = simulate_retail(num_weeks=NUM_WEEKS, seed=seed, random_truth=True)
+        data = simulate_retail(num_weeks=NUM_WEEKS, seed=seed, random_truth=True, **simulate)
         if args.seasonal == "oracle":
             data = data._replace(sales=data.sales - data.truth["seasonal"])
         names, channels = data.covariate_names, data.channel_names
