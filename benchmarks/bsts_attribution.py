@@ -256,10 +256,14 @@ def run_one(task):
     )
 
 
-def spread(values):
+def spread(values, fmt="{:.0%}"):
+    """Median / mean / p90 / max of ``values``, each written with ``fmt``."""
     ordered = sorted(values)
     p90 = ordered[min(len(ordered) - 1, math.ceil(0.9 * len(ordered)) - 1)]
-    return f"{statistics.median(ordered):.0%} / {statistics.fmean(ordered):.0%} / {p90:.0%} / {ordered[-1]:.0%}"
+    return " / ".join(
+        fmt.format(v)
+        for v in (statistics.median(ordered), statistics.fmean(ordered), p90, ordered[-1])
+    )
 
 
 def divergences(runs):
@@ -320,7 +324,7 @@ def summarise(results, missing=()):
                     else "none",
                     lag,
                     f"{max(r['rhat'] for r in runs):.2f}" + divergences(runs),
-                    f"{statistics.median(seconds):.0f} / {max(seconds):.0f}",
+                    spread(seconds, "{:.0f}"),
                 ]
             )
             for r in runs:
@@ -340,7 +344,7 @@ def summarise(results, missing=()):
         "channels without effect: their share of the estimated media total (median / max)",
         "lag chosen as simulated",
         "max R-hat (NUTS: divergences after tuning)",
-        "fit s (median / max)",
+        "fit s (median / mean / p90 / max)",
     ]
     return [
         "## Contributions over the training weeks against the truth\n\n" + markdown(header, rows),
