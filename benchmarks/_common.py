@@ -192,3 +192,15 @@ def robust_fit(model, *args, seed=0, **kwargs):
             failures.append(f"seed {s}: {str(error)[:80]}")
             print("fit failed:", failures[-1], flush=True)
     raise RuntimeError(f"every fit attempt failed: {failures}")
+
+
+#: what each ``--bias-bound`` makes the default step (the SG-MCMC kernels' ``bias_bound``), for the
+#: reports' protocol lines
+BIAS_BOUND_PROTOCOL = {
+    "stiffest": "the largest step whose error is that in the stiffest direction",
+    "typical": "the largest step whose error is that on average over directions, the stiffest "
+    "direction kept stable",
+    "auto": "the stiffest direction's bound when a typical direction relaxes ten times within "
+    "the kept steps at it, else the smallest larger step at which it does, up to the bound on "
+    "average over directions",
+}

@@ -66,6 +66,7 @@ import time
 import pyro  # noqa: E402
 import torch  # noqa: E402
 from _common import (  # noqa: E402
+    BIAS_BOUND_PROTOCOL,
     REPO,  # importing _common also sets $PYRO_EXT_DATA's default
     accuracy,
     argument_parser,
@@ -168,6 +169,7 @@ def train(key, x, y, base_step, cfg, seed):
         repulsion=repulsion,
         init_strategy=_init,
         jit_compile=cfg["jit"],
+        **({"bias_bound": cfg["bias_bound"]} if base_step is None else {}),
         **extra,
     )
     stamps = []
@@ -191,7 +193,8 @@ def train(key, x, y, base_step, cfg, seed):
     # float64: perf_counter's seconds since boot lose milliseconds in float32
     step_times = torch.tensor(stamps, dtype=torch.float64).diff()[10:]
     if kernel.step_size_adaptation is not None:
-        FROZEN_STEPS[key] = kernel.step_size_adaptation.step_size
+        adaptation = kernel.step_size_adaptation
+        FROZEN_STEPS[key] = (adaptation.step_size, adaptation.stiffest_error())
     return net, draws, step_times
 
 
@@ -315,6 +318,12 @@ def main():
         "the samplers' own rule (step_size=None; IVON keeps its tuned lr)",
     )
     parser.add_argument(
+        "--bias-bound",
+        choices=["auto", "stiffest", "typical"],
+        default="auto",
+        help="with --step default: the samplers' bias_bound (default auto, theirs)",
+    )
+    parser.add_argument(
         "--methods",
         "--samplers",
         dest="methods",
@@ -335,6 +344,7 @@ def main():
         warmup=args.warmup or (100 if quick else 200),
         thinning=args.thinning or (10 if quick else 20),
         jit=args.jit,
+        bias_bound=args.bias_bound,
     )
     test_size = args.test_size or (300 if quick else 2000)
     num_train = 5000 if quick else 60000 - NUM_VALIDATION
@@ -396,7 +406,7 @@ def main():
         source = functools.partial(network_logits, net, one_network(key, draws, cfg))
         transfer = curve(posterior, fgsm_sign(source, x_test, y_test), x_test, y_test)
         step = (
-            f"default: {FROZEN_STEPS[key]:.1e}"
+            f"default: {FROZEN_STEPS[key][0]:.1e} (error {FROZEN_STEPS[key][1]:.2g})"
             if base is None
             else f"{step_size(key, base, cfg):.0e}"
         )
@@ -430,9 +440,12 @@ def main():
         f"(thesis figure 2.6{', quick run' if quick else ''})\n\n"
         f"Command: `python benchmarks/mnist_fgsm.py {command_line_args()}`. {setting}. "
         + (
-            "Step sizes: each sampler's default (`step_size=None`: warm-up sets the largest step "
-            "whose stationary variance error is 5 % in the stiffest direction, frozen for "
-            f"sampling; the tables give it); IVON's lr as tuned ({STEP_SIZES['ivon']:g}). "
+            "Step sizes: each sampler's default (`step_size=None`: warm-up sets it from the "
+            "posterior's local Gaussian approximation, minibatch noise included, with "
+            f"bias_bound={args.bias_bound!r} and a stationary variance error of 5 %: "
+            f"{BIAS_BOUND_PROTOCOL[args.bias_bound]}; frozen for sampling; the tables give it "
+            "with its variance error in the stiffest direction); IVON's lr as tuned "
+            f"({STEP_SIZES['ivon']:g}). "
             if args.step == "default"
             else f"Step sizes: {TUNING}{''.join('; ' + f for f in fallbacks)}; "
         )

@@ -52,8 +52,10 @@ Run from the repository root::
     python benchmarks/sgmcmc_synthetic.py            # 10 seeds, about a minute
     python benchmarks/sgmcmc_synthetic.py --quick    # 2 seeds, about 20 s
     python benchmarks/sgmcmc_synthetic.py --tune     # step-size search first, +1 minute
+    python benchmarks/sgmcmc_synthetic.py --step default   # each kernel's own step
 
-The tables are printed and written to ``benchmarks/results/sgmcmc_synthetic.md``.
+The tables are printed and written to ``benchmarks/results/sgmcmc_synthetic.md``
+(``--step default``: ``sgmcmc_synthetic_default.md``).
 """
 
 import math
@@ -66,7 +68,7 @@ import numpy as np
 import pyro
 import pyro.distributions as dist
 import torch
-from _common import argument_parser, markdown, mean_sd, write_report
+from _common import argument_parser, command_line_args, markdown, mean_sd, write_report
 from pyro.ops.stats import effective_sample_size
 
 from pyro_ext.infer import MCMC, SGLD
@@ -166,8 +168,16 @@ def run_target(target, method, step_size, seed):
     start = time.perf_counter()
     mcmc.run()
     seconds = time.perf_counter() - start
+    if step_size is None:
+        FROZEN_STEPS.setdefault((target.name, method), []).append(kernel.diagnostics()["step_size"])
     draws = mcmc.get_samples(group_by_chain=True)["x"]
     return draws.reshape(draws.shape[:2] + (-1,)), seconds
+
+
+DEFAULT_TITLE = ", each kernel's default step"
+
+#: ``--step default``: the step each run's warm-up froze, per (target, method)
+FROZEN_STEPS = {}
 
 
 def evaluate(target, potential, draws, seconds):
@@ -277,13 +287,21 @@ def synthetic_rows(target, ours):
         ]
 
 
+def _step_text(target, method):
+    step = target.step_sizes[method]
+    if step is not None:
+        return f"{step:g}"
+    frozen = FROZEN_STEPS[target.name, method]
+    return f"default (frozen: median {np.median(frozen):.3g}, {min(frozen):.3g}-{max(frozen):.3g})"
+
+
 def synthetic_section(targets, results, num_seeds):
     header = ["Target", "Metric", "SGLD (thesis)", "SGLD+R (thesis)"]
     header += ["SGLD (ours)", "SGLD+R (ours)", "SGLD+R better"]
     rows = [row for target in targets for row in synthetic_rows(target, results[target.name])]
     steps = "; ".join(
         f"{target.name} (L = {target.num_particles}): "
-        + ", ".join(f"{method} {target.step_sizes[method]:g}" for method in METHODS)
+        + ", ".join(f"{method} {_step_text(target, method)}" for method in METHODS)
         for target in targets
     )
     return (
@@ -340,7 +358,20 @@ def main():
         seeds="number of seeds (default 10; quick 2)",
     )
     parser.add_argument("--tune", action="store_true", help="re-run the step-size search first")
+    parser.add_argument(
+        "--step",
+        choices=["tuned", "default"],
+        default="tuned",
+        help="tuned: the thesis protocol's steps (STEP_GRID's KSD pick); default: the kernels' "
+        "own rule (step_size=None, set during warm-up), written to "
+        "results/sgmcmc_synthetic_default.md unless --output says otherwise",
+    )
     args = parser.parse_args()
+    if args.step == "default":
+        if args.tune:
+            parser.error("--tune searches the steps that --step default leaves to the kernels")
+        if args.output == RESULTS:
+            args.output = RESULTS.with_name("sgmcmc_synthetic_default.md")
     num_seeds = args.seeds if args.seeds is not None else (2 if args.quick else 10)
     if num_seeds < 1:
         parser.error("--seeds must be at least 1")
@@ -349,6 +380,8 @@ def main():
     started = time.perf_counter()
     sections = []
     targets = TARGETS
+    if args.step == "default":
+        targets = [target._replace(step_sizes=dict.fromkeys(METHODS)) for target in TARGETS]
     if args.tune:
         tuned = {target.name: tune(target) for target in TARGETS}
         sections.append(tune_section({name: grid for name, (grid, _) in tuned.items()}))
@@ -357,8 +390,17 @@ def main():
     sections += [synthetic_section(targets, results, num_seeds), example_section(seeds)]
     preamble = (
         f"# SGLD vs SGLD+R on synthetic targets ({'quick' if args.quick else 'full'} run"
-        f"{', step sizes re-tuned' if args.tune else ''})\n\n"
-        f"Thesis section 2.3 protocol: {WARMUP} burn-in steps, then {KEPT_STEPS} steps "
+        f"{', step sizes re-tuned' if args.tune else ''}"
+        f"{DEFAULT_TITLE if args.step == 'default' else ''})\n\n"
+        + (
+            f"Command: `python benchmarks/sgmcmc_synthetic.py {command_line_args()}`. "
+            "Step sizes: `step_size=None`, set during warm-up by the kernels' default rule "
+            "(`bias_bound='auto'`, `bias_tolerance=0.05`) and frozen for sampling; the "
+            "section 2.3.1 example keeps its fixed step. "
+            if args.step == "default"
+            else ""
+        )
+        + f"Thesis section 2.3 protocol: {WARMUP} burn-in steps, then {KEPT_STEPS} steps "
         f"thinned by {THINNING}; initial particles log x ~ N(0, 1) (MoE), x ~ N(0, I) (MoG). "
         f"Seeds 0–{num_seeds - 1}; torch {torch.__version__} on CPU "
         f"({torch.get_num_threads()} thread), pyro {pyro.__version__}. "

@@ -308,7 +308,8 @@ def kernel_config(kernel) -> dict:
     (:class:`~pyro_ext.infer.Gibbs`) its discrete sites, moves and sweep interval and its
     inner kernel's class; then the (inner) kernel's ``step_size`` schedule, ``repulsion``,
     ``temperature``, ``adapt_after_warmup``, ``adapt_window`` and ``adam_floor`` where it
-    has them, and every entry of its ``hyper`` (``friction``, ``betas``, ``eps``).
+    has them, the default step's ``bias_tolerance`` and ``bias_bound`` (with
+    ``step_size=None``), and every entry of its ``hyper`` (``friction``, ``betas``, ``eps``).
     """
     config = {}
     source = kernel
@@ -329,6 +330,10 @@ def kernel_config(kernel) -> dict:
     ):
         if hasattr(source, name):
             config[name] = describe(getattr(source, name))
+    if hasattr(source, "bias_bound") and getattr(source, "step_size", None) is None:
+        # The default step's rule: a checkpoint taken during warm-up continues it.
+        config["bias_tolerance"] = describe(source.bias_tolerance)
+        config["bias_bound"] = describe(source.bias_bound)
     for name, value in dict(getattr(source, "hyper", {})).items():
         config[name] = describe(value)
     return config

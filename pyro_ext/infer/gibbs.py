@@ -290,6 +290,15 @@ class Gibbs(ParticleKernel):
     def relaxation_steps(self):
         return self.kernel.relaxation_steps()
 
+    @property
+    def kept_steps(self):
+        """The inner kernel's :attr:`~pyro_ext.infer.SGMCMCKernel.kept_steps`."""
+        return self.kernel.kept_steps
+
+    @kept_steps.setter
+    def kept_steps(self, value):
+        self.kernel.kept_steps = value
+
     def mixing_advice(self, kept_steps: int):
         return self.kernel.mixing_advice(kept_steps)
 

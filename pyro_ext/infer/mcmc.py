@@ -258,6 +258,7 @@ class MCMC(AbstractMCMC):
             return
         if self._initial_params is not None:
             self.kernel.initial_params = self._initial_params
+        self._tell_kept_steps()
         with pyro.validation_enabled(not self.disable_validation):
             self.kernel.setup(self.warmup_steps, *args, **kwargs)
         self._run_identity = None if self.checkpoint_path is None else self._identity()
@@ -292,6 +293,7 @@ class MCMC(AbstractMCMC):
         self._model_args = (args, kwargs)
         # Set up first: in a sharded run the set-up is collective, and the file to read is
         # this rank's.
+        self._tell_kept_steps()
         with pyro.validation_enabled(not self.disable_validation):
             self.kernel.setup(self.warmup_steps, *args, **kwargs)
         self._run_identity = self._identity()
@@ -554,6 +556,12 @@ class MCMC(AbstractMCMC):
             kernel.cleanup()
         self._collect(draws)
         self._warn_if_escaped()
+
+    def _tell_kept_steps(self):
+        # The default step size (bias_bound="auto") is the least biased one whose kept
+        # draws mix: the kernel needs to know how many steps are kept.
+        if hasattr(self.kernel, "kept_steps"):
+            self.kernel.kept_steps = self.num_samples * self.thinning
 
     def _warn_if_slow_mixing(self):
         """When warm-up has set the default step: warn if the steps to be kept are fewer

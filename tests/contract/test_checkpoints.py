@@ -230,6 +230,22 @@ def test_another_kernel_setting_is_refused(path, kernel, match):
         make_mcmc(path, kernel()).resume(*data())
 
 
+def test_a_default_step_checkpoint_is_bound_to_its_bias_rule(tmp_path):
+    # With step_size=None a checkpoint taken during warm-up continues the step's rule, so
+    # resuming it under another bias_bound or bias_tolerance would change the chain.
+    path = str(tmp_path / "default_step.pt")
+    pyro.set_rng_seed(0)
+    with pytest.raises(_Interrupt):
+        make_mcmc(path, SGLD(model, num_particles=2), hook_fn=_crash).run(*data())
+    for other, match in [
+        (dict(bias_bound="stiffest"), "bias_bound was 'auto', is 'stiffest'"),
+        (dict(bias_tolerance=0.1), "bias_tolerance was 0.05, is 0.1"),
+    ]:
+        with pytest.raises(ValueError, match=re.escape(match)):
+            make_mcmc(path, SGLD(model, num_particles=2, **other)).resume(*data())
+    make_mcmc(path, SGLD(model, num_particles=2)).resume(*data())  # its own rule resumes
+
+
 # -- the checksum covers every entry -------------------------------------------------------
 def test_a_tampered_state_fails_its_checksum(path):
     def shift(c):

@@ -141,7 +141,7 @@ def test_a_run_too_short_to_mix_at_the_default_step_is_warned_about():
     from pyro_ext.infer import SlowMixingWarning
 
     pyro.set_rng_seed(0)
-    kernel = SGLD(_stiff_gaussian(99), num_particles=4)
+    kernel = SGLD(_stiff_gaussian(99), num_particles=4, bias_bound="stiffest")
     mcmc = MCMC(kernel, num_samples=100, warmup_steps=100, disable_progbar=True)
     with pytest.warns(SlowMixingWarning, match="bias_tolerance=1") as record:
         mcmc.run()
@@ -164,7 +164,7 @@ def test_a_low_dimensional_stiff_direction_is_warned_about():
     from pyro_ext.infer import SlowMixingWarning
 
     pyro.set_rng_seed(0)
-    kernel = SGLD(_stiff_gaussian(3), num_particles=4)
+    kernel = SGLD(_stiff_gaussian(3), num_particles=4, bias_bound="stiffest")
     mcmc = MCMC(kernel, num_samples=1000, warmup_steps=100, disable_progbar=True)
     with pytest.warns(SlowMixingWarning, match="keeps 1000"):
         mcmc.run()
@@ -173,6 +173,85 @@ def test_a_low_dimensional_stiff_direction_is_warned_about():
     assert 5e4 < kernel.relaxation_steps() < 2e5
     flat = mcmc.get_samples(group_by_chain=True)["z"][..., 1:]
     assert float(flat.var(1).mean()) < 0.2
+
+
+def _estimates(bound, kept_steps=None, **estimates):
+    adaptation = StepSizeAdaptation(bound=bound, kept_steps=kept_steps)
+    for name, value in estimates.items():
+        setattr(adaptation, name, torch.tensor([value], dtype=torch.float64))
+    return adaptation
+
+
+def test_each_bias_bound_is_its_stated_step():
+    # Curvature 1e4 in the stiffest direction, 1 on average and in a typical direction,
+    # gradient noise 1e5 at most and 10 on average (a minibatched, ill-conditioned
+    # posterior): the three bounds written out from their definitions.
+    estimates = dict(
+        curvature=1e4, noise_variance=1e5, mean_curvature=1.0, mean_noise_variance=10.0
+    )
+    stiffest = bias_bounded_step_size(1e4, 1e5)
+    stable = bias_bounded_step_size(1e4, 0.0, tolerance=0.3)
+    typical = min(bias_bounded_step_size(1.0, 10.0), stable)
+    assert stiffest < typical  # 5e-7 against 4.6e-5 (the stable step binds)
+    assert _estimates("stiffest", **estimates).bounded_step_size(0.05) == stiffest
+    assert _estimates("typical", **estimates).bounded_step_size(0.05) == typical
+    # "auto": the step at which a typical direction (curvature 1) relaxes in a tenth of
+    # the kept steps, 10 / kept, between the two.
+    for kept, expected in [(1e3, typical), (1e6, 1e-5), (1e9, stiffest)]:
+        adaptation = _estimates("auto", kept, **estimates)
+        assert adaptation.bounded_step_size(0.05) == pytest.approx(expected, rel=1e-12)
+    # The stiffest direction's error of the step in force: the tolerance under
+    # "stiffest", far more where the step was raised.
+    adaptation = _estimates("typical", **estimates)
+    adaptation.step_size = adaptation.bounded_step_size(0.05)
+    assert adaptation.stiffest_error() > 1
+    adaptation = _estimates("stiffest", **estimates)
+    adaptation.step_size = adaptation.bounded_step_size(0.05)
+    assert adaptation.stiffest_error() == pytest.approx(0.05, rel=1e-2)
+    with pytest.raises(ValueError, match="bound must be one of"):
+        StepSizeAdaptation(bound="largest")
+
+
+def test_the_auto_bound_raises_the_step_until_the_kept_draws_mix():
+    # One direction 50 times stiffer than 99 flat ones, no minibatch: at the stiffest
+    # bound (step 0.1 / 50) a typical direction relaxes in about 1 / (0.002 * 1.49) = 340
+    # steps, too slow for 1000 kept steps (warned about); "auto" raises the step to relax
+    # it in 100 (10 / (1000 * 1.49) = 6.7e-3, under the typical bound 0.067 and the
+    # stable 9.2e-3) at a stiffest-direction error of about 20 %, and the flat
+    # coordinates' variance within each particle comes out near its 1 - 2 * 100 / 1000.
+    import warnings as _warnings
+
+    from pyro_ext.infer import SlowMixingWarning
+
+    precision = torch.cat([torch.tensor([50.0]), torch.ones(99)]).double()
+
+    def model():
+        pyro.sample("z", dist.Normal(torch.zeros_like(precision), precision.rsqrt()).to_event(1))
+
+    variances = {}
+    for bound in ("stiffest", "auto"):
+        pyro.set_rng_seed(0)
+        kernel = SGLD(model, num_particles=4, bias_bound=bound)
+        mcmc = MCMC(kernel, num_samples=1000, warmup_steps=200, disable_progbar=True)
+        with _warnings.catch_warnings(record=True) as record:
+            _warnings.simplefilter("always")
+            mcmc.run()
+        warned = any(w.category is SlowMixingWarning for w in record)
+        assert warned == (bound == "stiffest")
+        flat = mcmc.get_samples(group_by_chain=True)["z"][..., 1:]
+        variances[bound] = float(flat.var(1).mean())
+        adaptation = kernel.step_size_adaptation
+        error = kernel.diagnostics()["stiffest_variance_error"]
+        if bound == "auto":
+            assert adaptation.step_size == pytest.approx(adaptation.mixing_step_size())
+            assert kernel.relaxation_steps() == pytest.approx(100.0, rel=1e-6)
+            assert 0.15 < error < 0.25
+        else:
+            assert error == pytest.approx(0.05, rel=1e-2)
+    # Within-particle variance of 1000 correlated draws: about 1 - 2 * 100 / 1000 when
+    # relaxed in 100 steps, far lower at the stiffest bound.
+    assert 0.7 < variances["auto"] < 1.1
+    assert variances["stiffest"] < 0.55
 
 
 def test_the_median_curvature_is_in_the_mass_coordinates():

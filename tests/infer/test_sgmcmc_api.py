@@ -458,6 +458,7 @@ def test_bad_input_gives_clear_errors(make, match):
             "temperature must be a finite number",
         ),
         (lambda: SGLD(logistic_model, 1e-3, vectorize=None), "vectorize must be a string"),
+        (lambda: SGLD(logistic_model, bias_bound=None), "bias_bound must be a string"),
         (
             lambda: SGLD(logistic_model, 1e-3, divergence_check_every=2.0),
             "divergence_check_every must be an integer >= 1 or None",
@@ -478,6 +479,7 @@ def test_wrong_types_are_type_errors(make, match):
     "make, match",
     [
         (lambda: SGLD(logistic_model, 1e-3, vectorize="batch"), "vectorize must be one of 'auto'"),
+        (lambda: SGLD(logistic_model, bias_bound="max"), "bias_bound must be one of 'auto'"),
         (
             lambda: SGLD(logistic_model, 1e-3, divergence_check_every=0),
             "divergence_check_every must be an integer >= 1 or None, got 0",

@@ -15,7 +15,7 @@ from ..errors import SamplerDivergenceError
 from ..potential import VECTORIZE, ParticlePotential
 from ..potential.arguments import check_per_particle, has_per_particle
 from ..tracing import check_jit_compile
-from .adaptation import StepSizeAdaptation
+from .adaptation import BIAS_BOUNDS, StepSizeAdaptation
 from .compiled import CompiledStep
 from .distributed import SHARD_MODES, resolve_shard
 from .escape import Escape, KeptLogDensity, find_escaped
@@ -161,16 +161,28 @@ class SGMCMCKernel(ParticleKernel):
         at every step and the likelihood is scaled by ``N / |batch|``.
     :param step_size: a positive float, a schedule ``t -> float`` (see
         :mod:`pyro_ext.infer.sgmcmc.schedules`), or ``None`` (default): the step size is
-        set during warm-up to the largest one whose stationary variance error on the
-        posterior's local Gaussian approximation is ``bias_tolerance`` in the stiffest
-        direction, minibatch noise and repulsion included (curvature and gradient noise
-        estimated by power iteration every ``10`` warm-up steps, about four gradient
-        evaluations each; see :mod:`~pyro_ext.infer.sgmcmc.adaptation`), and frozen when
+        set during warm-up from the posterior's local Gaussian approximation, minibatch
+        noise and repulsion included (curvature and gradient noise estimated by power
+        iteration every ``10`` warm-up steps, about four gradient evaluations each; see
+        :mod:`~pyro_ext.infer.sgmcmc.adaptation`), as ``bias_bound`` says, and frozen when
         warm-up ends. :meth:`diagnostics` and the progress bar show it.
     :param float bias_tolerance: with ``step_size=None``, the relative error of the
-        stationary variance the step may cause (``0.05``: the sampled variance is at most
-        5 % too large in any direction of a Gaussian posterior). Smaller is less biased and
-        mixes more slowly, in proportion.
+        stationary variance the step may cause (``0.05``: the sampled variance of a
+        Gaussian posterior is at most 5 % too large in the directions ``bias_bound``
+        names). Smaller is less biased and mixes more slowly, in proportion.
+    :param str bias_bound: with ``step_size=None``, where ``bias_tolerance`` holds.
+        ``"stiffest"``: in every direction (the largest step whose error in the stiffest
+        direction is ``bias_tolerance``). On a well-conditioned posterior that step mixes
+        fast; on an ill-conditioned one with minibatch noise (a BNN: a few data-pinned
+        weights thousands of times stiffer than a typical one) it is so small that a
+        typical direction does not move within the run. ``"typical"``: on average over
+        directions, the stiffest kept stable (its variance error is then larger:
+        :meth:`diagnostics`' ``"stiffest_variance_error"``). ``"auto"`` (default):
+        ``"stiffest"``'s step when a typical direction relaxes ten times within the kept
+        steps (``num_samples x thinning`` under :class:`~pyro_ext.infer.MCMC`,
+        ``warmup_steps`` under Pyro's), else the smallest larger step at which it does, up
+        to ``"typical"``'s: the least biased step whose kept draws mix. Measured in
+        ``benchmarks/default_step_size.py``, ``uci.py`` and ``mnist_fgsm.py``.
     :param int num_particles: the number ``L`` of particles (chains).
     :param repulsion: ``None`` for independent particles, ``"rbf"`` for
         :class:`~pyro_ext.infer.RBFKernel` with the median heuristic (whose dependence on
@@ -259,10 +271,15 @@ class SGMCMCKernel(ParticleKernel):
         divergence_check_every: int | None = None,
         shard: str | None = "auto",
         bias_tolerance: float = 0.05,
+        bias_bound: str = "auto",
     ):
         if not callable(model):
             raise TypeError("model must be a callable Pyro model")
         self.bias_tolerance = check_real(bias_tolerance, "bias_tolerance", 0, 1, low_open=True)
+        self.bias_bound = check_choice(bias_bound, "bias_bound", BIAS_BOUNDS)
+        #: the steps the run keeps after warm-up, which ``bias_bound="auto"`` lets mix
+        #: (:class:`~pyro_ext.infer.MCMC` sets it; ``None``: as many as warm-up's)
+        self.kept_steps = None
         num_particles = check_int(num_particles, "num_particles", low=1)
         temperature = check_real(temperature, "temperature", low=0)
         self.model = model
@@ -464,19 +481,30 @@ class SGMCMCKernel(ParticleKernel):
         relaxation = self.relaxation_steps()
         if relaxation is None or not math.isfinite(relaxation) or kept_steps >= 10 * relaxation:
             return None
-        # What a larger tolerance buys: the relaxation time scales as 1 / step.
+        # What a larger tolerance buys: the relaxation time scales as 1 / step. Where the
+        # stiffest direction's stability already caps the step, it buys nothing.
         looser = max(1.0, self.bias_tolerance)
         looser_relaxation = relaxation * adaptation.step_size / adaptation.bounded_step_size(looser)
+        remedies = [f"run at least {10 * relaxation:.0f} steps (num_samples and warmup_steps)"]
+        if looser_relaxation < relaxation / 1.5:
+            remedies.append(
+                f"pass bias_tolerance={looser:g} (a larger variance error; a typical direction "
+                f"then relaxes in about {looser_relaxation:.0f} steps)"
+            )
+        if self.bias_bound == "stiffest":
+            remedies.append(
+                'pass bias_bound="auto" (a larger step where the stiffest direction alone '
+                "holds it back)"
+            )
+        remedies.append("precondition (AdamSGLD) or enlarge the minibatch")
+        advice = ", or ".join(remedies)
         return (
-            f"the step size set during warm-up ({adaptation.step_size:.3g}, a stationary variance "
-            f"error of {self.bias_tolerance:g} in the stiffest direction) relaxes a typical "
+            f"the step size set during warm-up ({adaptation.step_size:.3g} with "
+            f"bias_bound={self.bias_bound!r}: a stationary variance error of "
+            f"{adaptation.stiffest_error():.3g} in the stiffest direction) relaxes a typical "
             f"direction of the posterior in at least {relaxation:.0f} steps, and the run keeps "
             f"{kept_steps} (num_samples x thinning): its draws will not have mixed (check "
-            f"mcmc.summary()'s r_hat across particles). Run at least {10 * relaxation:.0f} "
-            f"steps (num_samples and warmup_steps), or pass bias_tolerance={looser:g} (a larger "
-            f"variance error in the stiffest direction; a typical direction then relaxes in "
-            f"about {looser_relaxation:.0f} steps), or precondition (AdamSGLD) or enlarge "
-            "the minibatch."
+            f"mcmc.summary()'s r_hat across particles). {advice[0].upper()}{advice[1:]}."
         )
 
     def escaped_particles(self) -> Escape:
@@ -552,7 +580,11 @@ class SGMCMCKernel(ParticleKernel):
 
     def _adaptation(self):
         return StepSizeAdaptation(
-            self.bias_tolerance, self.adaptation_friction, self.coupling_power
+            self.bias_tolerance,
+            self.adaptation_friction,
+            self.coupling_power,
+            bound=self.bias_bound,
+            kept_steps=max(1, self.kept_steps or self._warmup_steps),
         )
 
     def _adapt_step_size(self):
@@ -803,6 +835,11 @@ class SGMCMCKernel(ParticleKernel):
         diagnostics = {"divergences": []}
         if self._current_step_size is not None:
             diagnostics["step_size"] = self._current_step_size
+        adaptation = self.step_size_adaptation
+        if adaptation is not None and adaptation.step_size is not None:
+            # What the default step costs where it is largest (bias_bound="auto" may raise
+            # the step above the stiffest direction's bound for the draws to mix).
+            diagnostics["stiffest_variance_error"] = adaptation.stiffest_error()
         return diagnostics
 
     # -- checkpointing ---------------------------------------------------------------
