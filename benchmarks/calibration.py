@@ -192,7 +192,9 @@ def _mixing(outputs):
 def bnn_mixing_table(quick):
     warmup, num_samples = (100, 200) if quick else (1000, 2000)
     sizes = [10] if quick else [10, 50, 200]
-    _, common = _bnn_run(10, None, None, warmup, 10)  # SGLD's default step at L = 10
+    # SGLD's default step at L = 10, for as many kept steps as the runs below (the default,
+    # bias_bound="auto", lets a typical direction relax within them).
+    _, common = _bnn_run(10, None, None, warmup, num_samples)
     rows = []
     for num_particles in sizes:
         for label, step in (("one step for both", common), ("each kernel's default", None)):

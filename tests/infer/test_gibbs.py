@@ -669,3 +669,17 @@ def test_a_large_sound_step_from_a_far_start_is_not_a_divergence():
     assert scale.shape == (10,)
     # ... towards the posterior (the residuals' spread is about 3), not across it.
     assert bool(((scale > 0.2) & (scale < 10)).all())
+
+
+def test_the_inner_default_step_knows_the_kept_steps():
+    # bias_bound="auto" lets a typical direction relax within the kept steps: through a
+    # compound kernel, MCMC's num_samples x thinning reaches the inner kernel's rule.
+    X, y = spike_slab_data()
+    pyro.set_rng_seed(0)
+    inner = SGLD(spike_slab, num_particles=4)
+    kernel = Gibbs(inner, "gamma")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        MCMC(kernel, num_samples=15, warmup_steps=20, thinning=2, disable_progbar=True).run(X, y)
+    assert kernel.kept_steps == inner.kept_steps == 30
+    assert inner.step_size_adaptation.kept_steps == 30
