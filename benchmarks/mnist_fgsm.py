@@ -319,7 +319,7 @@ def main():
     )
     parser.add_argument(
         "--bias-bound",
-        choices=["auto", "stiffest", "typical"],
+        choices=list(BIAS_BOUND_PROTOCOL),
         default="auto",
         help="with --step default: the samplers' bias_bound (default auto, theirs)",
     )

@@ -80,7 +80,6 @@ from pyro_ext.infer import MCMC, SGHMC, SGLD, AdamSGLD, EscapedParticleWarning  
 from pyro_ext.models import BayesianMLP, log_predictive_density, rmse  # noqa: E402
 
 RESULTS = REPO / "benchmarks" / "results" / "uci.md"
-
 DEFAULT_DATASETS = ["boston", "yacht", "wine", "concrete", "energy"]
 
 # key: (label, kernel class, repulsion, kernel options, step grid, grid unit). A "/N" unit
@@ -567,7 +566,7 @@ def main():
     )
     parser.add_argument(
         "--bias-bound",
-        choices=["auto", "stiffest", "typical"],
+        choices=list(BIAS_BOUND_PROTOCOL),
         default="auto",
         help="with --step default: the kernels' bias_bound (default auto, theirs)",
     )

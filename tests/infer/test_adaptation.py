@@ -248,6 +248,12 @@ def test_the_auto_bound_raises_the_step_until_the_kept_draws_mix():
             assert 0.15 < error < 0.25
         else:
             assert error == pytest.approx(0.05, rel=1e-2)
+        # The stiff coordinate (relaxing in a few steps, so about 1300 effective draws: a
+        # standard error near 4 %) has the variance the reported error says, 1 + error times
+        # its exact 1 / 50: the error is what the draws carry.
+        stiff = mcmc.get_samples(group_by_chain=True)["z"][..., 0]
+        sampled = float(stiff.var(1).mean()) * 50.0
+        assert sampled == pytest.approx(1 + error, rel=0.1)
     # Within-particle variance of 1000 correlated draws: about 1 - 2 * 100 / 1000 when
     # relaxed in 100 steps, far lower at the stiffest bound.
     assert 0.7 < variances["auto"] < 1.1

@@ -233,6 +233,7 @@ class StepSizeAdaptation:
         self.estimates = 0
         self._since_restart = 0
         self._settling = False
+        self._stiffest_error = None  # stiffest_error() of the current estimates
 
     def _running(self, old, new):
         # A plain average of the estimates since the last restart while there are fewer
@@ -381,6 +382,7 @@ class StepSizeAdaptation:
                 eigenvalue = torch.linalg.eigvalsh(matrix.double()).max() / matrix.shape[0]
             self.coupling_eigenvalue = float(eigenvalue)
         self.estimates += 1
+        self._stiffest_error = None
         self.step_size = self.bounded_step_size(self.tolerance)
         self.early_step_size = min(
             self.bounded_step_size(max(self.early_tolerance, self.tolerance)),
@@ -456,10 +458,15 @@ class StepSizeAdaptation:
         raised the step)."""
         if self.step_size is None:
             return math.nan
+        # Asked once per particle when a run's draws are collected: solved once per estimate.
+        if self._stiffest_error is not None:
+            return self._stiffest_error
         coupled = self.step_size * self.coupling_eigenvalue**self.coupling_power
-        return stationary_variance_error(
+        error = stationary_variance_error(
             coupled, float(self.curvature.max()), float(self.noise_variance.max()), self.friction
         )
+        self._stiffest_error = error
+        return error
 
     def relaxation_steps(self) -> float:
         r"""
@@ -509,3 +516,4 @@ class StepSizeAdaptation:
     def load_state_dict(self, state):
         for name, value in state.items():
             setattr(self, name, value)
+        self._stiffest_error = None
