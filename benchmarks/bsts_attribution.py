@@ -87,7 +87,14 @@ from pathlib import Path  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import REPO, argument_parser, command_line_args, markdown, write_report  # noqa: E402
+from _common import (  # noqa: E402
+    REPO,
+    argument_parser,
+    command_line_args,
+    markdown,
+    spread,
+    write_report,
+)
 
 RESULTS = REPO / "benchmarks" / "results" / "bsts_attribution.md"
 NUM_WEEKS = 104
@@ -256,16 +263,6 @@ def run_one(task):
     )
 
 
-def spread(values, fmt="{:.0%}"):
-    """Median / mean / p90 / max of ``values``, each written with ``fmt``."""
-    ordered = sorted(values)
-    p90 = ordered[min(len(ordered) - 1, math.ceil(0.9 * len(ordered)) - 1)]
-    return " / ".join(
-        fmt.format(v)
-        for v in (statistics.median(ordered), statistics.fmean(ordered), p90, ordered[-1])
-    )
-
-
 def divergences(runs):
     """`` (N divergences, M of K fits)`` for NUTS fits (PyMC-Marketing's), else empty."""
     counts = [r["divergences"] for r in runs if r.get("divergences") is not None]
@@ -316,7 +313,7 @@ def summarise(results, missing=()):
                     simulator,
                     model,
                     f"{len(runs)} ({budgets})",
-                    spread(errors) if errors else "-",
+                    spread(errors, fmt="{:.0%}") if errors else "-",
                     f"{signs} of {big}",
                     f"{covered / channels:.0%} ({covered} of {channels})",
                     f"{len(nulls)}: {statistics.median(nulls):.1%} / {max(nulls):.1%}"
@@ -324,7 +321,7 @@ def summarise(results, missing=()):
                     else "none",
                     lag,
                     f"{max(r['rhat'] for r in runs):.2f}" + divergences(runs),
-                    spread(seconds, "{:.0f}"),
+                    spread(seconds, fmt="{:.0f}"),
                 ]
             )
             for r in runs:
