@@ -197,10 +197,11 @@ def robust_fit(model, *args, seed=0, **kwargs):
 #: what each ``--bias-bound`` makes the default step (the SG-MCMC kernels' ``bias_bound``), for the
 #: reports' protocol lines
 BIAS_BOUND_PROTOCOL = {
-    "stiffest": "the largest step whose error is that in the stiffest direction",
-    "typical": "the largest step whose error is that on average over directions, the stiffest "
-    "direction kept stable",
-    "auto": "the stiffest direction's bound when a typical direction relaxes ten times within "
+    "stiffest": "the largest step whose error is that in the stiffest direction (with "
+    "repulsion: in the draws pooled over the particles, the ensemble's mean mode kept stable)",
+    "typical": "the largest step whose error is that on average over directions (and particle "
+    "modes), the stiffest direction kept stable",
+    "auto": "the stiffest direction's bound when a typical direction relaxes 100 times within "
     "the kept steps at it, else the smallest larger step at which it does, up to the bound on "
     "average over directions",
 }

@@ -67,6 +67,7 @@ from _common import (  # noqa: E402
     argument_parser,
     command_line_args,
     markdown,
+    spread,
     write_report,
 )
 
@@ -666,8 +667,8 @@ def main():
                 [
                     name,
                     SAMPLERS[key][0],
-                    f"{statistics.median(chain):.1f}" if chain else "-",
-                    f"{statistics.median(r['seconds'] for r in rs):.1f}",
+                    spread(chain, fmt="{:.1f}") if chain else "-",
+                    spread([r["seconds"] for r in rs], fmt="{:.1f}"),
                     f"{sum(tune):.0f}",
                 ]
             )
@@ -727,9 +728,13 @@ def main():
         _published_section(datasets),
         _scoreboard(datasets, samplers, results),
         _outliers(datasets, samplers, results),
-        "## Timings (seconds)\n\nChain: median wall time of the final run on a whole training part; split: "
-        "median of the final run plus the evaluation; tuning: all validation chains of the data set and sampler.\n\n"
-        + markdown(["data set", "sampler", "chain s", "split s", "tuning s"], timing_rows),
+        "## Timings (seconds)\n\nChain: wall time of the final run on a whole training part; split: "
+        "the final run plus the evaluation; each as median / mean / p90 / max over splits (the "
+        "workers share the machine); tuning: all validation chains of the data set and sampler.\n\n"
+        + markdown(
+            ["data set", "sampler", "chain s: median / mean / p90 / max", "split s", "tuning s"],
+            timing_rows,
+        ),
     ]
     write_report(preamble, sections, args.output)
 

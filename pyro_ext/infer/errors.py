@@ -12,8 +12,8 @@ kernels and Gibbs with :class:`SamplerDivergenceError`, VIS with
 class SlowMixingWarning(UserWarning):
     """
     A run whose draws will not have mixed: with the step size set at the end of warm-up,
-    a typical direction of the posterior relaxes in more steps than a tenth of those the
-    run keeps (see :meth:`pyro_ext.infer.SGMCMCKernel.relaxation_steps`). The message says
+    a typical direction of the posterior relaxes in more steps than a hundredth of those
+    the run keeps (ten relaxations leave a split-R-hat near 1.3) (see :meth:`pyro_ext.infer.SGMCMCKernel.relaxation_steps`). The message says
     what to change; ``warnings.filterwarnings("ignore", category=SlowMixingWarning)``
     silences it.
     """

@@ -565,7 +565,7 @@ class MCMC(AbstractMCMC):
 
     def _warn_if_slow_mixing(self):
         """When warm-up has set the default step: warn if the steps to be kept are fewer
-        than ten relaxation times of a typical direction at that step."""
+        than 100 relaxation times of a typical direction at that step."""
         advice = getattr(self.kernel, "mixing_advice", None)
         shard = getattr(self.kernel, "shard", None)
         if advice is None or (shard is not None and shard.rank != 0):

@@ -10,6 +10,7 @@ import pyro
 import pyro.distributions as dist
 import pytest
 import torch
+from pyro.ops.stats import split_gelman_rubin
 
 from pyro_ext.infer import MCMC, SGHMC, SGLD, AdamSGLD
 from pyro_ext.infer.calibration import minibatched_normal_mean
@@ -195,9 +196,9 @@ def test_each_bias_bound_is_its_stated_step():
     assert stiffest < typical  # 5e-7 against 4.6e-5 (the stable step binds)
     assert _estimates("stiffest", **estimates).bounded_step_size(0.05) == stiffest
     assert _estimates("typical", **estimates).bounded_step_size(0.05) == typical
-    # "auto": the step at which a typical direction (curvature 1) relaxes in a tenth of
-    # the kept steps, 10 / kept, between the two.
-    for kept, expected in [(1e3, typical), (1e6, 1e-5), (1e9, stiffest)]:
+    # "auto": the step at which a typical direction (curvature 1) relaxes a hundred times
+    # (MIXING_RELAXATIONS) within the kept steps, 100 / kept, between the two.
+    for kept, expected in [(1e3, typical), (1e7, 1e-5), (1e9, stiffest)]:
         adaptation = _estimates("auto", kept, **estimates)
         assert adaptation.bounded_step_size(0.05) == pytest.approx(expected, rel=1e-12)
     # The stiffest direction's error of the step in force: the tolerance under
@@ -215,10 +216,10 @@ def test_each_bias_bound_is_its_stated_step():
 def test_the_auto_bound_raises_the_step_until_the_kept_draws_mix():
     # One direction 50 times stiffer than 99 flat ones, no minibatch: at the stiffest
     # bound (step 0.1 / 50) a typical direction relaxes in about 1 / (0.002 * 1.49) = 340
-    # steps, too slow for 1000 kept steps (warned about); "auto" raises the step to relax
-    # it in 100 (10 / (1000 * 1.49) = 6.7e-3, under the typical bound 0.067 and the
-    # stable 9.2e-3) at a stiffest-direction error of about 20 %, and the flat
-    # coordinates' variance within each particle comes out near its 1 - 2 * 100 / 1000.
+    # steps, too slow for 10 000 kept steps (fewer than 100 relaxations: warned about);
+    # "auto" raises the step to relax it in 100 (100 / (10 000 * 1.49) = 6.7e-3, under the
+    # typical bound 0.067 and the stable 9.2e-3) at a stiffest-direction error of about
+    # 20 %, and the flat coordinates mix: their split-R-hat over the particles falls.
     import warnings as _warnings
 
     from pyro_ext.infer import SlowMixingWarning
@@ -228,11 +229,11 @@ def test_the_auto_bound_raises_the_step_until_the_kept_draws_mix():
     def model():
         pyro.sample("z", dist.Normal(torch.zeros_like(precision), precision.rsqrt()).to_event(1))
 
-    variances = {}
+    variances, r_hats = {}, {}
     for bound in ("stiffest", "auto"):
         pyro.set_rng_seed(0)
         kernel = SGLD(model, num_particles=4, bias_bound=bound)
-        mcmc = MCMC(kernel, num_samples=1000, warmup_steps=200, disable_progbar=True)
+        mcmc = MCMC(kernel, num_samples=1000, warmup_steps=200, thinning=10, disable_progbar=True)
         with _warnings.catch_warnings(record=True) as record:
             _warnings.simplefilter("always")
             mcmc.run()
@@ -240,6 +241,7 @@ def test_the_auto_bound_raises_the_step_until_the_kept_draws_mix():
         assert warned == (bound == "stiffest")
         flat = mcmc.get_samples(group_by_chain=True)["z"][..., 1:]
         variances[bound] = float(flat.var(1).mean())
+        r_hats[bound] = split_gelman_rubin(flat, chain_dim=0, sample_dim=1)
         adaptation = kernel.step_size_adaptation
         error = kernel.diagnostics()["stiffest_variance_error"]
         if bound == "auto":
@@ -254,10 +256,12 @@ def test_the_auto_bound_raises_the_step_until_the_kept_draws_mix():
         stiff = mcmc.get_samples(group_by_chain=True)["z"][..., 0]
         sampled = float(stiff.var(1).mean()) * 50.0
         assert sampled == pytest.approx(1 + error, rel=0.1)
-    # Within-particle variance of 1000 correlated draws: about 1 - 2 * 100 / 1000 when
-    # relaxed in 100 steps, far lower at the stiffest bound.
-    assert 0.7 < variances["auto"] < 1.1
-    assert variances["stiffest"] < 0.55
+    # 100 relaxations within the kept steps: split-R-hat over the four particles about 1.03
+    # on average over the flat coordinates (1.11 at the stiffest bound's 30), and the
+    # within-particle variance near its 1 - 2 * 100 / 10 000.
+    assert float(r_hats["auto"].mean()) < 1.05 < 1.08 < float(r_hats["stiffest"].mean())
+    assert float(r_hats["auto"].max()) < float(r_hats["stiffest"].max())
+    assert 0.94 < variances["auto"] < 1.05
 
 
 def test_the_median_curvature_is_in_the_mass_coordinates():
@@ -292,8 +296,9 @@ def test_a_long_enough_run_or_a_given_step_is_not_warned_about():
     with _warnings.catch_warnings():
         _warnings.simplefilter("error", SlowMixingWarning)
         kernel = SGLD(model, num_particles=4)
-        MCMC(kernel, num_samples=300, warmup_steps=100, disable_progbar=True).run()
-        assert kernel.relaxation_steps() < 30  # about 1 / (0.1 * 1) = 10 steps
+        # About 1 / (0.1 * 1) = 10 steps: 1200 kept steps are more than 100 of them.
+        MCMC(kernel, num_samples=1200, warmup_steps=100, disable_progbar=True).run()
+        assert kernel.relaxation_steps() < 12
         given = SGLD(_stiff_gaussian(99), step_size=1e-5, num_particles=4)
         MCMC(given, num_samples=10, warmup_steps=10, disable_progbar=True).run()
         assert given.relaxation_steps() is None
@@ -392,3 +397,59 @@ def test_bias_tolerance_is_checked(value):
 def test_bias_tolerance_type_is_checked():
     with pytest.raises(TypeError, match="bias_tolerance"):
         SGLD(lambda: None, bias_tolerance="small")
+
+
+@pytest.mark.parametrize("make_kernel", [SGLD, SGHMC], ids=["SGLD", "SGHMC"])
+def test_with_repulsion_each_particle_moves_as_the_plain_sampler_does(make_kernel):
+    # The pooled draws' error is the mean over the particle modes of K / L, so the default
+    # step divides by the mean eigenvalue mean(mu^p) (1 / L for SGLD+R), not by the largest
+    # (the ensemble's mean mode, about 2 / L here, squared for SGHMC): each particle then
+    # moves per step as a plain chain at its default step does, at the same pooled bias.
+    # Dividing by the largest left SGLD+R 2.2 times and SGHMC+R 4.5 times slower per step.
+    scales = torch.linspace(0.3, 3.0, 30).double()
+
+    def model():
+        pyro.sample("z", dist.Normal(torch.zeros_like(scales), scales).to_event(1))
+
+    moves, stiff = {}, {}
+    for repulsion in (None, "rbf"):
+        pyro.set_rng_seed(0)
+        kernel = make_kernel(model, num_particles=20, repulsion=repulsion, bias_bound="stiffest")
+        mcmc = MCMC(kernel, num_samples=1500, warmup_steps=500, disable_progbar=True)
+        mcmc.run()
+        z = mcmc.get_samples(group_by_chain=True)["z"] / scales
+        lag_one = (z[:, 1:] * z[:, :-1]).mean((0, 1)) / z.square().mean((0, 1))
+        moves[repulsion] = float((1 - lag_one).median())
+        stiff[repulsion] = float(z[..., 0].square().mean())
+        if repulsion is not None:
+            adaptation = kernel.step_size_adaptation
+            assert (
+                adaptation.mean_coupling
+                < 0.7 * adaptation.coupling_eigenvalue**kernel.coupling_power
+            )
+    assert moves["rbf"] == pytest.approx(moves[None], rel=0.2)
+    assert stiff["rbf"] == pytest.approx(stiff[None], abs=0.06)
+
+
+def test_the_mixing_criterion_is_what_split_r_hat_needs():
+    # MIXING_RELAXATIONS is set from this: ten particles, each a Gaussian AR(1) chain that
+    # relaxes in T steps (SGLD's linear recursion), started at stationarity and run for
+    # MIXING_RELAXATIONS * T steps, have a split-R-hat about 1.03 (max over five
+    # coordinates); ten relaxations, the criterion before, leave it near 1.3.
+    from pyro_ext.infer.sgmcmc.adaptation import MIXING_RELAXATIONS
+
+    generator = torch.Generator().manual_seed(0)
+
+    def max_r_hat(relaxations, steps=2000, replicates=20, particles=10, coordinates=5):
+        decay = 1.0 - relaxations / steps
+        z = torch.randn(replicates, particles, coordinates, generator=generator)
+        chain = torch.empty(replicates, particles, steps, coordinates)
+        for t in range(steps):
+            noise = torch.randn(z.shape, generator=generator)
+            z = decay * z + math.sqrt(1.0 - decay**2) * noise
+            chain[:, :, t] = z
+        r_hat = torch.stack([split_gelman_rubin(c, chain_dim=0, sample_dim=1) for c in chain])
+        return r_hat.amax(-1).median()
+
+    assert max_r_hat(MIXING_RELAXATIONS) < 1.05
+    assert max_r_hat(10) > 1.2

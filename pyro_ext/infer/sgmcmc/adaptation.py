@@ -22,9 +22,18 @@ variance, is ``tolerance``.
 power iteration: Hessian-vector products of the minibatch potential (each an unbiased
 estimate of :math:`Hv`) for the curvature, and differences of two independent minibatch
 gradients at the same particles (covariance :math:`2C`) for the noise. With repulsion the
-drift and the noise pass through the kernel matrix :math:`K / L`, whose largest
-eigenvalue :math:`\mu` scales the step (once for SGLD+R, twice for the momentum
-samplers, whose velocity is coupled on the way in and on the way out). The step is
+drift and the noise pass through the kernel matrix :math:`K / L` (once for SGLD+R, twice
+for the momentum samplers, whose velocity is coupled on the way in and on the way out:
+``p`` times). Held fixed, :math:`K / L = U\,\mathrm{diag}(\mu)\,U^\top` splits the
+ensemble into particle modes, mode :math:`k` moving with the step :math:`\epsilon\mu_k^p`,
+and the variance of the draws pooled over the particles is the mean over the modes. So the
+bias bound divides the step by the mean :math:`\overline{\mu^p} = \mathrm{tr}((K/L)^p)/L`
+(``1 / L`` for SGLD+R) and scales the minibatch noise by its share
+:math:`\mathrm{tr}((K/L)^p C_L)/\mathrm{tr}(C_L)`, with :math:`C_L` the particles'
+noise covariance (the minibatch is shared, so their noises correlate and load the mean
+mode); the largest :math:`\mu^p` (the ensemble's mean mode) only bounds stability. Each
+particle then moves per step as a plain chain at its own default step does (SGLD+R,
+SGHMC+R: the tests). The step is
 re-estimated every ``every`` warm-up steps, follows the particles to the posterior, and is
 frozen when warm-up ends, so the chain that is kept is a time-homogeneous sampler.
 
@@ -38,7 +47,9 @@ estimate also probes the mean curvature :math:`\mathrm{tr}(H) / D` (Hutchinson's
 estimator, Rademacher signs, one more Hessian-vector product), from which
 :meth:`StepSizeAdaptation.relaxation_steps` gives a lower bound on how many steps a typical
 direction takes to relax, and :class:`~pyro_ext.infer.MCMC` warns
-(:class:`~pyro_ext.infer.SlowMixingWarning`) when a run keeps fewer than ten times as many.
+(:class:`~pyro_ext.infer.SlowMixingWarning`) when a run keeps fewer than
+:data:`MIXING_RELAXATIONS` (100) times as many: ten relaxations leave a split-R-hat near
+1.3.
 In :data:`SPECTRUM_MAX_DIM` dimensions or fewer the mean says little about a typical
 direction (one stiff noise scale among six parameters of a mixture makes the mean a sixth
 of the largest curvature while the locations' curvature is hundreds of times smaller), so
@@ -57,7 +68,7 @@ variance :math:`\mathrm{tr}(C)/D` (to first order in the step the error is linea
 so this is the mean of the directions' errors), with the stiffest direction kept stable
 (its error from the curvature alone at most ``stability_tolerance``): the stiff directions'
 variance is then inflated more, the typical ones' is right. ``"auto"``, the kernels'
-default, takes ``"stiffest"``'s step when a typical direction relaxes ten times within the
+default, takes ``"stiffest"``'s step when a typical direction relaxes 100 times within the
 steps the run keeps, else the smallest larger step at which it does, up to
 ``"typical"``'s: the least biased step whose draws mix, which a run too short to mix at any
 of them is warned about. On well-conditioned posteriors (the calibration suite, the
@@ -77,6 +88,15 @@ __all__ = ["StepSizeAdaptation", "bias_bounded_step_size", "stationary_variance_
 #: eigenvalue of the whole Hessian (``D`` Hessian-vector products per estimate), above it
 #: Hutchinson's mean curvature
 SPECTRUM_MAX_DIM = 32
+
+#: how many relaxation times of a typical direction the kept steps must span for their draws
+#: to have mixed: about 50 effective draws per particle (a relaxation time ``T`` is an
+#: integrated autocorrelation time of ``2 T``), at which the split-R-hat over ten particles
+#: of a Gaussian AR(1) chain started at stationarity is about 1.03 (p90 1.04, max over
+#: five coordinates; ten relaxations give 1.3, as SGLD's 1.39 on the breast-cancer
+#: regression did). ``"auto"`` raises the step until a typical direction relaxes this often
+#: and :class:`~pyro_ext.infer.MCMC` warns where it cannot.
+MIXING_RELAXATIONS = 100
 
 #: what :meth:`StepSizeAdaptation.bounded_step_size` bounds the bias in
 BIAS_BOUNDS = ("auto", "stiffest", "typical")
@@ -175,7 +195,7 @@ class StepSizeAdaptation:
     :param str bound: where the bias is bounded: ``"stiffest"``, ``"typical"`` or
         ``"auto"`` (see :meth:`bounded_step_size`).
     :param int kept_steps: the steps the run keeps after warm-up (``"auto"`` lets a
-        typical direction relax ten times within them).
+        typical direction relax :data:`MIXING_RELAXATIONS` times within them).
     :param float stability_tolerance: the early step is also at most the step whose error
         from the curvature alone (no minibatch noise) is this: 0.3 puts SGLD's step at about
         ``0.46 / lambda``, a factor of 4 inside the stable range ``2 / lambda``, so the
@@ -224,7 +244,15 @@ class StepSizeAdaptation:
         self.noise_variance = None
         #: the mean gradient-noise variance over directions, ``tr(C) / D``, per particle
         self.mean_noise_variance = None
+        #: the largest eigenvalue of the repulsion's ``K / L`` (1 without repulsion)
         self.coupling_eigenvalue = 1.0
+        #: the mean over particle modes of the coupling ``mean(mu^p)`` (the curvature's
+        #: share of the pooled draws' error, and their relaxation rate), and the share of
+        #: the minibatch noise, ``tr((K/L)^p C) / tr(C)`` over the particles' noise
+        #: covariance ``C`` (1 without repulsion)
+        self.mean_coupling = 1.0
+        self.noise_coupling = 1.0
+        self._noise_shares = None
         #: the step of stationary variance error ``tolerance``: the second half of warm-up
         #: and every draw after it
         self.step_size = None
@@ -249,7 +277,7 @@ class StepSizeAdaptation:
         """Forget the running estimates (not the power-iteration directions): the first
         iterations from a random direction underestimate the curvature."""
         self.curvature = self.mean_curvature = self.noise_variance = None
-        self.median_curvature = self.mean_noise_variance = None
+        self.median_curvature = self.mean_noise_variance = self._noise_shares = None
         self._since_restart = 0
 
     @property
@@ -376,11 +404,7 @@ class StepSizeAdaptation:
         self.noise_variance = self._running(self.noise_variance, noise)
         self._since_restart += 1
         if repulsion is not None:
-            every_particle = z if shard is None or shard.mode != "particles" else shard.gather(z)
-            with torch.no_grad():
-                matrix = stein_coupling(repulsion, every_particle, False).matrix
-                eigenvalue = torch.linalg.eigvalsh(matrix.double()).max() / matrix.shape[0]
-            self.coupling_eigenvalue = float(eigenvalue)
+            self._observe_coupling(repulsion, z, difference, shard)
         self.estimates += 1
         self._stiffest_error = None
         self.step_size = self.bounded_step_size(self.tolerance)
@@ -390,13 +414,47 @@ class StepSizeAdaptation:
         )
         return self.step_size
 
+    def _observe_coupling(self, repulsion, z, difference, shard):
+        # With K / L = U diag(mu) U^T fixed, the linear recursion separates into one scalar
+        # recursion per particle mode k and direction: mode k moves with the step
+        # eps mu_k^p, and gets the minibatch noise u_k^T zeta, whose variance is
+        # u_k^T C_particles u_k (the minibatch is shared, so the particles' noises are
+        # correlated). The pooled draws' variance error is the mean over the modes, so to
+        # first order the curvature's share scales with mean(mu^p) = tr((K/L)^p) / L and the
+        # noise's with tr((K/L)^p C_particles) / tr(C_particles). The largest mu^p (the
+        # ensemble's mean mode, the fastest) bounds stability.
+        if shard is not None and shard.mode == "particles":
+            z, difference = shard.gather(z), shard.gather(difference)
+        with torch.no_grad():
+            matrix = stein_coupling(repulsion, z, False).matrix.double() / z.shape[0]
+            eigenvalues = torch.linalg.eigvalsh(matrix).clamp_min(0.0)
+            power = torch.linalg.matrix_power(matrix, self.coupling_power)
+            noise = difference.detach().double()
+            noise = noise @ noise.transpose(-1, -2)  # (L, L): the particles' noise Gram
+            shares = torch.stack([(power * noise).sum(), noise.diagonal().sum()])
+        self.coupling_eigenvalue = float(eigenvalues.max())
+        self.mean_coupling = float(eigenvalues.pow(self.coupling_power).mean())
+        # A ratio of running sums: one minibatch pair in a few dimensions is a noisy Gram.
+        self._noise_shares = self._running(self._noise_shares, shares)
+        numerator, denominator = (float(x) for x in self._noise_shares)
+        if denominator > 0:
+            low, high = float(eigenvalues.min()), self.coupling_eigenvalue
+            ratio = numerator / denominator
+            self.noise_coupling = min(
+                max(ratio, low**self.coupling_power), high**self.coupling_power
+            )
+        else:
+            self.noise_coupling = self.mean_coupling
+
     def bounded_step_size(self, tolerance: float, noise: bool = True) -> float:
         """
         The step of the current estimates under :attr:`bound` at ``tolerance``
         (``noise=False``: the stiffest direction's, from the curvature alone):
 
         - ``"stiffest"``: the stationary variance error is ``tolerance`` in the stiffest
-          direction (the largest curvature and the largest gradient-noise variance);
+          direction (the largest curvature and the largest gradient-noise variance); with
+          repulsion, that of the draws pooled over the particles, and the ensemble's mean
+          mode kept stable;
         - ``"typical"``: it is ``tolerance`` on average over directions (the error at the
           mean curvature ``tr(H) / D`` and the mean noise variance ``tr(C) / D``, which
           the error's first order makes the mean of the directions' errors), and the
@@ -406,13 +464,13 @@ class StepSizeAdaptation:
           times within :attr:`kept_steps`, else the smallest larger step at which it does,
           up to ``"typical"``'s: the least biased step with which the kept draws mix.
         """
-        stiffest = self._coupled(
-            bias_bounded_step_size(
+        stiffest = min(
+            self._pooled_step_size(
                 float(self.curvature.max()),
                 float(self.noise_variance.max()) if noise else 0.0,
-                self.friction,
                 tolerance,
-            )
+            ),
+            self._stable_step_size(max(tolerance, self.stability_tolerance)),
         )
         if self.bound == "stiffest" or not noise:
             return stiffest
@@ -421,49 +479,64 @@ class StepSizeAdaptation:
             return max(stiffest, typical)
         return max(stiffest, min(self.mixing_step_size(), typical))
 
-    def _coupled(self, step_size: float) -> float:
-        # The repulsion's K / L scales the drift and the noise (coupling_power times).
+    def _pooled_step_size(self, curvature: float, noise_variance: float, tolerance: float):
+        # The step whose error, pooled over the particle modes of the repulsion's K / L, is
+        # ``tolerance`` (see _observe_coupling): one mode of step eps * mean(mu^p), whose
+        # noise is scaled by the noise's share; the plain sampler's step without repulsion.
+        share = self.noise_coupling / self.mean_coupling
+        step_size = bias_bounded_step_size(
+            curvature, noise_variance * share, self.friction, tolerance
+        )
+        return step_size / self.mean_coupling
+
+    def _stable_step_size(self, tolerance: float) -> float:
+        # The step at which the ensemble's mean mode (the largest eigenvalue mu of K / L,
+        # coupling_power times) has error ``tolerance`` in the stiffest direction from the
+        # curvature alone: the stability margin (the minibatch noise cannot destabilise).
+        step_size = bias_bounded_step_size(
+            float(self.curvature.max()), 0.0, self.friction, tolerance
+        )
         return step_size / self.coupling_eigenvalue**self.coupling_power
 
     def typical_step_size(self, tolerance: float) -> float:
-        """The step of mean stationary variance error ``tolerance`` over directions, at most
-        the stiffest direction's stable step (``"typical"`` in :meth:`bounded_step_size`)."""
-        stable = self._coupled(
-            bias_bounded_step_size(
-                float(self.curvature.max()), 0.0, self.friction, self.stability_tolerance
-            )
-        )
+        """The step of mean stationary variance error ``tolerance`` over directions (and,
+        with repulsion, particle modes), at most the stiffest direction's stable step
+        (``"typical"`` in :meth:`bounded_step_size`)."""
+        stable = self._stable_step_size(self.stability_tolerance)
         mean_curvature = max(float(self.mean_curvature.max()), 0.0)
         mean_noise = max(float(self.mean_noise_variance.max()), 0.0)
         if not mean_curvature + mean_noise > 0:
             return stable
-        typical = bias_bounded_step_size(mean_curvature, mean_noise, self.friction, tolerance)
-        return min(self._coupled(typical), stable)
+        return min(self._pooled_step_size(mean_curvature, mean_noise, tolerance), stable)
 
     def mixing_step_size(self) -> float:
-        """The step at which a typical direction relaxes (:meth:`relaxation_steps`) in a
-        tenth of :attr:`kept_steps`; ``inf`` where the typical curvature is not positive."""
+        """The step at which a typical direction relaxes (:meth:`relaxation_steps`)
+        :data:`MIXING_RELAXATIONS` times within :attr:`kept_steps`; ``inf`` where the
+        typical curvature is not positive."""
         typical = float(self._typical_curvature().max())
         if not typical > 0 or not self.kept_steps:
             return math.inf
-        rate = 10.0 * self.friction / self.kept_steps
-        return rate / (typical * self.coupling_eigenvalue**self.coupling_power)
+        rate = MIXING_RELAXATIONS * self.friction / self.kept_steps
+        return rate / (typical * self.mean_coupling)
 
     def _typical_curvature(self) -> torch.Tensor:
         return self.mean_curvature if self.median_curvature is None else self.median_curvature
 
     def stiffest_error(self) -> float:
-        """The stationary variance error of the current step in the stiffest direction
-        (``bias_tolerance`` under ``"stiffest"``; larger where ``"auto"`` or ``"typical"``
-        raised the step)."""
+        """The stationary variance error of the current step in the stiffest direction,
+        of the draws pooled over the particles (``bias_tolerance`` under ``"stiffest"``;
+        larger where ``"auto"`` or ``"typical"`` raised the step)."""
         if self.step_size is None:
             return math.nan
         # Asked once per particle when a run's draws are collected: solved once per estimate.
         if self._stiffest_error is not None:
             return self._stiffest_error
-        coupled = self.step_size * self.coupling_eigenvalue**self.coupling_power
+        share = self.noise_coupling / self.mean_coupling
         error = stationary_variance_error(
-            coupled, float(self.curvature.max()), float(self.noise_variance.max()), self.friction
+            self.step_size * self.mean_coupling,
+            float(self.curvature.max()),
+            float(self.noise_variance.max()) * share,
+            self.friction,
         )
         self._stiffest_error = error
         return error
@@ -471,9 +544,10 @@ class StepSizeAdaptation:
     def relaxation_steps(self) -> float:
         r"""
         About how many steps a typical direction of the local Gaussian approximation takes
-        to relax at the current step: :math:`a / (\epsilon \mu^p \bar\lambda)` for a
-        typical curvature :math:`\bar\lambda` (the largest over the particles), the
-        friction :math:`a` (1 for SGLD) and the repulsion's coupling :math:`\mu^p`;
+        to relax at the current step: :math:`a / (\epsilon \overline{\mu^p} \bar\lambda)`
+        for a typical curvature :math:`\bar\lambda` (the largest over the particles), the
+        friction :math:`a` (1 for SGLD) and the repulsion's mean coupling
+        :math:`\overline{\mu^p}` over the particle modes;
         ``2 / a`` where the momentum recursion is underdamped. The typical curvature is the
         median eigenvalue of the Hessian in :data:`SPECTRUM_MAX_DIM` dimensions or fewer,
         else the mean curvature :math:`\mathrm{tr}(H) / D` (Hutchinson's estimate), which
@@ -485,8 +559,7 @@ class StepSizeAdaptation:
         if self.step_size is None or self.mean_curvature is None:
             return math.inf
         typical = self._typical_curvature()
-        rate = self.step_size * self.coupling_eigenvalue**self.coupling_power
-        rate = rate * float(typical.max())
+        rate = self.step_size * self.mean_coupling * float(typical.max())
         if not rate > 0:
             return math.inf
         a = self.friction
@@ -505,6 +578,9 @@ class StepSizeAdaptation:
                 "noise_variance",
                 "mean_noise_variance",
                 "coupling_eigenvalue",
+                "mean_coupling",
+                "noise_coupling",
+                "_noise_shares",
                 "step_size",
                 "early_step_size",
                 "estimates",
@@ -514,6 +590,9 @@ class StepSizeAdaptation:
         }
 
     def load_state_dict(self, state):
+        # A state saved before 0.x has no mean coupling: its relaxation read the largest.
+        largest = state.get("coupling_eigenvalue", 1.0) ** self.coupling_power
+        state = {"mean_coupling": largest, "noise_coupling": largest, **state}
         for name, value in state.items():
             setattr(self, name, value)
         self._stiffest_error = None

@@ -15,7 +15,7 @@ from ..errors import SamplerDivergenceError
 from ..potential import VECTORIZE, ParticlePotential
 from ..potential.arguments import check_per_particle, has_per_particle
 from ..tracing import check_jit_compile
-from .adaptation import BIAS_BOUNDS, StepSizeAdaptation
+from .adaptation import BIAS_BOUNDS, MIXING_RELAXATIONS, StepSizeAdaptation
 from .compiled import CompiledStep
 from .distributed import SHARD_MODES, resolve_shard
 from .escape import Escape, KeptLogDensity, find_escaped
@@ -178,7 +178,7 @@ class SGMCMCKernel(ParticleKernel):
         typical direction does not move within the run. ``"typical"``: on average over
         directions, the stiffest kept stable (its variance error is then larger:
         :meth:`diagnostics`' ``"stiffest_variance_error"``). ``"auto"`` (default):
-        ``"stiffest"``'s step when a typical direction relaxes ten times within the kept
+        ``"stiffest"``'s step when a typical direction relaxes 100 times within the kept
         steps (``num_samples x thinning`` under :class:`~pyro_ext.infer.MCMC`,
         ``warmup_steps`` under Pyro's), else the smallest larger step at which it does, up
         to ``"typical"``'s: the least biased step whose kept draws mix. Measured in
@@ -468,24 +468,27 @@ class SGMCMCKernel(ParticleKernel):
         current step (a lower bound: :meth:`~.adaptation.StepSizeAdaptation.relaxation_steps`);
         ``None`` with a given step size. :class:`~pyro_ext.infer.MCMC` reads it when warm-up
         ends and warns (:class:`~pyro_ext.infer.SlowMixingWarning`) when the run keeps
-        fewer than ten times as many steps.
+        fewer than :data:`~.adaptation.MIXING_RELAXATIONS` (100) times as many steps.
         """
         if self.step_size_adaptation is None:
             return None
         return self.step_size_adaptation.relaxation_steps()
 
     def mixing_advice(self, kept_steps: int) -> str | None:
-        """What to change when ``kept_steps`` are fewer than ten relaxation times at the
+        """What to change when ``kept_steps`` are fewer than 100 relaxation times at the
         default step (``None`` when they are enough, or with a given step size)."""
         adaptation = self.step_size_adaptation
         relaxation = self.relaxation_steps()
-        if relaxation is None or not math.isfinite(relaxation) or kept_steps >= 10 * relaxation:
+        if relaxation is None or not math.isfinite(relaxation):
+            return None
+        needed = MIXING_RELAXATIONS * relaxation
+        if kept_steps >= needed:
             return None
         # What a larger tolerance buys: the relaxation time scales as 1 / step. Where the
         # stiffest direction's stability already caps the step, it buys nothing.
         looser = max(1.0, self.bias_tolerance)
         looser_relaxation = relaxation * adaptation.step_size / adaptation.bounded_step_size(looser)
-        remedies = [f"run at least {10 * relaxation:.0f} steps (num_samples and warmup_steps)"]
+        remedies = [f"keep at least {needed:.0f} steps (num_samples x thinning)"]
         if looser_relaxation < relaxation / 1.5:
             remedies.append(
                 f"pass bias_tolerance={looser:g} (a larger variance error; a typical direction "
@@ -888,8 +891,9 @@ class SGLD(SGMCMCKernel):
     With repulsion the drift averages over the particles (the factor ``K / L``), so each
     moves with an effective step of about ``step_size / L`` (measured with the median
     bandwidth for L = 10 to 200, ``benchmarks/results/calibration.md``); the default step
-    size divides by the top eigenvalue of ``K / L``, a given one should be scaled up with
-    ``L``. The median bandwidth's dependence on the particles enters the update exactly
+    size divides by the mean eigenvalue of ``K / L`` (``1 / L``), so each particle moves
+    as a plain SGLD chain at its default step does, within the ensemble's mean mode's
+    stability; a given one should be scaled up with ``L``. The median bandwidth's dependence on the particles enters the update exactly
     (:class:`~pyro_ext.infer.RBFKernel`), so the chain keeps its stationary law.
 
     Example (the same code runs on CUDA tensors)::
@@ -914,8 +918,9 @@ class SGHMC(SGMCMCKernel):
     With repulsion the velocity is built from the particle-averaged drift (``K / L``) and
     moves the particles through ``K / L`` again, so when the particles are far apart
     relative to the kernel bandwidth the effective per-particle step is about
-    ``step_size / L^2``: the default step size accounts for it, a given one should be
-    scaled up with ``L^2`` (``benchmarks/uci.py`` validates both on the UCI regressions).
+    ``step_size / L^2``: the default step size accounts for it (it divides by the mean of
+    the squared eigenvalues of ``K / L``), a given one should be scaled up with ``L^2``
+    (``benchmarks/uci.py`` validates both on the UCI regressions).
 
     :param float friction: ``1 - momentum``, in ``(0, 1]``; ``1`` recovers SGLD with step
         size ``step_size``.
