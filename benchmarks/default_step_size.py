@@ -56,6 +56,8 @@ KERNELS = {
     "SGHMC": lambda m, **kw: SGHMC(m, **kw),
     "AdamSGLD": lambda m, **kw: AdamSGLD(m, **kw),
     "SGLD+R": lambda m, **kw: SGLD(m, repulsion="rbf", **kw),
+    "SGHMC+R": lambda m, **kw: SGHMC(m, repulsion="rbf", **kw),
+    "AdamSGLD+R": lambda m, **kw: AdamSGLD(m, repulsion="rbf", **kw),
 }
 
 

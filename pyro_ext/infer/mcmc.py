@@ -589,6 +589,20 @@ class MCMC(AbstractMCMC):
             f"{i} ({gap:.3g} below)" for i, gap in zip(escape.particles[:10], escape.gaps[:10])
         )
         more = "..." if len(escape.particles) > 10 else ""
+        adaptation = getattr(self.kernel, "step_size_adaptation", None)
+        if adaptation is None:
+            remedy = "Reduce the step size (or leave step_size=None for the default rule)"
+        else:
+            # The default step (bias_bound="auto") may heat the stiffest directions well
+            # above the target for the typical ones to mix: a particle kicked out of the
+            # bulk there can land in another basin (a BNN's noise precision near 0).
+            remedy = (
+                f"The default step ({adaptation.step_size:.3g}) has a stationary variance "
+                f"error of {adaptation.stiffest_error():.3g} in the stiffest direction: pass "
+                "bias_bound='stiffest' (the bias bounded in every direction; slower mixing) "
+                "or a smaller bias_tolerance, precondition (AdamSGLD), or start the particles "
+                "nearer the posterior (init_strategy)"
+            )
         warnings.warn(
             f"{len(escape.particles)} of {self.kernel.num_particles} particles escaped: their "
             f"mean log density over the {escape.num_steps} kept steps is below the ensemble's "
@@ -596,9 +610,8 @@ class MCMC(AbstractMCMC):
             f"of the ensemble, and more than a Gaussian posterior allows): particle(s) "
             f"{shown}{more}. Their values are finite but lie where the posterior has no mass, "
             "so every average over the draws (a posterior predictive above all) is distorted. "
-            "Reduce the step size (or leave step_size=None for the default rule); to keep "
-            "this run, drop those chains from get_samples(group_by_chain=True) "
-            "(MCMC.escaped_particles lists them).",
+            f"{remedy}; to keep this run, drop those chains from "
+            "get_samples(group_by_chain=True) (MCMC.escaped_particles lists them).",
             EscapedParticleWarning,
             stacklevel=4,
         )

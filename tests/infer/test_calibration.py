@@ -109,6 +109,8 @@ DEFAULTS = [
     ("sghmc", lambda m: SGHMC(m, num_particles=10)),
     ("adam", lambda m: AdamSGLD(m, num_particles=10)),
     ("sgld+r", lambda m: SGLD(m, num_particles=10, repulsion="rbf")),
+    ("sghmc+r", lambda m: SGHMC(m, num_particles=10, repulsion="rbf")),
+    ("adam+r", lambda m: AdamSGLD(m, num_particles=10, repulsion="rbf")),
 ]
 
 

@@ -408,10 +408,15 @@ class StepSizeAdaptation:
         self.estimates += 1
         self._stiffest_error = None
         self.step_size = self.bounded_step_size(self.tolerance)
-        self.early_step_size = min(
-            self.bounded_step_size(max(self.early_tolerance, self.tolerance)),
-            self.bounded_step_size(max(self.stability_tolerance, self.tolerance), noise=False),
+        # The first half of warm-up runs faster only along the stiffest direction's bound:
+        # never hotter on average over directions than the kept step (a typical direction
+        # at error 1 lets a BNN's particles jump to a basin they never leave, such as a noise
+        # precision near 0), and never slower than the kept step.
+        faster = min(
+            self._stiffest_step_size(max(self.early_tolerance, self.tolerance), noise=True),
+            self._stiffest_step_size(max(self.stability_tolerance, self.tolerance), noise=False),
         )
+        self.early_step_size = max(faster, self.step_size)
         return self.step_size
 
     def _observe_coupling(self, repulsion, z, difference, shard):
@@ -464,7 +469,17 @@ class StepSizeAdaptation:
           times within :attr:`kept_steps`, else the smallest larger step at which it does,
           up to ``"typical"``'s: the least biased step with which the kept draws mix.
         """
-        stiffest = min(
+        stiffest = self._stiffest_step_size(tolerance, noise)
+        if self.bound == "stiffest" or not noise:
+            return stiffest
+        typical = self.typical_step_size(tolerance)
+        if self.bound == "typical":
+            return max(stiffest, typical)
+        return max(stiffest, min(self.mixing_step_size(), typical))
+
+    def _stiffest_step_size(self, tolerance: float, noise: bool) -> float:
+        # "stiffest"'s step (noise=False: from the curvature alone).
+        return min(
             self._pooled_step_size(
                 float(self.curvature.max()),
                 float(self.noise_variance.max()) if noise else 0.0,
@@ -472,12 +487,6 @@ class StepSizeAdaptation:
             ),
             self._stable_step_size(max(tolerance, self.stability_tolerance)),
         )
-        if self.bound == "stiffest" or not noise:
-            return stiffest
-        typical = self.typical_step_size(tolerance)
-        if self.bound == "typical":
-            return max(stiffest, typical)
-        return max(stiffest, min(self.mixing_step_size(), typical))
 
     def _pooled_step_size(self, curvature: float, noise_variance: float, tolerance: float):
         # The step whose error, pooled over the particle modes of the repulsion's K / L, is
