@@ -13,7 +13,7 @@ default step recovers the coefficients:
 >>> y = x @ torch.tensor([1.0, -2.0, 0.5]) + 0.1 * torch.randn(100)
 >>> net = BayesianMLP(3, hidden=())
 >>> kernel = SGLD(net, num_particles=4)  # the default step size
->>> mcmc = MCMC(kernel, num_samples=200, warmup_steps=200, disable_progbar=True)
+>>> mcmc = MCMC(kernel, num_samples=200, warmup_steps=200, thinning=5, disable_progbar=True)
 >>> mcmc.run(x, y)
 >>> mcmc.get_samples()["layers.0.weight"].mean(0).round(decimals=1).tolist()
 [[1.0, -2.0, 0.5]]
