@@ -48,6 +48,10 @@ Run from the repository root::
     python benchmarks/uci.py --datasets all --splits 20 --jobs 2 \
         --samplers sgld sgld+r sghmc sghmc+r adamsgld adamsgld+r   # the full protocol (~2 h)
 
+and, running nothing, compare the test LL of two reports (the README's comparisons)::
+
+    python benchmarks/uci.py --compare benchmarks/results/uci_bias_stiffest.md HEAD~1:benchmarks/results/uci.md
+
 Data are read from ``$PYRO_EXT_DATA`` (default: ``../shared/data`` next to the repository).
 The tables are printed and written to ``benchmarks/results/uci.md`` (``--output``).
 """
@@ -55,9 +59,11 @@ The tables are printed and written to ``benchmarks/results/uci.md`` (``--output`
 import argparse
 import math
 import statistics
+import subprocess
 import time
 import warnings
 from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
 
 import pyro  # noqa: E402
 import torch  # noqa: E402
@@ -523,6 +529,59 @@ def _scoreboard(datasets, samplers, results):
     )
 
 
+def _read_report(source):
+    """The test-LL table of a report this script wrote, ``{(data set, sampler): (mean test
+    LL, its splits cell)}``; ``source`` is a path, or ``REV:PATH`` for a committed version
+    (``git show``)."""
+    if not Path(source).exists() and ":" in source:
+        text = subprocess.run(
+            ["git", "show", source], cwd=REPO, check=True, capture_output=True, text=True
+        ).stdout
+    else:
+        text = Path(source).read_text()
+    table = text.split("## Test log-likelihood and RMSE")[1].split("\n## ")[0]
+    rows = {}
+    for line in table.splitlines():
+        cells = [cell.strip() for cell in line.split("|")[1:-1]]
+        if len(cells) < 4 or cells[0] == "data set" or set(cells[0]) <= {"-"}:
+            continue
+        mean = cells[3].split("±")[0].strip()
+        rows[(cells[0], cells[1])] = (float(mean) if mean[-1:].isdigit() else math.nan, cells[2])
+    return rows
+
+
+def compare(current, bases):
+    """Text comparing the test LL of the report ``current`` with each of ``bases`` (paths
+    or ``REV:PATH``): over the data-set x sampler pairs with no failed split in either, on
+    how many ``current`` is higher, and the median and extremes of the differences."""
+    ours = _read_report(current)
+    lines = []
+    for base in bases:
+        theirs = _read_report(base)
+        complete = [
+            key
+            for key in ours
+            if key in theirs
+            and "failed" not in ours[key][1] + theirs[key][1]
+            and math.isfinite(ours[key][0] - theirs[key][0])
+        ]
+        differences = sorted((ours[key][0] - theirs[key][0], key) for key in complete)
+        if not differences:
+            lines.append(f"- against `{base}`: no pair completed in both")
+            continue
+        (low, low_key), (high, high_key) = differences[0], differences[-1]
+        median = statistics.median(d for d, _ in differences)
+        lines.append(
+            f"- against `{base}`: test LL higher on {sum(d > 0 for d, _ in differences)} "
+            f"of {len(complete)} data-set x sampler pairs with no failed split in either, "
+            f"median {median:+.2f} nats, from {low:+.2f} ({' '.join(low_key)}) to "
+            f"{high:+.2f} ({' '.join(high_key)})"
+        )
+    failed = [f"{' '.join(key)}: {cell}" for key, (_, cell) in ours.items() if "failed" in cell]
+    lines.append(f"- failed splits in `{current}`: " + ("; ".join(failed) or "none"))
+    return "\n".join(lines)
+
+
 def main():
     parser = argument_parser(
         __doc__, RESULTS, quick="yacht, 1 split, 1000 iterations, SGLD vs SGLD+R"
@@ -577,7 +636,18 @@ def main():
         default=None,
         help="splits whose validation folds choose the step (default 3; quick 1)",
     )
+    parser.add_argument(
+        "--compare",
+        nargs="+",
+        default=None,
+        metavar="REPORT",
+        help="run nothing: compare the test LL of the report at --output with each REPORT (a "
+        "path, or REV:PATH for a committed version, e.g. HEAD~1:benchmarks/results/uci.md)",
+    )
     args = parser.parse_args()
+    if args.compare:
+        print(compare(str(args.output), args.compare))
+        return
     torch.set_num_threads(1)
 
     if args.quick:

@@ -320,3 +320,27 @@ def test_benchmark_full_run(script, tmp_path):
     )
     assert result.returncode == 0, result.stderr[-4000:]
     assert "|" in output.read_text()
+
+
+def test_uci_compare_reads_two_reports(tmp_path):
+    # `uci.py --compare` (the README's comparisons between UCI runs): a copy of the committed
+    # report with one mean test LL lowered by 1 nat, against the report itself.
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "uci.py"
+    report = script.parent / "results" / "uci.md"
+    lines = report.read_text().splitlines()
+    first = next(i for i, line in enumerate(lines) if line.startswith("| bostonHousing | SGLD |"))
+    cells = lines[first].split("|")
+    mean, error = cells[4].split("±")
+    cells[4] = f" {float(mean) - 1:.3f} ±{error}"
+    lines[first] = "|".join(cells)
+    lowered = tmp_path / "lowered.md"
+    lowered.write_text("\n".join(lines))
+    result = subprocess.run(
+        [sys.executable, str(script), "--output", str(lowered), "--compare", str(report)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert "test LL higher on 0 of" in result.stdout
+    assert "from -1.00 (bostonHousing SGLD) to +0.00" in result.stdout, result.stdout

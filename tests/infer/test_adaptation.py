@@ -10,9 +10,10 @@ import pyro
 import pyro.distributions as dist
 import pytest
 import torch
+from pyro.infer.autoguide import init_to_value
 from pyro.ops.stats import split_gelman_rubin
 
-from pyro_ext.infer import MCMC, SGHMC, SGLD, AdamSGLD
+from pyro_ext.infer import MCMC, SGHMC, SGLD, AdamSGLD, SlowMixingWarning
 from pyro_ext.infer.calibration import minibatched_normal_mean
 from pyro_ext.infer.sgmcmc import ParticlePotential
 from pyro_ext.infer.sgmcmc.adaptation import (
@@ -462,3 +463,69 @@ def test_the_mixing_criterion_is_what_split_r_hat_needs():
 
     assert max_r_hat(MIXING_RELAXATIONS) < 1.05
     assert max_r_hat(10) > 1.2
+
+
+def _noise_precision_regression(seed, num_data=300, dim=8, noise=0.03):
+    """A linear regression whose noise precision tau is learned: the targets standardised,
+    so the posterior sits near ``1 / noise^2`` while the start ``tau = 1`` (the targets'
+    variance) has a few hundredth of the posterior's curvature, as a BNN's start does."""
+    generator = torch.Generator().manual_seed(seed)
+    x = torch.randn(num_data, dim, generator=generator)
+    weights = torch.randn(dim, generator=generator)
+    y = x @ weights / dim**0.5 + noise * torch.randn(num_data, generator=generator)
+    y = (y - y.mean()) / y.std()
+
+    def model(x, y, subsample_size=None):
+        w = pyro.sample("w", dist.Normal(0.0, 1.0).expand([dim]).to_event(1))
+        b = pyro.sample("b", dist.Normal(0.0, 1.0))
+        tau = pyro.sample("tau", dist.Gamma(1.0, 0.1))
+        with pyro.plate("data", num_data, subsample_size=subsample_size) as rows:
+            pyro.sample("y", dist.Normal(x[rows] @ w + b, tau.rsqrt()), obs=y[rows])
+
+    return model, x, y
+
+
+def _exact_noise_precision_quantiles(x, y, probs):
+    """tau's posterior quantiles by quadrature: with the weights and bias marginalised,
+    y ~ N(0, x x^T + 1 1^T + I / tau) exactly."""
+    x, y = x.double(), y.double()
+    eigenvalues, vectors = torch.linalg.eigh(x @ x.T + 1.0)
+    projected = (vectors.T @ y).square()
+    log_tau = torch.linspace(-2.0, 12.0, 20001, dtype=torch.float64)
+    variance = eigenvalues + (-log_tau).exp().unsqueeze(-1)
+    log_likelihood = -0.5 * (variance.log().sum(-1) + (projected / variance).sum(-1))
+    # Gamma(1, 0.1) in tau, times the Jacobian tau of the log-tau grid.
+    log_posterior = log_likelihood - 0.1 * log_tau.exp() + log_tau
+    cdf = (log_posterior - log_posterior.max()).exp().cumsum(0)
+    cdf = cdf / cdf[-1]
+    index = torch.searchsorted(cdf, torch.tensor(probs, dtype=torch.float64))
+    return log_tau[index].exp().tolist()
+
+
+@pytest.mark.parametrize(
+    "seed", [pytest.param(2, marks=pytest.mark.slow), pytest.param(3, marks=pytest.mark.slow), 4]
+)
+def test_warmup_follows_the_curvature_out_of_a_flat_start(seed):
+    # Out of the start tau grows 100-fold in warm-up's first tens of steps and every
+    # weight's curvature with it. A step re-estimated every ten steps from a running
+    # average lagged: SGHMC at its default blew particles out to tau near 0 (seed 4: tau
+    # 5e-8, the ensemble's median 0.5; seed 2: the median 16 of an exact 562; seed 3: three
+    # particles escaped). The estimates now repeat while the curvature grows and the step
+    # is stable at the curvature measured last.
+    model, x, y = _noise_precision_regression(seed)
+    low, high = _exact_noise_precision_quantiles(x, y, [0.001, 0.999])
+    start = {"w": torch.zeros(x.shape[1]), "b": torch.tensor(0.0), "tau": torch.tensor(1.0)}
+    pyro.set_rng_seed(seed)
+    kernel = SGHMC(model, num_particles=20, init_strategy=init_to_value(values=start))
+    mcmc = MCMC(kernel, num_samples=100, warmup_steps=1000, thinning=10, disable_progbar=True)
+    with pytest.warns(SlowMixingWarning):  # tau relaxes in thousands of steps at the bound
+        mcmc.run(x, y, subsample_size=100)
+    assert mcmc.escaped_particles == []
+    tau = mcmc.get_samples()["tau"]
+    # Every draw between the start and the posterior's upper tail: none was thrown back
+    # towards tau = 0, none overshot.
+    assert float(tau.min()) > 1.0 and float(tau.max()) < high, (float(tau.min()), low, high)
+    # The schedule: the estimates repeated while the curvature grew (at most 20 more).
+    adaptation = kernel.step_size_adaptation
+    regular = adaptation.initial_iterations + (1000 - 1) // adaptation.every
+    assert regular < adaptation.estimates <= regular + 20

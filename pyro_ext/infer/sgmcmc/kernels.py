@@ -598,7 +598,8 @@ class SGMCMCKernel(ParticleKernel):
         if adaptation.step_size is None:
             mass = self.adaptation_mass(self._state, z)
             adaptation.start(self.potential, z, mass, self.repulsion, self.shard, self._conditioned)
-        elif 0 < self._step < self._warmup_steps and self._step % adaptation.every == 0:
+            adaptation.next_estimate = self._step + adaptation.interval
+        elif 0 < self._step < self._warmup_steps and adaptation.due(self._step):
             if self._step >= self._warmup_steps // 2 and not adaptation.settling:
                 # The step that is kept rests on every estimate of warm-up's second half.
                 adaptation.settle()
@@ -606,6 +607,7 @@ class SGMCMCKernel(ParticleKernel):
             adaptation.observe(
                 self.potential, z, mass, self.repulsion, self.shard, self._conditioned
             )
+            adaptation.next_estimate = self._step + adaptation.interval
 
     def _update(self, state, grad, step_size, noise, coupling, adapt):
         """
