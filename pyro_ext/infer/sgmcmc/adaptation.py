@@ -48,7 +48,8 @@ to a noise precision near 0 in 6 of 20 splits. In the second half an estimate co
 What it costs: each estimate is one gradient with its Hessian-vector product and one more
 gradient (about four gradient evaluations), every ``every`` warm-up steps (a few more
 while the curvature grows); nothing after warm-up. What it does not do: make an
-ill-conditioned posterior mix fast. The flattest direction relaxes in about :math:`\kappa / (2\,\mathrm{tolerance})` steps, with
+ill-conditioned posterior mix fast. The flattest direction relaxes in about
+:math:`\kappa / (2\,\mathrm{tolerance})` steps, with
 :math:`\kappa` the condition number of :math:`H + C`; a preconditioned kernel
 (:class:`~pyro_ext.infer.AdamSGLD`) or more steps are the remedy. It says so: each
 estimate also probes the mean curvature :math:`\mathrm{tr}(H) / D` (Hutchinson's
@@ -506,7 +507,8 @@ class StepSizeAdaptation:
           ``stability_tolerance``); never below ``"stiffest"``'s step;
         - ``"auto"``: ``"stiffest"``'s step when a typical direction relaxes at it
           :data:`MIXING_RELAXATIONS` times within :attr:`kept_steps`, else the smallest
-          larger step at which it does, up to ``"typical"``'s: the least biased step with which the kept draws mix.
+          larger step at which it does, up to ``"typical"``'s: the least biased step with
+          which the kept draws mix.
         """
         stiffest = self._stiffest_step_size(tolerance, noise)
         if self.bound == "stiffest" or not noise:
