@@ -219,7 +219,9 @@ def _run_chain(key, x, y, step_size, cfg, seed):
     # The frozen default step's variance error in the stiffest direction (bias_bound="auto"
     # may raise the step above that direction's bound for the kept draws to mix).
     error = math.nan if adaptation is None else adaptation.stiffest_error()
-    return net, samples, elapsed, (float(used), error)
+    # Late particles (far below on average, not at the end) stay in: their first kept draws
+    # are warm-up's transient, a SlowMixingWarning, not a failed chain. Reported apart.
+    return net, samples, elapsed, (float(used), error, list(mcmc.rejoined_particles))
 
 
 def _evaluate(net, samples, x, y):
@@ -306,7 +308,7 @@ def run_task(task):
     start = time.perf_counter()
     for step in steps:
         try:
-            net, samples, chain_seconds, (used_step, stiffest_error) = _run_chain(
+            net, samples, chain_seconds, (used_step, stiffest_error, rejoined) = _run_chain(
                 key,
                 data.x_train,
                 data.y_train,
@@ -338,6 +340,7 @@ def run_task(task):
         rmse=err * y_std,
         used_step=used_step,
         stiffest_error=stiffest_error,
+        rejoined=rejoined,
         chain_seconds=chain_seconds,
         seconds=time.perf_counter() - start,
     )
@@ -481,13 +484,61 @@ def _outliers(datasets, samplers, results):
         f"## Outlying splits\n\nSplits whose test RMSE exceeds {OUTLIER_FACTOR:g}x the median split of "
         "their data set and sampler. "
     )
+    text = intro + (
+        "None."
+        if not rows
+        else "\n\n"
+        + markdown(
+            ["data set", "sampler", "split", "test RMSE", "median split RMSE", "test LL", "step"],
+            rows,
+        )
+    )
+    return text + "\n\n" + _late_particles(datasets, samplers, results)
+
+
+def _late_particles(datasets, samplers, results):
+    """The splits whose chain had a particle far below the ensemble on average over the
+    kept steps but not over their final quarter (``MCMC.rejoined_particles``): late, not
+    escaped; kept in the means, listed here with their metrics."""
+    rows = []
+    for name in datasets:
+        for key in samplers:
+            rs = [r for r in results if r["name"] == name and r["key"] == key]
+            errs = [r["rmse"] for r in rs if math.isfinite(r["rmse"])]
+            for r in rs:
+                if r.get("rejoined"):
+                    rows.append(
+                        [
+                            name,
+                            SAMPLERS[key][0],
+                            r["split"],
+                            ", ".join(map(str, r["rejoined"])),
+                            f"{r['rmse']:.3f}",
+                            f"{statistics.median(errs):.3f}",
+                            f"{r['ll']:.3f}",
+                        ]
+                    )
+    intro = (
+        "Late particles: splits whose chain had a particle below the ensemble by more than "
+        "the escape threshold on average over the kept steps but not over their final "
+        "quarter (`MCMC.rejoined_particles`, a `SlowMixingWarning`: warm-up was too short "
+        "for it). They stay in the means. "
+    )
     if not rows:
         return intro + "None."
     return (
         intro
         + "\n\n"
         + markdown(
-            ["data set", "sampler", "split", "test RMSE", "median split RMSE", "test LL", "step"],
+            [
+                "data set",
+                "sampler",
+                "split",
+                "particles",
+                "test RMSE",
+                "median split RMSE",
+                "test LL",
+            ],
             rows,
         )
     )
@@ -534,11 +585,22 @@ def _read_report(source):
     LL, its splits cell)}``; ``source`` is a path, or ``REV:PATH`` for a committed version
     (``git show``)."""
     if not Path(source).exists() and ":" in source:
-        text = subprocess.run(
-            ["git", "show", source], cwd=REPO, check=True, capture_output=True, text=True
-        ).stdout
+        shown = subprocess.run(["git", "show", source], cwd=REPO, capture_output=True, text=True)
+        if shown.returncode != 0:
+            raise SystemExit(
+                f"--compare {source}: git show could not read it ({shown.stderr.strip()}); "
+                "expected REV:PATH of a committed report, e.g. HEAD~1:benchmarks/results/uci.md"
+            )
+        text = shown.stdout
+    elif not Path(source).is_file():
+        raise SystemExit(
+            f"--compare {source}: no such report; expected a path to a report this script "
+            "wrote, or REV:PATH of a committed one"
+        )
     else:
         text = Path(source).read_text()
+    if "## Test log-likelihood and RMSE" not in text:
+        raise SystemExit(f"--compare {source}: not a report of benchmarks/uci.py (no LL table)")
     table = text.split("## Test log-likelihood and RMSE")[1].split("\n## ")[0]
     rows = {}
     for line in table.splitlines():
@@ -775,7 +837,7 @@ def main():
             f"0-{tune_splits - 1} (chain on 80 % of the training part, scored on the other 20 %; the test parts are "
             f"never used) from the grids {grids} (N: rows the chain runs on; +R grids are L (SGLD) or L^2 "
             f"(momentum samplers) times the plain ones, see `step_grid`). Each split then runs the chosen step on its "
-            f"whole training part (the next best step if that chain diverges or one of its particles escapes: finite, but far below the ensemble in log density, `EscapedParticleWarning`). "
+            f"whole training part (the next best step if that chain diverges or one of its particles escapes: finite, but far below the ensemble in log density over the kept steps and over their final quarter, `EscapedParticleWarning`). "
         )
         + "Metrics on the test part in original "
         "units (RMSE x y_std, LL - log y_std), mean ± standard error over splits.\n\n"

@@ -344,3 +344,12 @@ def test_uci_compare_reads_two_reports(tmp_path):
     assert result.returncode == 0, result.stderr[-4000:]
     assert "test LL higher on 0 of" in result.stdout
     assert "from -1.00 (bostonHousing SGLD) to +0.00" in result.stdout, result.stdout
+    # A report that is not there is refused in one line, naming it.
+    missing = subprocess.run(
+        [sys.executable, str(script), "--output", str(lowered), "--compare", "HEAD:nope.md"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert missing.returncode != 0 and "Traceback" not in missing.stderr
+    assert "--compare HEAD:nope.md: git show could not read it" in missing.stderr

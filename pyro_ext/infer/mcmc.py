@@ -228,6 +228,10 @@ class MCMC(AbstractMCMC):
         #: the particles (chains) the last run reported as escaped (see
         #: :class:`~pyro_ext.infer.EscapedParticleWarning`); empty when none did
         self.escaped_particles = []
+        #: the particles far below the ensemble on average over the kept steps but not over
+        #: their final quarter: late arrivals whose first kept draws are warm-up's transient
+        #: (a :class:`~pyro_ext.infer.SlowMixingWarning` names them); empty when none were
+        self.rejoined_particles = []
 
     # -- the only names of pyro.infer.MCMC's private state this class keeps ----------------
     # ArviZ (``arviz.from_pyro``) reads the model arguments of the run from
@@ -468,6 +472,7 @@ class MCMC(AbstractMCMC):
     def _run_particles(self, start, draws):
         kernel = self.kernel
         self.escaped_particles = []
+        self.rejoined_particles = []
         params = kernel.initial_params
         every = self.checkpoint_every or max(1, self._total_steps // 10)
         shard = kernel.shard
@@ -582,8 +587,29 @@ class MCMC(AbstractMCMC):
             return
         escape = check()  # collective when sharded: every rank calls it
         self.escaped_particles = escape.particles
+        self.rejoined_particles = escape.rejoined
         shard = getattr(self.kernel, "shard", None)
-        if not escape.particles or (shard is not None and shard.rank != 0):
+        if shard is not None and shard.rank != 0:
+            return
+        if escape.rejoined:
+            late = ", ".join(
+                f"{i} ({gap:.3g} below on average, {final:.3g} at the end)"
+                for i, gap, final in zip(
+                    escape.rejoined[:10], escape.rejoined_gaps, escape.final_gaps
+                )
+            )
+            warnings.warn(
+                f"{len(escape.rejoined)} of {self.kernel.num_particles} particles reached the "
+                f"ensemble only during the {escape.num_steps} kept steps: particle(s) {late}"
+                f"{'...' if len(escape.rejoined) > 10 else ''} (nats below the median log "
+                f"density; the threshold is {escape.threshold:.3g}). Their first kept draws "
+                "are the transient of a warm-up too short for them: lengthen warm-up "
+                "(warmup_steps) or start the particles nearer the posterior (init_strategy); "
+                "MCMC.rejoined_particles lists them.",
+                SlowMixingWarning,
+                stacklevel=4,
+            )
+        if not escape.particles:
             return
         shown = ", ".join(
             f"{i} ({gap:.3g} below)" for i, gap in zip(escape.particles[:10], escape.gaps[:10])

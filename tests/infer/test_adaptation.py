@@ -517,10 +517,28 @@ def test_warmup_follows_the_curvature_out_of_a_flat_start(seed):
     start = {"w": torch.zeros(x.shape[1]), "b": torch.tensor(0.0), "tau": torch.tensor(1.0)}
     pyro.set_rng_seed(seed)
     kernel = SGHMC(model, num_particles=20, init_strategy=init_to_value(values=start))
-    mcmc = MCMC(kernel, num_samples=100, warmup_steps=1000, thinning=10, disable_progbar=True)
+    heat = []  # the momenta's temperature, v^2 / step (their law is N(0, T = 1))
+
+    def record(kernel_, *_):
+        velocity = kernel_._state.velocity
+        heat.append(float(velocity.square().mean()) / kernel_.diagnostics()["step_size"])
+
+    mcmc = MCMC(
+        kernel,
+        num_samples=100,
+        warmup_steps=1000,
+        thinning=10,
+        disable_progbar=True,
+        hook_fn=record,
+    )
     with pytest.warns(SlowMixingWarning):  # tau relaxes in thousands of steps at the bound
         mcmc.run(x, y, subsample_size=100)
     assert mcmc.escaped_particles == []
+    # The step fell 1000-fold in warm-up; the velocity v = sqrt(step) m follows it, so the
+    # momenta stay near their law. Kept unscaled, seed 4's momenta ran 30 000 times too hot
+    # (the particles rolling into the well heat them at most about 40-fold).
+    assert max(heat) < 100, max(heat)
+    assert 0.8 < sum(heat[-100:]) / 100 < 1.5, heat[-100:]
     tau = mcmc.get_samples()["tau"]
     # Every draw between the start and the posterior's upper tail: none was thrown back
     # towards tau = 0, none overshot.

@@ -9,7 +9,7 @@ import pyro.distributions as dist
 import pytest
 import torch
 
-from pyro_ext.infer import MCMC, SGLD, AdamSGLD, EscapedParticleWarning, Gibbs
+from pyro_ext.infer import MCMC, SGLD, AdamSGLD, EscapedParticleWarning, Gibbs, SlowMixingWarning
 from pyro_ext.infer.sgmcmc.escape import KeptLogDensity, find_escaped, gaussian_floor
 
 NUM_PARTICLES = 8
@@ -80,6 +80,64 @@ def test_kept_log_density_drops_rewound_steps():
     kept.commit(4)
     assert kept.count == 4
     assert torch.equal(kept.means(), torch.full((2,), (0 + 1 + 2 + 10) / 4))
+
+
+def test_a_particle_below_on_average_but_not_at_the_end_is_late_not_escaped():
+    # The UCI concrete laggard (split 7, AdamSGLD+R): 234 nats below on average against a
+    # threshold of 217, 187 over the final quarter; an escaped particle stays below.
+    torch.manual_seed(0)
+    means = -5000.0 + 10.0 * torch.randn(20)
+    final = means + 5.0 * torch.randn(20)
+    means[4], final[4] = means[4] - 2000.0, final[4] - 100.0  # climbed back
+    means[9], final[9] = means[9] - 3000.0, final[9] - 2900.0  # stuck
+    escape = find_escaped(means, dim=502, final_log_density=final)
+    assert escape.particles == [9] and escape.rejoined == [4]
+    assert escape.rejoined_gaps[0] > escape.threshold >= escape.final_gaps[0] > 50
+    # Without the final means (a checkpoint from before them) the mean alone decides.
+    assert find_escaped(means, dim=502).particles == [9, 4]
+
+
+def test_run_lists_a_late_particle_apart_and_says_to_lengthen_warmup(device):
+    # N(0, 1) and a particle started at z = 30 (450 nats below): at step 0.01 it relaxes as
+    # 30 exp(-0.01 t), so it sits about 75 nats below on average over 300 kept steps (the
+    # threshold is about 42) but within a few nats over their final quarter.
+    def model():
+        pyro.sample("z", dist.Normal(torch.tensor(0.0, device=device), 1.0))
+
+    pyro.set_rng_seed(0)
+    start = torch.randn(NUM_PARTICLES, device=device)
+    start[5] = 30.0
+    kernel = SGLD(model, step_size=0.01, num_particles=NUM_PARTICLES)
+    kernel.initial_params = {"z": start}
+    mcmc = MCMC(kernel, num_samples=300, warmup_steps=10, disable_progbar=True)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        mcmc.run()
+    assert mcmc.escaped_particles == [] and mcmc.rejoined_particles == [5]
+    assert not [w for w in caught if issubclass(w.category, EscapedParticleWarning)]
+    # It is said once, as slow mixing, with what to do.
+    late = [str(w.message) for w in caught if "only during the 300 kept steps" in str(w.message)]
+    assert len(late) == 1 and "particle(s) 5 (" in late[0] and "lengthen warm-up" in late[0]
+    assert all(issubclass(w.category, SlowMixingWarning) for w in caught if str(w.message) in late)
+
+
+@pytest.mark.parametrize("num_steps", [1, 7, 63, 64, 65, 200, 1000, 4097])
+def test_final_means_cover_the_last_quarter_in_bounded_memory(num_steps):
+    kept = KeptLogDensity()
+    values = torch.arange(num_steps, dtype=torch.float64)
+    for step in range(num_steps):
+        kept.add(step, torch.stack([values[step], -values[step]]))
+    kept.commit(num_steps)
+    assert len(kept.blocks) <= 64 and sum(kept.block_counts) == num_steps
+    assert torch.allclose(kept.means(), torch.stack([values.mean(), -values.mean()]))
+    # The final blocks hold at least a quarter of the steps, and at most a quarter plus
+    # one block (under half of the run once there are enough blocks).
+    final = kept.final_means()
+    covered = next(
+        n for n in range(1, num_steps + 1) if values[-n:].mean() == pytest.approx(float(final[0]))
+    )
+    assert num_steps / 4 <= covered <= num_steps / 4 + kept.block_size
+    assert float(final[1]) == pytest.approx(-float(final[0]))
 
 
 @pytest.mark.parametrize(
@@ -166,5 +224,14 @@ def test_checkpoint_carries_the_kept_log_density(tmp_path):
     other.setup(0)
     other.load_state_dict(state)
     assert torch.equal(other._kept_log_density.means(), means)
+    assert torch.equal(
+        other._kept_log_density.final_means(), kernel._kept_log_density.final_means()
+    )
     assert other.escaped_particles().particles == [2]
     assert math.isfinite(other.escaped_particles().threshold)
+    # A checkpoint written before the final means: the mean alone decides, as it did.
+    del state["kept_log_density"]["blocks"]
+    older = SGLD(wide_tail_model, step_size=0.1, num_particles=NUM_PARTICLES)
+    older.setup(0)
+    older.load_state_dict(state)
+    assert older.escaped_particles().particles == [2]

@@ -23,7 +23,7 @@ from .mass import rescale_momenta, windowed_mass
 from .repulsion import RBFKernel
 from .schedules import as_schedule
 from .step import step
-from .updates import SAMPLERS, lookup
+from .updates import SAMPLERS, lookup, rescale_velocity
 from .verification import DeferredVerification
 
 
@@ -163,9 +163,13 @@ class SGMCMCKernel(ParticleKernel):
         :mod:`pyro_ext.infer.sgmcmc.schedules`), or ``None`` (default): the step size is
         set during warm-up from the posterior's local Gaussian approximation, minibatch
         noise and repulsion included (curvature and gradient noise estimated by power
-        iteration every ``10`` warm-up steps, about four gradient evaluations each; see
+        iteration at warm-up steps 1, 3, 7, 15, ... then every ``10``, and at the next step
+        while the curvature grows, about four gradient evaluations each; see
         :mod:`~pyro_ext.infer.sgmcmc.adaptation`), as ``bias_bound`` says, and frozen when
-        warm-up ends. :meth:`diagnostics` and the progress bar show it.
+        warm-up ends. When warm-up changes the step, a momentum sampler's velocity
+        ``sqrt(step) m`` follows it, so that the momenta ``m`` keep their law
+        (:func:`~pyro_ext.infer.sgmcmc.updates.rescale_velocity`). :meth:`diagnostics` and
+        the progress bar show the step.
     :param float bias_tolerance: with ``step_size=None``, the relative error of the
         stationary variance the step may cause (``0.05``: the sampled variance of a
         Gaussian posterior is at most 5 % too large in the directions ``bias_bound``
@@ -315,6 +319,9 @@ class SGMCMCKernel(ParticleKernel):
         #: :class:`StepStart` of the last step when it ran eagerly, else ``None`` (compiled)
         self.step_start = None
         self._current_step_size = None
+        # The step the state's velocity is at equilibrium for (see rescale_velocity);
+        # None: unknown (before the first step, after a rewind).
+        self._velocity_step_size = None
         self._step_size_tensor = None
         self._flags = None
         self._verification = DeferredVerification()
@@ -369,6 +376,7 @@ class SGMCMCKernel(ParticleKernel):
             )
             state = self.shard.local_state(state)
         self._state = state
+        self._velocity_step_size = None
         self._last_params = None
         self._conditioned = {}
         self._compiled = None
@@ -513,28 +521,33 @@ class SGMCMCKernel(ParticleKernel):
     def escaped_particles(self) -> Escape:
         """
         The particles that escaped: finite, but whose mean log density over the kept steps
-        (those after warm-up) is far below the ensemble's median (the criterion and the
-        evidence behind it: :mod:`pyro_ext.infer.sgmcmc.escape`). Their draws lie where the
-        posterior has no mass and distort every average over the draws.
+        (those after warm-up), and over their final quarter too, is far below the
+        ensemble's median (the criterion and the evidence behind it:
+        :mod:`pyro_ext.infer.sgmcmc.escape`). Their draws lie where the posterior has no
+        mass and distort every average over the draws. Particles far below on average but
+        not at the end are listed apart (:attr:`~.escape.Escape.rejoined`): late, not lost.
         :class:`~pyro_ext.infer.MCMC` calls this when a run ends and warns
-        (:class:`~pyro_ext.infer.EscapedParticleWarning`); sharded, every rank must call it
-        (it gathers the ranks' means) and all get the same answer.
+        (:class:`~pyro_ext.infer.EscapedParticleWarning`, and
+        :class:`~pyro_ext.infer.SlowMixingWarning` for the late ones); sharded, every rank
+        must call it (it gathers the ranks' means) and all get the same answer.
         """
         kept = self._kept_log_density
-        means, num_steps = kept.means(), kept.count
+        means, final, num_steps = kept.means(), kept.final_means(), kept.count
         if self.shard is not None:
-            local = None if means is None else means.tolist()
+            local = None if means is None else (means.tolist(), final.tolist())
             everyone = self.shard.gather_object((list(self.shard.particle_indices), local))
             if any(values is None for _, values in everyone):
                 means = None
             else:
                 means = torch.empty(self.num_particles, dtype=torch.float64)
-                for indices, values in everyone:
-                    means[indices] = torch.tensor(values, dtype=torch.float64)
+                final = torch.empty(self.num_particles, dtype=torch.float64)
+                for indices, (mean_values, final_values) in everyone:
+                    means[indices] = torch.tensor(mean_values, dtype=torch.float64)
+                    final[indices] = torch.tensor(final_values, dtype=torch.float64)
         if means is None:
             return Escape([], [], math.inf, num_steps)
         dim = self._state.z.shape[-1]
-        return find_escaped(means, dim, self.temperature, num_steps)
+        return find_escaped(means, dim, self.temperature, num_steps, final)
 
     @property
     def last_params(self):
@@ -651,6 +664,7 @@ class SGMCMCKernel(ParticleKernel):
         if rewind is not None:
             self._discard_from(rewind.step)
             self._step, self._state = rewind.step, rewind.state
+            self._velocity_step_size = None  # the snapshot's is not recorded: no rescale
             self._last_params = None
             self.rewound_to = rewind.step
             return False
@@ -761,6 +775,11 @@ class SGMCMCKernel(ParticleKernel):
             raise ValueError(
                 f"step size schedule gave {step_size} at step {self._step}; expected > 0"
             )
+        if self.step_size_adaptation is not None:
+            # Warm-up changed the step: the momenta keep their law (the velocity follows).
+            if self._velocity_step_size is not None:
+                self._state = rescale_velocity(self._state, self._velocity_step_size, step_size)
+            self._velocity_step_size = step_size
         subsamples, noise = self._draw(self._state.z)
         adapt = self._adapting()
         self.step_start = None
@@ -855,11 +874,9 @@ class SGMCMCKernel(ParticleKernel):
         state = {"step": self._step, "state": self._state._asdict()}
         if self.step_size_adaptation is not None:
             state["step_size_adaptation"] = self.step_size_adaptation.state_dict()
+            state["velocity_step_size"] = self._velocity_step_size
         # A resumed run's escape check covers the kept steps before the checkpoint too.
-        kept = self._kept_log_density
-        z = self._state.z
-        total = kept.total if kept.total is not None else z.new_zeros(z.shape[0])
-        state["kept_log_density"] = {"total": total, "count": kept.count}
+        state["kept_log_density"] = self._kept_log_density.state_dict(self._state.z)
         return state
 
     def load_state_dict(self, state_dict):
@@ -872,13 +889,10 @@ class SGMCMCKernel(ParticleKernel):
             # Checkpoints written before the count became a tensor.
             state["count"] = self._state.z.new_tensor(state["count"], dtype=torch.long)
         self._state = type(self._state)(**state)
+        self._velocity_step_size = state_dict.get("velocity_step_size")
         self._last_params = None
         self._verification.reset()
-        self._kept_log_density.reset()
-        kept = state_dict.get("kept_log_density")
-        if kept is not None and kept["count"] > 0:  # None: a state saved before the escape check
-            self._kept_log_density.total = kept["total"]
-            self._kept_log_density.count = kept["count"]
+        self._kept_log_density.load_state_dict(state_dict.get("kept_log_density"))
         self.rewound_to = None
 
 

@@ -191,6 +191,23 @@ def preconditioned_sghmc_update(
     return PreconditionedState(z, velocity, mass, grad_sq, count)
 
 
+def rescale_velocity(state, old_step_size: float, new_step_size: float):
+    """
+    The state with its velocity carried from step ``old_step_size`` to ``new_step_size``.
+
+    In the SGD-with-momentum form (Chen et al., 2014, section 4) the velocity is
+    ``v = eps' m`` with ``step_size = eps'^2``: the momentum ``m`` is the physical
+    variable, at its stationary law ``N(0, T M)``, so ``v ~ N(0, step_size T M)``. When the
+    step changes (warm-up's default rule changes it), keeping ``v`` would leave the momentum
+    ``sqrt(old / new)`` times too hot (or cold) for about ``1 / friction`` steps; keeping
+    ``m`` means scaling ``v`` by ``sqrt(new / old)``. A state without a velocity (SGLD,
+    SGD) is returned as it is.
+    """
+    if "velocity" not in state._fields or old_step_size == new_step_size:
+        return state
+    return state._replace(velocity=state.velocity * math.sqrt(new_step_size / old_step_size))
+
+
 # -- the registry --------------------------------------------------------------------------
 class Sampler(NamedTuple):
     r"""
