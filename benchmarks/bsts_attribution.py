@@ -31,7 +31,9 @@ real-valued ``q``: eq. (1.4)), the rest the same; ``saturation`` is the default 
 sampled; the adstock simulator's own family, the thesis simulator's linear goodwill at a
 bend of 0); ``lift_test`` is the default with ``roas_prior`` on the channel of the largest
 true contribution, as a lift test would give it: a log-normal of mean the true ROAS times
-``exp(N(0, 0.2^2))`` (the test's error, drawn with the seed) and sd a quarter of that mean.
+``exp(N(0, 0.2^2))`` (the test's error, drawn with the seed) and sd a quarter of that mean;
+``shared_carryover`` is the default with ``carryover="shared"`` (one decay rate for every
+channel, as the project's simulator has it, the rest of the default unchanged).
 Every channel is forced in (variant RF).  ``pymc_marketing`` is PyMC-Marketing's ``MMM`` set
 up as ``benchmarks/bsts_peers.py`` sets it up (``GeometricAdstock(l_max=8)``, which
 includes the current week, ``LogisticSaturation()``, yearly seasonality with 2 Fourier
@@ -99,7 +101,7 @@ from _common import (  # noqa: E402
 RESULTS = REPO / "benchmarks" / "results" / "bsts_attribution.md"
 NUM_WEEKS = 104
 SIMULATORS = ("thesis", "adstock")
-MODELS = ("default", "thesis", "saturation", "lift_test", "pymc_marketing")
+MODELS = ("default", "thesis", "saturation", "lift_test", "shared_carryover", "pymc_marketing")
 LIFT_TEST_ERROR, LIFT_TEST_SD = 0.2, 0.25  # log-scale error of the test; prior sd / mean
 SIMULATED_LAG = {"thesis": 1, "adstock": 0}
 SHARE = 0.1  # channels whose contribution is at least this share of media's total
@@ -107,8 +109,9 @@ INTERVAL = 0.9
 
 
 def adstock_data(seed, num_weeks):
-    """The ``adstock`` simulator of the docstring: ``(sales, spend, covariates, truth)``
-    with ``truth`` the contribution of each channel over all the weeks, ``(T, k)``."""
+    """The ``adstock`` simulator of the docstring: ``(sales, spend, covariates, truth,
+    decay)`` with ``truth`` the contribution of each channel over all the weeks, ``(T, k)``,
+    and ``decay`` each channel's true decay rate ``1 - alpha_i`` (a list)."""
     import torch
 
     from pyro_ext.models.bsts import simulate_retail
@@ -137,7 +140,7 @@ def adstock_data(seed, num_weeks):
     truth = (saturate(stock) - saturate(before)) * beta
     # base.sales has no goodwill (q = 0, goodwill_scale 0): add the media.
     sales = base.sales.double() + media.sum(-1)
-    return sales, spend, base.covariates.double(), truth
+    return sales, spend, base.covariates.double(), truth, (1 - alpha).tolist()
 
 
 def thesis_data(seed, num_weeks):
@@ -145,7 +148,8 @@ def thesis_data(seed, num_weeks):
 
     d = simulate_retail(num_weeks=num_weeks, seed=seed, random_truth=True)
     truth = d.truth["channel_contribution"].double()
-    return d.sales.double(), d.spend.double(), d.covariates.double(), truth
+    decay = [d.truth["delta"]] * d.spend.shape[1]  # one rate for every channel
+    return d.sales.double(), d.spend.double(), d.covariates.double(), truth, decay
 
 
 # --budget short: fewer draws than fit's defaults and no R-hat driven extension.
@@ -208,9 +212,9 @@ def run_one(task):
     from pyro_ext.models.bsts import THESIS_MODEL, RetailBSTS
 
     torch.set_num_threads(1)
-    sales, spend, covariates, truth = (thesis_data if simulator == "thesis" else adstock_data)(
-        seed, num_weeks
-    )
+    sales, spend, covariates, truth, true_decay = (
+        thesis_data if simulator == "thesis" else adstock_data
+    )(seed, num_weeks)
     if model_name == "pymc_marketing":
         fit = run_pymc(simulator, seed, sales, spend, covariates, truth, quick)
         if fit is None:
@@ -221,6 +225,7 @@ def run_one(task):
             "thesis": lambda: RetailBSTS(**THESIS_MODEL),
             "saturation": lambda: RetailBSTS(saturation="hill"),
             "lift_test": lambda: RetailBSTS(roas_prior=lift_test(truth, spend, seed)),
+            "shared_carryover": lambda: RetailBSTS(carryover="shared"),
         }[model_name]()
         options = (
             dict(
@@ -237,8 +242,11 @@ def run_one(task):
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             model.fit(sales, spend, covariates, seed=seed, **options)
+        delta = model.samples["delta"]
         fit = dict(
             draws=model.channel_contributions(),  # (n, k)
+            # posterior mean decay rate: one per channel, or the shared one
+            decay=delta.reshape(delta.shape[0], -1).double().mean(0).tolist(),
             lag=model.spend_lag,
             evidence=model.spend_lag_evidence,
             rhat=max(float(r.max()) for r in model.rhat().values()),
@@ -256,6 +264,7 @@ def run_one(task):
         budget="quick" if quick else budget,
         weeks=num_weeks,
         truth=truth.sum(0).tolist(),
+        true_decay=true_decay,
         mean=draws.double().mean(0).tolist(),
         low=low.tolist(),
         high=high.tolist(),
@@ -330,7 +339,7 @@ def summarise(results, missing=()):
                     for t, m, lo, hi in zip(r["truth"], r["mean"], r["low"], r["high"])
                 )
                 fitted_lag = "-" if r["lag"] is None else r["lag"]
-                detail.append([simulator, model, r["seed"], fitted_lag, cells])
+                detail.append([simulator, model, r["seed"], fitted_lag, cells, decay_cell(r)])
     header = [
         "simulator",
         "model",
@@ -343,11 +352,95 @@ def summarise(results, missing=()):
         "max R-hat (NUTS: divergences after tuning)",
         "fit s (median / mean / p90 / max)",
     ]
-    return [
+    sections = [
         "## Contributions over the training weeks against the truth\n\n" + markdown(header, rows),
         "## Every fit: posterior mean [90 % interval] (truth) per channel\n\n"
-        + markdown(["simulator", "model", "seed", "lag", "channels"], detail),
+        + markdown(
+            [
+                "simulator",
+                "model",
+                "seed",
+                "lag",
+                "channels",
+                "decay rate per channel: posterior mean (truth)",
+            ],
+            detail,
+        ),
     ]
+    missed = missed_decay_rows(results)
+    if missed:
+        sections.append(
+            "## Missed intervals and the decay rate\n\n"
+            "Channels with an effect, over the fits whose records have the decay rates: "
+            "those whose 90 % interval of the contribution missed the truth against those "
+            "whose interval held it, with the error of their decay rate's posterior mean "
+            "(each channel's own rate, or the shared one). A decay rate too high shrinks the "
+            "stock a channel's spend builds (its mean is the mean spend over the rate), and "
+            "the contribution with it.\n\n"
+            + markdown(
+                [
+                    "simulator",
+                    "model",
+                    "missed (of channels with an effect)",
+                    "missed below the truth",
+                    "decay rate - truth, missed channels (median / max)",
+                    "decay rate - truth, covered channels (median / max)",
+                ],
+                missed,
+            )
+        )
+    return sections
+
+
+def decay_cell(r):
+    """``fitted (true)`` per channel, or ``-`` for records without decay rates."""
+    if not r.get("decay"):
+        return "-"
+    fitted = r["decay"] * len(r["true_decay"]) if len(r["decay"]) == 1 else r["decay"]
+    return ", ".join(f"{f:.2f} ({t:.2f})" for f, t in zip(fitted, r["true_decay"]))
+
+
+def missed_decay_rows(results):
+    rows = []
+    for simulator in SIMULATORS:
+        for model in MODELS:
+            runs = [
+                r
+                for r in results
+                if r["simulator"] == simulator and r["model"] == model and r.get("decay")
+            ]
+            if not runs:
+                continue
+            missed, covered, below = [], [], 0
+            for r in runs:
+                fitted = r["decay"] * len(r["true_decay"]) if len(r["decay"]) == 1 else r["decay"]
+                for i, t in enumerate(r["truth"]):
+                    if t == 0:
+                        continue
+                    error = fitted[i] - r["true_decay"][i]
+                    if r["low"][i] <= t <= r["high"][i]:
+                        covered.append(error)
+                    else:
+                        missed.append(error)
+                        below += r["high"][i] < t
+            total = len(missed) + len(covered)
+
+            def cell(errors):
+                if not errors:
+                    return "-"
+                return f"{statistics.median(errors):+.2f} / {max(errors, key=abs):+.2f}"
+
+            rows.append(
+                [
+                    simulator,
+                    model,
+                    f"{len(missed)} of {total}",
+                    f"{below} of {len(missed)}",
+                    cell(missed),
+                    cell(covered),
+                ]
+            )
+    return rows
 
 
 def fit_all(tasks, jobs):
@@ -452,7 +545,8 @@ def main():
         "required arguments, `thesis` is `RetailBSTS(**THESIS_MODEL)`, `saturation` is "
         '`RetailBSTS(saturation="hill")`, `lift_test` is `RetailBSTS(roas_prior=...)` on the '
         "largest channel (a simulated lift test: the true ROAS with a 20 % log-scale error, "
-        "prior sd a quarter of it), `pymc_marketing` PyMC-Marketing's `MMM` with NUTS; budget "
+        'prior sd a quarter of it), `shared_carryover` is `RetailBSTS(carryover="shared")`, '
+        "`pymc_marketing` PyMC-Marketing's `MMM` with NUTS; budget "
         "`default` is `fit`'s own draws, `short` is "
         "`fit(num_samples=100, warmup_steps=100, rhat_target=None)` (8 particles, thinning "
         "2): see the R-hat column. Targets: no sign "

@@ -202,7 +202,14 @@ def check_bsts_attribution(text):
     assert [(r[0].strip(), r[1].strip()) for r in rows] == [
         (sim, model)
         for sim in ("thesis", "adstock")
-        for model in ("default", "thesis", "saturation", "lift_test", "pymc_marketing")
+        for model in (
+            "default",
+            "thesis",
+            "saturation",
+            "lift_test",
+            "shared_carryover",
+            "pymc_marketing",
+        )
     ]
     for row in rows:
         if row[2].strip() == "not installed":
@@ -217,13 +224,27 @@ def check_bsts_attribution(text):
         assert row[6].strip() == "none" or "%" in row[6], row
         if row[1].strip() == "thesis":
             assert row[7].strip() == "fixed 1", row
-    detail = text.split("## Every fit")[1]
-    lags = [
-        r.split("|")[4].strip()
+    detail = text.split("## Every fit")[1].split("\n## ")[0]
+    fits = [
+        r.split("|")
         for r in detail.splitlines()
         if r.startswith("| ") and "seed" not in r and "pymc_marketing" not in r
     ]
-    assert lags and set(lags) <= {"0", "1"}
+    assert fits and {r[4].strip() for r in fits} <= {"0", "1"}
+    # Each of our fits' decay rates, one per channel with the truth, in [0, 1].
+    for r in fits:
+        pairs = r[6].strip().split(", ")
+        assert len(pairs) == 5, r
+        for pair in pairs:
+            fitted, true = pair.split(" (")
+            assert 0 <= float(fitted) <= 1 and 0 <= float(true.rstrip(")")) <= 1, r
+    # The missed intervals against the decay rate: a row per simulator x our model.
+    missed = text.split("## Missed intervals and the decay rate")[1]
+    rows = [r.split("|")[1:-1] for r in missed.splitlines() if r.startswith("| ")][1:]
+    assert len(rows) == 10
+    for row in rows:
+        count, of = row[2].split(" of ")
+        assert 0 <= int(count) <= int(of), row
 
 
 def check_vis_state_space(text):
@@ -275,10 +296,29 @@ def check_ara_spam(text):
             assert 0.5 < clean <= 1 and 0 <= tainted <= clean + 0.05, row
 
 
+def check_bsts_delta_bias(text):
+    # One row per variant of the sales, each with a coverage count of its one seed and an
+    # error of delta inside (-1, 1); the per-seed table holds seed 100's four intervals.
+    table = text.split("## Coverage and error of delta")[1].split("\n## ")[0]
+    rows = [r.split("|")[1:-1] for r in table.splitlines() if r.startswith("| ")][1:]
+    assert [r[0].strip() for r in rows] == [
+        "simulator",
+        "model_form",
+        "model_form + bumps",
+        "simulator, noise redrawn",
+    ]
+    for row in rows:
+        assert row[1].strip() in ("0 of 1", "1 of 1"), row
+        assert -1 < float(row[3]) < 1, row
+    seed_row = next(r for r in text.splitlines() if r.startswith("| 100 |"))
+    assert seed_row.count("[") == 4
+
+
 #: content checks of a quick run's results, beyond "a table was written", by script name
 CONTENT_CHECKS = {
     "ara_spam": check_ara_spam,
     "bsts_attribution": check_bsts_attribution,
+    "bsts_delta_bias": check_bsts_delta_bias,
     "bsts_peers": check_bsts_peers,
     "first_try": check_first_try,
     "ngvi": check_ngvi,
