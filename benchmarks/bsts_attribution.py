@@ -383,8 +383,8 @@ def summarise(results, missing=()):
                     "model",
                     "missed (of channels with an effect)",
                     "missed below the truth",
-                    "decay rate - truth, missed channels (median / max)",
-                    "decay rate - truth, covered channels (median / max)",
+                    "decay rate - truth, missed channels (median / mean / p90 / max)",
+                    "decay rate - truth, covered channels (median / mean / p90 / max)",
                 ],
                 missed,
             )
@@ -392,11 +392,16 @@ def summarise(results, missing=()):
     return sections
 
 
+def fitted_decay(r):
+    """The record's posterior mean decay rate per channel (a shared one repeated)."""
+    return r["decay"] * len(r["true_decay"]) if len(r["decay"]) == 1 else r["decay"]
+
+
 def decay_cell(r):
     """``fitted (true)`` per channel, or ``-`` for records without decay rates."""
     if not r.get("decay"):
         return "-"
-    fitted = r["decay"] * len(r["true_decay"]) if len(r["decay"]) == 1 else r["decay"]
+    fitted = fitted_decay(r)
     return ", ".join(f"{f:.2f} ({t:.2f})" for f, t in zip(fitted, r["true_decay"]))
 
 
@@ -413,7 +418,7 @@ def missed_decay_rows(results):
                 continue
             missed, covered, below = [], [], 0
             for r in runs:
-                fitted = r["decay"] * len(r["true_decay"]) if len(r["decay"]) == 1 else r["decay"]
+                fitted = fitted_decay(r)
                 for i, t in enumerate(r["truth"]):
                     if t == 0:
                         continue
@@ -425,19 +430,14 @@ def missed_decay_rows(results):
                         below += r["high"][i] < t
             total = len(missed) + len(covered)
 
-            def cell(errors):
-                if not errors:
-                    return "-"
-                return f"{statistics.median(errors):+.2f} / {max(errors, key=abs):+.2f}"
-
             rows.append(
                 [
                     simulator,
                     model,
                     f"{len(missed)} of {total}",
                     f"{below} of {len(missed)}",
-                    cell(missed),
-                    cell(covered),
+                    spread(missed, fmt="{:+.2f}") if missed else "-",
+                    spread(covered, fmt="{:+.2f}") if covered else "-",
                 ]
             )
     return rows
