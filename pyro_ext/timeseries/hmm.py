@@ -264,6 +264,29 @@ def _chunk_length(num_factors):
     return max(1, int(math.isqrt(max(num_factors - 1, 0))) + 1)
 
 
+def _rescale_interval(log_trans, length):
+    """How many factors ``A_t diag(e_t)`` the chunked pass may multiply in before it rescales
+    the rows of its products to max one, keeping them as far from under- and overflow as a
+    rescale after every factor would.
+
+    With ``e_t`` scaled to max one, a row with max one keeps a max of at least
+    ``min(A)`` after one factor (the entry ``A[k*, j*] e_t[j*]``) and at most the largest
+    column sum of ``A``; ``r`` factors move it by at most those powers.  ``r`` keeps both
+    within a tenth of the dtype's exponent range (rows above ``1e-31`` in float64, ``2e-4``
+    in float32).  Structural zeros in ``A`` give 1: rescale after every factor.
+    """
+    info = torch.finfo(log_trans.dtype)
+    log_trans = log_trans.detach()
+    log_min = float(log_trans.amin())
+    log_col = float(torch.logsumexp(log_trans, -2).amax())
+    budget = 0.1 * math.log(info.tiny)  # negative
+    down = math.inf if log_min == 0 else budget / log_min
+    up = math.inf if log_col <= 0 else -budget / log_col
+    if not math.isfinite(log_min):
+        return 1
+    return int(max(1, min(down, up, length)))
+
+
 def _chunked_log_likelihood(problem):
     """
     ``log p(x)`` by products of chunks of factors, all chunks advanced together.
@@ -301,19 +324,20 @@ def _chunked_log_likelihood(problem):
         steps = [trans[:, j] for j in range(length)]
     else:
         steps = [trans] * length
+    interval = _rescale_interval(log_trans, length)
     mat = steps[0] * emit[:, 0].unsqueeze(-2)
     log_rows = None
-    for j in range(1, length):
-        mat = torch.matmul(mat, steps[j]) * emit[:, j].unsqueeze(-2)
-        row_max = mat.amax(-1, keepdim=True)
-        mat = mat / row_max.clamp(min=tiny)
-        log_row = torch.log(row_max)
-        log_rows = log_row if log_rows is None else log_rows + log_row
-    if log_rows is None:
-        # Rows of ``A diag(e)`` need not have max one.
-        row_max = mat.amax(-1, keepdim=True)
-        mat = mat / row_max.clamp(min=tiny)
-        log_rows = torch.log(row_max)
+    unscaled = 1  # factors multiplied in since the rows last had max one
+    for j in range(1, length + 1):
+        if unscaled == interval or j == length:
+            row_max = mat.amax(-1, keepdim=True)
+            mat = mat / row_max.clamp(min=tiny)
+            log_row = torch.log(row_max)
+            log_rows = log_row if log_rows is None else log_rows + log_row
+            unscaled = 0
+        if j < length:
+            mat = torch.matmul(mat, steps[j]) * emit[:, j].unsqueeze(-2)
+            unscaled += 1
     log_rows = log_rows.squeeze(-1)
     shift = log_rows.amax(-1)
     rows = log_rows - shift.clamp(min=finite_min(shift)).unsqueeze(-1)
@@ -379,23 +403,26 @@ def _speculative_viterbi(problem, max_fixups=4):
     tol = 64 * torch.finfo(obs.dtype).eps
     for _ in range(max_fixups):
         x = delta[:-1, -1].clone()
-        active = None
+        active = None  # chunks whose incoming message changed: all of them at the first step
         for j in range(length):
             step = steps[j][1:] if problem.time_varying else steps[j]
             x, ptr, shift = _maxplus_step(x, step, obs[1:, j])
             old = delta[1:, j]
             same = (x == old) | ((x - old).abs() <= tol * (1 + old.abs()))
             same = same.flatten(1).all(-1)
-            changed = ~same if active is None else active & ~same
-            if not bool(changed.any()):
-                break
-            active = changed
-            sel = changed.view(changed.shape + (1,) * (x.dim() - 1))
-            delta[1:, j] = torch.where(sel, x, old)
-            pointers[1:, j] = torch.where(sel, ptr, pointers[1:, j])
-            shifts[1:, j] = torch.where(sel.squeeze(-1), shift, shifts[1:, j])
-        if active is None:
-            return delta, pointers, shifts, first_shift
+            # The step where a chunk's message comes back into line still takes its
+            # backpointers and shift from the corrected incoming message: the same
+            # normalised message can come from a different best predecessor.
+            if active is None:
+                delta[1:, j], pointers[1:, j], shifts[1:, j] = x, ptr, shift
+            else:
+                sel = active.view(active.shape + (1,) * (x.dim() - 1))
+                delta[1:, j] = torch.where(sel, x, old)
+                pointers[1:, j] = torch.where(sel, ptr, pointers[1:, j])
+                shifts[1:, j] = torch.where(sel.squeeze(-1), shift, shifts[1:, j])
+            active = ~same if active is None else active & ~same
+            if not bool(active.any()):
+                return delta, pointers, shifts, first_shift
     return None
 
 

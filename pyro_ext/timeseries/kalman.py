@@ -365,6 +365,11 @@ def _mv(m, v):
     return (m @ v.unsqueeze(-1)).squeeze(-1)
 
 
+def _vm(v, m):
+    """``v^T m`` batched; one GEMM over all of ``v``'s batch when ``m`` is 2-D."""
+    return (v.unsqueeze(-2) @ m).squeeze(-2)
+
+
 # ---------------------------------------------------------------------------------------
 # Filtering (Sarkka & Garcia-Fernandez 2021, Lemma 8 / eqs. (10)-(14))
 
@@ -651,10 +656,11 @@ def _smoother_combine(later, earlier):
     return Eb @ Ea, _mv(Eb, ga) + gb, _sym(Eb @ La @ Eb.mT + Lb)
 
 
-def _run_smoother(ssm, m, P, mp, Pp, gains=False):
+def _run_smoother(ssm, m, P, mp, Pp, gains=False, block_size=None):
     r"""Smoothed means and covariances (time-first); ``gains=True`` adds the smoother gains
     :math:`E_t = P_t G_{t+1}^\top P_{t+1|t}^{-1}` ``(T-1, ...)``, from which
-    :math:`\mathrm{Cov}(x_{t+1}, x_t \mid y) = P^s_{t+1} E_t^\top`."""
+    :math:`\mathrm{Cov}(x_{t+1}, x_t \mid y) = P^s_{t+1} E_t^\top`.  ``block_size``: steps
+    per block of :func:`_blocked_backward` (``T``: the plain associative scan)."""
     Lp = _cholesky(Pp[1:], "predicted state covariance (smoothing needs it invertible)")
     E = torch.cholesky_solve(ssm.G[1:] @ P[:-1], Lp).mT  # P_t G^T Pp_{t+1}^{-1}
     g = m[:-1] - _mv(E, mp[1:])
@@ -663,11 +669,60 @@ def _run_smoother(ssm, m, P, mp, Pp, gains=False):
     E = torch.cat([E, torch.zeros_like(E[:1])])
     g = torch.cat([g, m[-1:]])
     Lc = torch.cat([Lc, P[-1:]])
-    rev = (E.flip(0), g.flip(0), Lc.flip(0))
-    _, gs, Ls = associative_scan(_smoother_combine, rev)
+    B = block_size or _default_filter_block_size(E.shape[0], 1)
+    gs, Ls = _blocked_backward(E, g, Lc, B)
     if gains:
-        return gs.flip(0), Ls.flip(0), gain
-    return gs.flip(0), Ls.flip(0)
+        return gs, Ls, gain
+    return gs, Ls
+
+
+def _blocked_backward(E, g, L, B):
+    """Smoothed moments from the backward elements ``x_t = E_t x_{t+1} + g_t + N(0, L_t)``
+    (``E`` zero at the last step), by blocks of ``B`` steps: the maps of each block are
+    composed (all blocks at once, ``B`` steps), an associative scan over the blocks gives
+    the moments at every block's first step, and the recursion then runs inside all blocks
+    at once.  Sequential depth ``~2 B + log(T / B)`` instead of the scan's ``~2 log T``
+    levels of ``O(T)`` work each; the same composition, so the same result."""
+    T = E.shape[0]
+    nblocks = -(-T // B)
+    if nblocks < 2:
+        rev = (E.flip(0), g.flip(0), L.flip(0))
+        _, gs, Ls = associative_scan(_smoother_combine, rev)
+        return gs.flip(0), Ls.flip(0)
+    pad = nblocks * B - T
+    if pad:  # E = 0 at the last step: what follows it changes nothing
+        E, g, L = [torch.cat([x, x.new_zeros((pad,) + x.shape[1:])]) for x in (E, g, L)]
+
+    def by_step(x):  # (nblocks * B, ...) -> (B, nblocks, ...)
+        return x.reshape(nblocks, B, *x.shape[1:]).movedim(1, 0)
+
+    E, g, L = by_step(E), by_step(g), by_step(L)
+    # Each block's map from the next block's first state to its own first state.
+    Eb, gb, Lb = E[-1], g[-1], L[-1]
+    for j in range(B - 2, -1, -1):
+        Eb, gb, Lb = _smoother_combine((Eb, gb, Lb), (E[j], g[j], L[j]))
+    rev = (Eb.flip(0), gb.flip(0), Lb.flip(0))
+    _, ms_first, Ps_first = associative_scan(_smoother_combine, rev)
+    ms_first, Ps_first = ms_first.flip(0), Ps_first.flip(0)  # (nblocks, ...)
+    # The recursion inside every block, from the next block's first moments.
+    ms = torch.cat([ms_first[1:], torch.zeros_like(ms_first[:1])])
+    Ps = torch.cat([Ps_first[1:], torch.zeros_like(Ps_first[:1])])
+    track = torch.is_grad_enabled() and any(x.requires_grad for x in (E, g, L))
+    outputs = [[] if track else x.new_empty((nblocks, B) + x.shape[1:]) for x in (ms, Ps)]
+    for j in range(B - 1, -1, -1):
+        ms = _mv(E[j], ms) + g[j]
+        Ps = _sym(E[j] @ Ps @ E[j].mT + L[j])
+        for out, x in zip(outputs, (ms, Ps)):
+            if track:
+                out.append(x)
+            else:
+                out[:, j] = x
+
+    def time_first(x):
+        x = torch.stack(x[::-1], 1) if track else x
+        return x.reshape(nblocks * B, *x.shape[2:])[:T]
+
+    return time_first(outputs[0]), time_first(outputs[1])
 
 
 # ---------------------------------------------------------------------------------------
@@ -761,7 +816,7 @@ def _default_block_size(T, S, p, dtype):
     return max(1, min(T, max(n // p, 1)))
 
 
-def _blocked_log_likelihood(args, B):
+def _blocked_log_likelihood(args, B, moments=False):
     """Exact ``log p(y)`` for static matrices by filtering over blocks of ``B`` steps.
 
     Each block's observation vector ``Y_k`` (``B p`` values) and the next block's first
@@ -769,7 +824,9 @@ def _blocked_log_likelihood(args, B):
     (``k``-independent) law, so the filter over blocks is an associative scan over
     ``ceil(T / B)`` Sarkka elements built from one ``(B p) x (B p)`` Cholesky factor, and
     ``log p(y) = sum_k log N(Y_k; H m_k, H P_k H^T + Syy)`` from the predicted moments
-    ``(m_k, P_k)`` of ``s_k``.  Returns ``None`` if the block noise covariance is singular.
+    ``(m_k, P_k)`` of ``s_k``.  Returns ``None`` if the block noise covariance is singular;
+    with ``moments=True``, ``(log p(y), m, P)`` with the ``ceil(T / B)`` predicted moments
+    (time-first, full batch shape).
     """
     y, G, F, W, V, m0, P0, batch, _ = args
 
@@ -849,7 +906,108 @@ def _blocked_log_likelihood(args, B):
         log_det_syy = 2 * Lr.diagonal(dim1=-2, dim2=-1).log().sum(-1)
         ll = ll + _gaussian_blocks((zy - _mv(Zh, m[K]))[None], Zh[None], log_det_syy, P[K:])
     ll = ll + 0.5 * math.log(2 * math.pi) * num_missing
+    if moments:
+        return ll.expand(batch), m, P
     return ll.expand(batch)
+
+
+def _default_filter_block_size(T, p):
+    # The within-block pass costs B sequential steps (each a handful of batched ops) and the
+    # block scan ceil(T / B) elements: B ~ sqrt(T) balances them (one thread, S ~ 10-20).
+    return max(1, min(T, 64 // p, math.isqrt(T) + 1))
+
+
+def _blocked_filter(args, B):
+    """Filtered and predicted moments for static matrices, exactly: the blocked scan of
+    :func:`_blocked_log_likelihood` gives the predicted moments of every block's first
+    state; from there the textbook filter (covariance form) runs the ``B`` steps of all
+    ``ceil(T / B)`` blocks at once, so the sequential depth is ``B`` and each step is a
+    handful of batched ``S x S`` products.  Returns what :func:`_run_filter` returns, or
+    ``None`` where the blocked scan does not apply (singular block noise covariance)."""
+    out = _blocked_log_likelihood(args, B, moments=True)
+    if out is None:
+        return None
+    ll, m_start, P_start = out
+    y, G, F, W, V, _, _, batch, _ = args
+    T, p = y.shape[-2:]
+    S, dtype = m_start.shape[-1], y.dtype
+    nblocks = m_start.shape[0]
+    pad = nblocks * B - T
+    y = y.expand(*batch, T, p).movedim(-2, 0)  # (T, *b, p)
+    mask = ~torch.isnan(y)
+    y = torch.where(mask, y, torch.zeros((), dtype=dtype, device=y.device))
+    if pad:  # steps after the end change no moment up to T: any value will do
+        y = torch.cat([y, y.new_zeros((pad,) + y.shape[1:])])
+        mask = torch.cat([mask, mask.new_ones((pad,) + mask.shape[1:])])
+
+    def by_step(x):  # (nblocks * B, *b, ...) -> (B, nblocks, *b, ...)
+        return x.reshape(nblocks, B, *x.shape[1:]).movedim(1, 0)
+
+    y, mask = by_step(y), by_step(mask)
+    G, F, W, V = [x.expand(*batch, *x.shape[-2:]) for x in (G, F, W, V)]
+    if bool(mask.all()):
+        Fs, Vs = [F] * B, [V] * B
+    else:  # missing coordinates: zero rows of F, unit observation noise, as in _build
+        d = mask.to(dtype)
+        Fs = F * d.unsqueeze(-1)
+        Vs = V * (d.unsqueeze(-1) * d.unsqueeze(-2)) + torch.diag_embed(1 - d)
+    # Unbatched matrices on the right of every product: ``torch.matmul`` then folds the
+    # blocks (and batch) into one GEMM instead of a batch of tiny ones.
+    Gt, Fts = G.mT, [f.mT for f in Fs]
+    mp, Pp = m_start, P_start
+    # Outputs go straight into time-ordered buffers; under autograd, lists stacked at the
+    # end (a write into a slice of a buffer would copy the buffer's whole gradient per step).
+    track = torch.is_grad_enabled() and any(
+        x.requires_grad for x in (m_start, P_start, y, G, F, W, V)
+    )
+    outputs = [[] if track else x.new_empty((nblocks, B) + x.shape[1:]) for x in (mp, Pp) * 2]
+    failed = None
+    for j in range(B):
+        Ut = Pp @ Fts[j]  # P^- F^T (nblocks, *b, S, p)
+        Sv = Ut.mT.contiguous() @ Fts[j] + Vs[j]  # innovation covariance
+        e = y[j] - _vm(mp, Fts[j])
+        if p == 1:  # scalar innovations: no factorisation, elementwise outer products
+            scale = Sv[..., 0].rsqrt()  # (nblocks, *b, 1)
+            ok = Sv[..., 0, 0] > 0
+            Z, z = Ut[..., 0] * scale, e * scale  # L^{-1} F P^-, L^{-1} e
+            m = mp + Z * z
+            P = Pp - Z.unsqueeze(-1) * Z.unsqueeze(-2)  # exactly symmetric
+        else:
+            L, info = torch.linalg.cholesky_ex(Sv)
+            ok = info == 0
+            Zz = torch.linalg.solve_triangular(
+                L, torch.cat([Ut.mT, e.unsqueeze(-1)], -1), upper=False
+            )
+            Z, z = Zz[..., :S], Zz[..., S:]
+            m = mp + (Z.mT @ z).squeeze(-1)
+            P = _sym(Pp - Z.mT @ Z)
+        failed = ~ok if failed is None else failed | ~ok
+        for out, x in zip(outputs, (m, P, mp, Pp)):
+            if track:
+                out.append(x)
+            else:
+                out[:, j] = x
+        mp = _vm(m, Gt)
+        Pp = _sym((P @ Gt).mT.contiguous() @ Gt + W)  # G P G^T, P symmetric
+    if bool(failed.any()):
+        return None  # the per-step scan names the covariance that is not positive definite
+
+    def time_first(x):  # (nblocks, B, *b, *core) -> (T, *b, *core)
+        x = torch.stack(x, 1) if track else x
+        return x.reshape(nblocks * B, *x.shape[2:])[:T]
+
+    m, P, mp, Pp = map(time_first, outputs)
+    return ll, m, P, mp, Pp
+
+
+def _filter_moments(args):
+    """``(ll, m, P, mp, Pp)`` time-first: blocked for static matrices, else the scan."""
+    if not args.time_varying:
+        T, p = args.y.shape[-2:]
+        out = _blocked_filter(args, _default_filter_block_size(T, p))
+        if out is not None:
+            return out
+    return _run_filter(_build(args))
 
 
 # ---------------------------------------------------------------------------------------
@@ -863,6 +1021,11 @@ def _to_external(x, core_dims):
 def kalman_filter(y: torch.Tensor, matrices: StateSpaceMatrices) -> KalmanFilterResult:
     r"""Filtered moments and exact log-likelihood :math:`\log p(y_{1:T})`.
 
+    Static matrices: the blocked scan of :func:`kalman_log_likelihood` gives the predicted
+    moments at the start of every block of ``~sqrt(T)`` steps, and the textbook
+    (covariance-form) filter then runs inside all blocks at once.  Time-varying matrices
+    use the parallel scan (Sarkka & Garcia-Fernandez 2021).  Both are exact.
+
     :param y: ``(..., T, obs_dim)`` observations, ``NaN`` where missing.
     :param matrices: :class:`StateSpaceMatrices` ``(G, F, W, V, init_mean, init_cov)`` of
         the model (1.2)-(1.3), shapes as documented there.
@@ -872,8 +1035,7 @@ def kalman_filter(y: torch.Tensor, matrices: StateSpaceMatrices) -> KalmanFilter
     :raises ValueError: naming the field, if a field's shape does not fit ``y`` or the
         state dimension (or, with validation on, a covariance is not PSD).
     """
-    ssm = prepare_state_space(y, matrices)
-    ll, m, P, mp, Pp = _run_filter(ssm)
+    ll, m, P, mp, Pp = _filter_moments(_validate(y, matrices))
     return KalmanFilterResult(
         ll, _to_external(m, 1), _to_external(P, 2), _to_external(mp, 1), _to_external(Pp, 2)
     )
@@ -921,8 +1083,9 @@ def smoothed_second_moments(y: torch.Tensor, matrices: StateSpaceMatrices):
     r"""What EM's E-step needs: smoothed means ``(..., T, S)``, covariances ``(..., T, S,
     S)``, lag-one covariances :math:`\mathrm{Cov}(x_{t+1}, x_t \mid y_{1:T})` ``(..., T-1,
     S, S)`` and the log-likelihood, from one filter and one smoother pass."""
-    ssm = prepare_state_space(y, matrices)
-    ll, m, P, mp, Pp = _run_filter(ssm)
+    args = _validate(y, matrices)
+    ssm = _build(args)
+    ll, m, P, mp, Pp = _filter_moments(args)
     ms, Ps, gains = _run_smoother(ssm, m, P, mp, Pp, gains=True)
     cross = Ps[1:] @ gains.mT
     return _to_external(ms, 1), _to_external(Ps, 2), _to_external(cross, 2), ll
@@ -934,8 +1097,9 @@ def kalman_smoother(y: torch.Tensor, matrices: StateSpaceMatrices) -> KalmanSmoo
     Arguments (``y`` and a :class:`StateSpaceMatrices`) as :func:`kalman_filter`; needs
     invertible predicted covariances.
     """
-    ssm = prepare_state_space(y, matrices)
-    ll, m, P, mp, Pp = _run_filter(ssm)
+    args = _validate(y, matrices)
+    ssm = _build(args)
+    ll, m, P, mp, Pp = _filter_moments(args)
     ms, Ps = _run_smoother(ssm, m, P, mp, Pp)
     return KalmanSmootherResult(_to_external(ms, 1), _to_external(Ps, 2), ll)
 

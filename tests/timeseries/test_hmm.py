@@ -224,6 +224,51 @@ def test_long_series_matches_sequential_recursions():
     assert torch.allclose(hmm_smooth(init, trans, obs).sum(-1), ones)
 
 
+def _path_log_joint(init, trans, obs, path):
+    log_init, log_trans = torch.log_softmax(init, -1), torch.log_softmax(trans, -1)
+    steps = torch.arange(len(path))
+    return log_init[path[0]] + log_trans[path[:-1], path[1:]].sum() + obs[steps, path].sum()
+
+
+@pytest.mark.parametrize("spread", [0.0, 0.01, 1.0])
+def test_speculative_viterbi_backpointers_where_chunks_reconverge(spread):
+    # With (near-)uniform transitions the max-plus messages of every chunk come back into
+    # line after one step, from a different best predecessor than the speculative start
+    # had: the backpointers there must come from the corrected message (they once did
+    # not, and the path was wrong at every chunk boundary while its score was right).
+    K, T = 4, 20000
+    g = torch.Generator().manual_seed(5)
+    init = torch.zeros(K, dtype=torch.float64)
+    trans = spread * torch.randn(K, K, generator=g, dtype=torch.float64)
+    obs = torch.randn(T, K, generator=g, dtype=torch.float64)
+    path, score = hmm_viterbi(init, trans, obs)
+    expected_path, expected_score = _sequential_viterbi(init.numpy(), trans.numpy(), obs.numpy())
+    assert np.array_equal(path.numpy(), expected_path)
+    assert abs(score.item() - expected_score) < 1e-9 * abs(expected_score)
+    assert abs(_path_log_joint(init, trans, obs, path).item() - score.item()) < 1e-6
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("stay", [0.9, 1 - 1e-6])
+def test_chunked_rescale_interval_keeps_precision(dtype, stay):
+    # The chunked pass rescales its products only every few factors (how many follows from
+    # min(A) and A's column sums). Rare transitions (1e-6 / 2 per step) and emissions that
+    # favour a different state every few steps push the row maxima down as fast as A allows.
+    K, T = 3, 4000
+    g = torch.Generator().manual_seed(1)
+    trans = torch.full((K, K), (1 - stay) / (K - 1), dtype=torch.float64)
+    trans.fill_diagonal_(stay)
+    init = torch.zeros(K, dtype=torch.float64)
+    favoured = torch.randint(0, K, (T // 5,), generator=g).repeat_interleave(5)
+    obs = torch.full((T, K), -30.0, dtype=torch.float64)
+    obs[torch.arange(T), favoured] = 0.0
+    obs = obs + torch.randn(T, K, generator=g, dtype=torch.float64)
+    expected = _sequential_forward(init.numpy(), trans.log().numpy(), obs.numpy())
+    ours = hmm_log_likelihood(init.to(dtype), trans.log().to(dtype), obs.to(dtype))
+    rtol = 1e-10 if dtype == torch.float64 else 1e-5
+    assert abs(ours.item() - expected) <= rtol * abs(expected)
+
+
 def test_hmmlearn_categorical_and_gaussian():
     hmm = pytest.importorskip("hmmlearn.hmm")
     rng = np.random.RandomState(0)

@@ -7,6 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from pyro_ext.timeseries import kalman as kalman_module
 from pyro_ext.timeseries.kalman import (
     StateSpaceMatrices,
     forecast_interval,
@@ -339,6 +340,12 @@ def test_degenerate_innovation_covariance_is_reported():
 # kalman_log_likelihood (blocked filter) against the per-step scan
 
 
+def scan_log_likelihood(y, matrices):
+    """The per-step parallel scan's log-likelihood (the path time-varying matrices take),
+    which the blocked paths for static matrices must reproduce."""
+    return kalman_module._run_filter(kalman_module.prepare_state_space(y, matrices))[0]
+
+
 def stable(G):
     """Spectral norm at most 1: block powers G^B stay bounded (well-conditioned blocks)."""
     return G / torch.linalg.matrix_norm(G, 2).clamp(min=1.0)[..., None, None]
@@ -364,7 +371,7 @@ def test_log_likelihood_matches_scan(
     for k in missing:  # entries of y (single coordinates, possibly whole steps) set missing
         y.view(*batch, -1)[..., k % (T * p)] = math.nan
     matrices = StateSpaceMatrices(G, F, W, V, m0, P0)
-    expected = kalman_filter(y, matrices).log_likelihood
+    expected = scan_log_likelihood(y, matrices)
     actual = kalman_log_likelihood(y, matrices, block_size=block_size)
     assert actual.shape == expected.shape
     assert torch.allclose(actual, expected, rtol=1e-10, atol=1e-8)
@@ -384,7 +391,7 @@ def test_log_likelihood_broadcasts_batches(block_size):
         (y.expand(3, 23, 2), G, F, W, V, m0 + scales[..., 0], P0),
     ]
     for args in cases:
-        expected = kalman_filter(*split(args)).log_likelihood
+        expected = scan_log_likelihood(*split(args))
         actual = kalman_log_likelihood(*split(args), block_size=block_size)
         assert actual.shape == expected.shape
         assert torch.allclose(actual, expected, rtol=1e-10, atol=1e-8)
@@ -400,7 +407,7 @@ def test_log_likelihood_gradients_match_scan(missing, block_size):
         y[5] = math.nan
     grads = []
     for fn in (
-        lambda y, m: kalman_filter(y, m).log_likelihood,
+        scan_log_likelihood,
         lambda y, m: kalman_log_likelihood(y, m, block_size=block_size),
     ):
         args = [x.clone().requires_grad_() for x in (G, F, W, V, m0, P0)]
@@ -426,7 +433,7 @@ def test_log_likelihood_gradcheck_and_trend_seasonal_variances():
     (g_block,) = torch.autograd.grad(
         ll(x, lambda y, m: kalman_log_likelihood(y, m, block_size=8)), x
     )
-    (g_scan,) = torch.autograd.grad(ll(x, lambda y, m: kalman_filter(y, m).log_likelihood), x)
+    (g_scan,) = torch.autograd.grad(ll(x, scan_log_likelihood), x)
     assert torch.allclose(g_block, g_scan, rtol=1e-9, atol=1e-9)
 
 
@@ -436,8 +443,13 @@ def test_log_likelihood_falls_back_when_block_noise_is_singular():
     y, G, F, W, V, m0, P0 = random_model(8, 12, 2, 1, False, False)
     V = torch.zeros_like(V)
     matrices = StateSpaceMatrices(G, F, W, V, m0, P0)
-    expected = kalman_filter(y, matrices).log_likelihood
+    expected = scan_log_likelihood(y, matrices)
     assert torch.allclose(kalman_log_likelihood(y, matrices, block_size=4), expected)
+    # The blocked filter falls back the same way, to the same moments.
+    filt = kalman_filter(y, matrices)
+    _, m, P, mp, Pp = kalman_module._run_filter(kalman_module.prepare_state_space(y, matrices))
+    for actual, expected in zip(filt[1:], (m, P.movedim(0, -3), mp, Pp.movedim(0, -3))):
+        assert torch.equal(actual, expected)
 
 
 def test_log_likelihood_float32_and_device(device):
@@ -458,3 +470,102 @@ def test_log_likelihood_rejects_bad_block_size(block_size):
     args = random_model(0, 5, 2, 1, False, False)
     with pytest.raises(ValueError, match="block_size"):
         kalman_log_likelihood(*split(args), block_size=block_size)
+
+
+# ---------------------------------------------------------------------------------------
+# kalman_filter's blocked path (static matrices) against the per-step scan
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    seed=st.integers(0, 10**6),
+    T=st.integers(1, 40),
+    S=st.integers(1, 4),
+    p=st.integers(1, 2),
+    singular_w=st.booleans(),
+    batch=st.sampled_from([(), (2,), (2, 1)]),
+    missing=st.lists(st.integers(0, 200), max_size=6),
+    block_size=st.sampled_from([1, 2, 3, 5, 8, 16, 64]),
+)
+def test_blocked_filter_matches_scan(seed, T, S, p, singular_w, batch, missing, block_size):
+    y, G, F, W, V, m0, P0 = random_model(seed, T, S, p, False, singular_w, batch)
+    G = stable(G)
+    for k in missing:  # single coordinates and whole steps missing, inside and across blocks
+        y.view(*batch, -1)[..., k % (T * p)] = math.nan
+    matrices = StateSpaceMatrices(G, F, W, V, m0, P0)
+    args = kalman_module._validate(y, matrices)
+    expected = kalman_module._run_filter(kalman_module._build(args))
+    actual = kalman_module._blocked_filter(args, min(block_size, T))
+    for name, a, e in zip(["log-likelihood", "m", "P", "m-", "P-"], actual, expected):
+        assert a.shape == e.shape, name
+        assert torch.allclose(a, e, rtol=1e-9, atol=1e-9), name
+
+
+def test_filter_and_smoother_moments_match_scan_with_batches_and_gradients():
+    # Batch dims on the series and on a matrix, a partial last block, missing values; the
+    # moments' gradients agree with the scan's too.
+    y, G, F, W, V, m0, P0 = random_model(9, 50, 3, 2, False, True)
+    G = stable(G)
+    y[[3, 20, 21, 49], 1] = math.nan
+    y[30] = math.nan
+    scales = torch.tensor([0.5, 2.0], dtype=D)[:, None, None]
+    ys = torch.stack([y, y.flip(0)])
+    results = []
+    for blocked in (True, False):
+        Wg = (scales * W).clone().requires_grad_()
+        matrices = StateSpaceMatrices(G, F, Wg, V, m0, P0)
+        if blocked:
+            filt, smooth = kalman_filter(ys, matrices), kalman_smoother(ys, matrices)
+        else:
+            ssm = kalman_module.prepare_state_space(ys, matrices)
+            ll, m, P, mp, Pp = kalman_module._run_filter(ssm)
+            ms, Ps = kalman_module._run_smoother(ssm, m, P, mp, Pp, block_size=50)  # scan
+            filt = (ll, m.movedim(0, -2), P.movedim(0, -3), mp.movedim(0, -2), Pp.movedim(0, -3))
+            smooth = (ms.movedim(0, -2), Ps.movedim(0, -3))
+        loss = filt[1].sum() + filt[2].sum() + smooth[0].pow(2).sum() + smooth[1].sum()
+        (grad,) = torch.autograd.grad(loss, Wg)
+        results.append((list(filt) + list(smooth[:2]), grad))
+    (blocked, g_blocked), (scan, g_scan) = results
+    assert blocked[1].shape == (2, 50, 3) and blocked[2].shape == (2, 50, 3, 3)
+    for a, e in zip(blocked, scan):
+        assert torch.allclose(a, e, rtol=1e-9, atol=1e-9)
+    g_blocked, g_scan = g_blocked + g_blocked.mT, g_scan + g_scan.mT  # symmetric part
+    assert torch.allclose(g_blocked, g_scan, rtol=1e-8, atol=1e-8)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    seed=st.integers(0, 10**6),
+    T=st.integers(1, 40),
+    S=st.integers(1, 3),
+    time_varying=st.booleans(),
+    batch=st.sampled_from([(), (2,)]),
+    block_size=st.sampled_from([1, 2, 3, 7, 16]),
+)
+def test_blocked_smoother_matches_scan(seed, T, S, time_varying, batch, block_size):
+    y, G, F, W, V, m0, P0 = random_model(seed, T, S, 1, time_varying, False, batch)
+    G = stable(G)
+    y.view(*batch, -1)[..., seed % T] = math.nan
+    ssm = kalman_module.prepare_state_space(y, StateSpaceMatrices(G, F, W, V, m0, P0))
+    moments = kalman_module._run_filter(ssm)[1:]
+    expected = kalman_module._run_smoother(ssm, *moments, gains=True, block_size=T)
+    actual = kalman_module._run_smoother(ssm, *moments, gains=True, block_size=block_size)
+    for a, e in zip(actual, expected):
+        assert a.shape == e.shape
+        assert torch.allclose(a, e, rtol=1e-9, atol=1e-9)
+
+
+def test_blocked_filter_float32_and_device(device):
+    T = 500  # several blocks of ~sqrt(T) steps on an integrated trend with a seasonal
+    g = torch.Generator().manual_seed(4)
+    y = torch.randn(T, 1, generator=g, dtype=D).cumsum(0)
+    y[[10, 200, 201]] = math.nan
+    G, F, W, V = llt_seasonal(torch.tensor([0.5, 0.1, 0.01, 0.05], dtype=D))
+    args = (y, G, F, W, V, torch.zeros(13, dtype=D), 10 * torch.eye(13, dtype=D))
+    ref = kalman_filter(*split(args))
+    res = kalman_filter(*split([x.float().to(device) for x in args]))
+    assert res.filtered_means.dtype == torch.float32 and res.filtered_means.device == device
+    assert torch.allclose(res.log_likelihood.double().cpu(), ref.log_likelihood, rtol=1e-5)
+    level = res.filtered_means[:, 0].double().cpu()
+    sd = ref.filtered_covs[:, 0, 0].sqrt()
+    assert ((level - ref.filtered_means[:, 0]).abs() <= 1e-3 * sd).all()
