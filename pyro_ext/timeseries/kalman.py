@@ -1026,10 +1026,11 @@ def _to_external(x, core_dims):
 def kalman_filter(y: torch.Tensor, matrices: StateSpaceMatrices) -> KalmanFilterResult:
     r"""Filtered moments and exact log-likelihood :math:`\log p(y_{1:T})`.
 
-    Static matrices: the blocked scan of :func:`kalman_log_likelihood` gives the predicted
-    moments at the start of every block of ``~sqrt(T)`` steps, and the textbook
-    (covariance-form) filter then runs inside all blocks at once.  Time-varying matrices
-    use the parallel scan (Sarkka & Garcia-Fernandez 2021).  Both are exact.
+    Static matrices with three or more states: the blocked scan of
+    :func:`kalman_log_likelihood` gives the predicted moments at the start of every block of
+    ``~sqrt(T)`` steps, and the textbook (covariance-form) filter then runs inside all
+    blocks at once.  Otherwise the parallel scan (Sarkka & Garcia-Fernandez 2021).  Both
+    are exact.
 
     :param y: ``(..., T, obs_dim)`` observations, ``NaN`` where missing.
     :param matrices: :class:`StateSpaceMatrices` ``(G, F, W, V, init_mean, init_cov)`` of
