@@ -248,6 +248,29 @@ def test_speculative_viterbi_backpointers_where_chunks_reconverge(spread):
     assert abs(_path_log_joint(init, trans, obs, path).item() - score.item()) < 1e-6
 
 
+@settings(max_examples=30, deadline=None)
+@given(
+    seed=st.integers(0, 10**6),
+    K=st.integers(2, 5),
+    temperature=st.sampled_from([0.0, 1e-3, 0.3, 3.0]),
+    sticky=st.sampled_from([0.0, 4.0]),
+)
+def test_speculative_viterbi_path_is_optimal(seed, K, temperature, sticky):
+    # Long enough for the speculative chunked pass; whatever the transitions (uniform,
+    # nearly so, peaked, sticky), the returned path's log joint is the optimal score.
+    T = max(5000, 16384 // K**2 + 2)
+    g = torch.Generator().manual_seed(seed)
+    init = torch.randn(K, generator=g, dtype=torch.float64)
+    trans = temperature * torch.randn(K, K, generator=g, dtype=torch.float64)
+    trans = trans + sticky * torch.eye(K, dtype=torch.float64)
+    obs = torch.randn(T, K, generator=g, dtype=torch.float64)
+    path, score = hmm_viterbi(init, trans, obs)
+    _, expected_score = _sequential_viterbi(init.numpy(), trans.numpy(), obs.numpy())
+    assert abs(score.item() - expected_score) < 1e-9 * abs(expected_score)
+    joint = _path_log_joint(init, trans, obs, path).item()
+    assert abs(joint - expected_score) < 1e-9 * abs(expected_score)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("stay", [0.9, 1 - 1e-6])
 def test_chunked_rescale_interval_keeps_precision(dtype, stay):
