@@ -351,16 +351,23 @@ def stable(G):
     return G / torch.linalg.matrix_norm(G, 2).clamp(min=1.0)[..., None, None]
 
 
-@settings(max_examples=60, deadline=None)
-@given(
+#: Models for the blocked paths against the scan: up to 40 steps (several blocks, a partial
+#: last one), missing entries (single coordinates and whole steps), batches.
+BLOCKED_CASES = dict(
     seed=st.integers(0, 10**6),
     T=st.integers(1, 40),
     S=st.integers(1, 4),
     p=st.integers(1, 2),
-    time_varying=st.booleans(),
     singular_w=st.booleans(),
     batch=st.sampled_from([(), (2,), (2, 1)]),
     missing=st.lists(st.integers(0, 200), max_size=6),
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    **BLOCKED_CASES,
+    time_varying=st.booleans(),
     block_size=st.sampled_from([None, 1, 2, 3, 5, 8, 16, 64]),
 )
 def test_log_likelihood_matches_scan(
@@ -477,16 +484,7 @@ def test_log_likelihood_rejects_bad_block_size(block_size):
 
 
 @settings(max_examples=60, deadline=None)
-@given(
-    seed=st.integers(0, 10**6),
-    T=st.integers(1, 40),
-    S=st.integers(1, 4),
-    p=st.integers(1, 2),
-    singular_w=st.booleans(),
-    batch=st.sampled_from([(), (2,), (2, 1)]),
-    missing=st.lists(st.integers(0, 200), max_size=6),
-    block_size=st.sampled_from([1, 2, 3, 5, 8, 16, 64]),
-)
+@given(**BLOCKED_CASES, block_size=st.sampled_from([1, 2, 3, 5, 8, 16, 64]))
 def test_blocked_filter_matches_scan(seed, T, S, p, singular_w, batch, missing, block_size):
     y, G, F, W, V, m0, P0 = random_model(seed, T, S, p, False, singular_w, batch)
     G = stable(G)
