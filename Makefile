@@ -56,8 +56,8 @@ demo: $(VENV)/.installed-demo
 	$(PY) -m pyro_ext.demo
 
 # pytest exits 5 when it collects no test: that is not a failure of the suite.
-# The default run: every module's unit tests, under five minutes on 2 cores (4 min 46 s for
-# 1390 tests from a fresh clone); the long statistical checks are in test-integration, each
+# The default run: every module's unit tests, about five minutes on 2 cores (5 min 1 s for
+# 2047 tests on a quiet machine); the long statistical checks are in test-integration, each
 # module keeping a fast test here. The slowest tests are listed at the end, so that they stay
 # in view.
 test: $(VENV)/.installed-test

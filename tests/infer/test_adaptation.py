@@ -106,6 +106,8 @@ def test_power_iteration_finds_the_largest_curvature(device):
     assert adaptation.step_size == pytest.approx(bias_bounded_step_size(float(largest)), rel=1e-3)
 
 
+# 10-30 s: in the integration run (`make test-integration`, CI), not the default one.
+@pytest.mark.integration
 def test_hutchinson_estimate_is_the_mean_curvature(device):
     # tr(H) / D of a dense precision, from Rademacher probes averaged over the estimates.
     generator = torch.Generator().manual_seed(1)
@@ -214,6 +216,8 @@ def test_each_bias_bound_is_its_stated_step():
         StepSizeAdaptation(bound="largest")
 
 
+# 10-30 s: in the integration run (`make test-integration`, CI), not the default one.
+@pytest.mark.integration
 def test_the_auto_bound_raises_the_step_until_the_kept_draws_mix():
     # One direction 50 times stiffer than 99 flat ones, no minibatch: at the stiffest
     # bound (step 0.1 / 50) a typical direction relaxes in about 1 / (0.002 * 1.49) = 340
@@ -314,6 +318,8 @@ def test_a_long_enough_run_or_a_given_step_is_not_warned_about():
         assert given.relaxation_steps() is None
 
 
+# 10-30 s: in the integration run (`make test-integration`, CI), not the default one.
+@pytest.mark.integration
 def test_noise_estimate_is_the_minibatch_gradient_variance(device):
     # y_i ~ N(mu, 1), minibatch B of N without replacement: Var of the gradient estimate is
     # N^2 / B (N - B) / (N - 1) var(y), whatever mu is.
@@ -409,6 +415,8 @@ def test_bias_tolerance_type_is_checked():
         SGLD(lambda: None, bias_tolerance="small")
 
 
+# 10-12 s each: in the integration run (`make test-integration`, CI), not the default one.
+@pytest.mark.integration
 @pytest.mark.parametrize("make_kernel", [SGLD, SGHMC], ids=["SGLD", "SGHMC"])
 def test_with_repulsion_each_particle_moves_as_the_plain_sampler_does(make_kernel):
     # The pooled draws' error is the mean over the particle modes of K / L, so the default
@@ -503,7 +511,13 @@ def _exact_noise_precision_quantiles(x, y, probs):
 
 
 @pytest.mark.parametrize(
-    "seed", [pytest.param(2, marks=pytest.mark.slow), pytest.param(3, marks=pytest.mark.slow), 4]
+    "seed",
+    [
+        pytest.param(2, marks=pytest.mark.slow),
+        pytest.param(3, marks=pytest.mark.slow),
+        # 13 s: in the integration run (`make test-integration`, CI), not the default one.
+        pytest.param(4, marks=pytest.mark.integration),
+    ],
 )
 def test_warmup_follows_the_curvature_out_of_a_flat_start(seed):
     # Out of the start tau grows 100-fold in warm-up's first tens of steps and every

@@ -354,6 +354,8 @@ def test_two_ranks_run_the_single_process_chain(tmp_path):
             np.testing.assert_allclose(means[name], stats["mean"].numpy(), rtol=1e-4, atol=1e-5)
 
 
+# 10-30 s: in the integration run (`make test-integration`, CI), not the default one.
+@pytest.mark.integration
 def test_two_ranks_set_the_single_process_default_step(tmp_path):
     results = spawn(tmp_path, "scenario_default_step")
     for rank in range(WORLD_SIZE):

@@ -145,6 +145,8 @@ def test_exponential_smoother_update():
     assert adv.action_probs(torch.zeros(1, dtype=L)).tolist() == [[1.0, 0.0]]  # argmin p
 
 
+# 10-30 s: in the integration run (`make test-integration`, CI), not the default one.
+@pytest.mark.integration
 def test_tit_for_tat_and_fpm_citizen_cooperate(device):
     env = DataSharingGame(horizon=50)
     tft = TitForTat().attach(5, 2, 2)

@@ -131,6 +131,8 @@ def test_every_em_iteration_raises_the_likelihood(nile):
     assert values[-1] > values[0] + 1.0
 
 
+# 10-30 s: in the integration run (`make test-integration`, CI), not the default one.
+@pytest.mark.integration
 def test_em_fits_a_trend_and_a_season_with_missing_values_as_lbfgs_does():
     # Three scales owning disjoint states (level, slope, season) and the observation noise;
     # missing observations are marginalised in both fits.
