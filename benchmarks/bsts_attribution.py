@@ -21,6 +21,10 @@ Simulators (each seed draws a new truth):
    channel, the sales minus the sales with its spend within the data switched off (the
    adstock from before the data decays on), ``beta_i (f_i(a_{i,t}) - f_i(alpha_i^{t+1}
    a_{i,0}))`` summed over the training weeks.
+3. ``thesis_even_spend`` (a diagnosis, drawn only when ``--simulators`` names it): the
+   project's simulator with ``seasonal_spend=False``, the same draws but ``online`` and
+   ``search`` spend no longer rising with the Christmas and summer peaks in demand, so that
+   no channel's spend is confounded with the season.
 
 Models: ``default`` is ``RetailBSTS()`` with every argument at its default (variant RF,
 Student-t noise, ``spend_lag="auto"`` chosen by the evidence, ``carryover=
@@ -33,7 +37,11 @@ bend of 0); ``lift_test`` is the default with ``roas_prior`` on the channel of t
 true contribution, as a lift test would give it: a log-normal of mean the true ROAS times
 ``exp(N(0, 0.2^2))`` (the test's error, drawn with the seed) and sd a quarter of that mean;
 ``shared_carryover`` is the default with ``carryover="shared"`` (one decay rate for every
-channel, as the project's simulator has it, the rest of the default unchanged).
+channel, as the project's simulator has it, the rest of the default unchanged);
+``true_decay`` is the default with the decay rate's prior concentrated at the simulated
+rate (``delta_prior=(400 delta, 400 (1 - delta))``, sd about 0.02; the project's
+simulators only, whose one rate is every channel's): what the contributions would be if
+the data pinned the carry-over.
 Every channel is forced in (variant RF).  ``pymc_marketing`` is PyMC-Marketing's ``MMM`` set
 up as ``benchmarks/bsts_peers.py`` sets it up (``GeometricAdstock(l_max=8)``, which
 includes the current week, ``LogisticSaturation()``, yearly seasonality with 2 Fourier
@@ -100,10 +108,22 @@ from _common import (  # noqa: E402
 
 RESULTS = REPO / "benchmarks" / "results" / "bsts_attribution.md"
 NUM_WEEKS = 104
-SIMULATORS = ("thesis", "adstock")
-MODELS = ("default", "thesis", "saturation", "lift_test", "shared_carryover", "pymc_marketing")
+SIMULATORS = ("thesis", "adstock", "thesis_even_spend")
+# What a plain run draws from: thesis_even_spend is a diagnosis (--simulators).
+DEFAULT_SIMULATORS = ("thesis", "adstock")
+MODELS = (
+    "default",
+    "thesis",
+    "saturation",
+    "lift_test",
+    "shared_carryover",
+    "true_decay",
+    "pymc_marketing",
+)
+# Models that need one decay rate shared by every channel in the truth (not "adstock").
+SHARED_DECAY_ONLY = ("true_decay",)
 LIFT_TEST_ERROR, LIFT_TEST_SD = 0.2, 0.25  # log-scale error of the test; prior sd / mean
-SIMULATED_LAG = {"thesis": 1, "adstock": 0}
+SIMULATED_LAG = {"thesis": 1, "adstock": 0, "thesis_even_spend": 1}
 SHARE = 0.1  # channels whose contribution is at least this share of media's total
 INTERVAL = 0.9
 
@@ -143,10 +163,12 @@ def adstock_data(seed, num_weeks):
     return sales, spend, base.covariates.double(), truth, (1 - alpha).tolist()
 
 
-def thesis_data(seed, num_weeks):
+def thesis_data(seed, num_weeks, seasonal_spend=True):
     from pyro_ext.models.bsts import simulate_retail
 
-    d = simulate_retail(num_weeks=num_weeks, seed=seed, random_truth=True)
+    d = simulate_retail(
+        num_weeks=num_weeks, seed=seed, random_truth=True, seasonal_spend=seasonal_spend
+    )
     truth = d.truth["channel_contribution"].double()
     decay = [d.truth["delta"]] * d.spend.shape[1]  # one rate for every channel
     return d.sales.double(), d.spend.double(), d.covariates.double(), truth, decay
@@ -212,9 +234,11 @@ def run_one(task):
     from pyro_ext.models.bsts import THESIS_MODEL, RetailBSTS
 
     torch.set_num_threads(1)
-    sales, spend, covariates, truth, true_decay = (
-        thesis_data if simulator == "thesis" else adstock_data
-    )(seed, num_weeks)
+    if simulator == "adstock":
+        data = adstock_data(seed, num_weeks)
+    else:
+        data = thesis_data(seed, num_weeks, seasonal_spend=simulator == "thesis")
+    sales, spend, covariates, truth, true_decay = data
     if model_name == "pymc_marketing":
         fit = run_pymc(simulator, seed, sales, spend, covariates, truth, quick)
         if fit is None:
@@ -226,6 +250,10 @@ def run_one(task):
             "saturation": lambda: RetailBSTS(saturation="hill"),
             "lift_test": lambda: RetailBSTS(roas_prior=lift_test(truth, spend, seed)),
             "shared_carryover": lambda: RetailBSTS(carryover="shared"),
+            # The decay rate's prior concentrated at the truth (sd about 0.02).
+            "true_decay": lambda: RetailBSTS(
+                delta_prior=(400 * true_decay[0], 400 * (1 - true_decay[0]))
+            ),
         }[model_name]()
         options = (
             dict(
@@ -552,7 +580,7 @@ def main():
         "--simulators",
         nargs="+",
         choices=SIMULATORS,
-        default=list(SIMULATORS),
+        default=list(DEFAULT_SIMULATORS),
         help="which simulators to draw from",
     )
     parser.add_argument(
@@ -582,6 +610,7 @@ def main():
         for seed in range(num_seeds)
         for simulator in args.simulators
         for model in args.models
+        if not (simulator == "adstock" and model in SHARED_DECAY_ONLY)
     ]
     records = args.output.with_suffix(".json")
     if args.report_only:
@@ -624,6 +653,8 @@ def main():
         '`RetailBSTS(saturation="hill")`, `lift_test` is `RetailBSTS(roas_prior=...)` on the '
         "largest channel (a simulated lift test: the true ROAS with a 20 % log-scale error, "
         'prior sd a quarter of it), `shared_carryover` is `RetailBSTS(carryover="shared")`, '
+        "`true_decay` is the default with the decay rate's prior at the truth (sd 0.02), "
+        "`thesis_even_spend` the project's simulator without seasonal spend, "
         "`pymc_marketing` PyMC-Marketing's `MMM` with NUTS; budget "
         "`default` is `fit`'s own draws, `short` is "
         "`fit(num_samples=100, warmup_steps=100, rhat_target=None)` (8 particles, thinning "

@@ -735,6 +735,25 @@ def test_simulator_random_truth_refuses_a_given_truth():
     assert torch.allclose(d.truth["beta"], torch.tensor([0.4, 0, 0, 0, 0, 2.5, -1.5]))
 
 
+def test_simulator_without_seasonal_spend_keeps_the_draws_and_flattens_the_spend():
+    seasonal = simulate_retail(num_weeks=104, seed=3, random_truth=True)
+    even = simulate_retail(num_weeks=104, seed=3, random_truth=True, seasonal_spend=False)
+    online, search = 2, 3  # their spend rises with the Christmas / summer peaks in demand
+    others = [0, 1, 4]
+    assert torch.equal(seasonal.spend[:, others], even.spend[:, others])
+    assert torch.equal(seasonal.covariates, even.covariates)
+    assert seasonal.truth["delta"] == even.truth["delta"]
+    assert torch.equal(seasonal.truth["channel_inclusion"], even.truth["channel_inclusion"])
+    # The same noise draws, without the seasonal factor: the ratio is that factor, >= 1,
+    # up to 1.3 at Christmas and 1.5 in the summer, and 1 away from the peaks.
+    for channel, peak in ((online, 1.3), (search, 1.5)):
+        ratio = seasonal.spend[:, channel] / even.spend[:, channel]
+        assert float(ratio.min()) == pytest.approx(1.0, abs=1e-6)
+        assert 0.95 * peak < float(ratio.max()) <= peak + 1e-9
+    with pytest.raises(TypeError, match="seasonal_spend must be a bool"):
+        simulate_retail(num_weeks=20, seasonal_spend="no")
+
+
 @pytest.mark.slow
 @pytest.mark.xfail(
     strict=True,

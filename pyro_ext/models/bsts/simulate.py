@@ -184,6 +184,7 @@ def simulate_retail(
     spend_lag=1,
     dtype=None,
     random_truth=False,
+    seasonal_spend=True,
 ):
     """Simulate ``num_weeks`` weeks of retail sales, spend and covariates.
 
@@ -227,12 +228,18 @@ def simulate_retail(
           regressor can stand in for part of the local level).
 
         Everything drawn is recorded in ``truth``.
+    :param bool seasonal_spend: ``online`` spend rises with the Christmas peak in demand
+        (by up to 30 %) and ``search`` with the summer one (50 %), as a marketer's would;
+        ``False`` keeps both flat around their means, with the same random draws, so that
+        a channel's spend is not confounded with the seasonal demand.
     :returns: :class:`RetailData`.
     """
     num_weeks = check_int(num_weeks, "num_weeks", low=2)
     check_choice(noise, "noise", ("gaussian", "student_t"))
     if not isinstance(random_truth, bool):
         raise TypeError(f"random_truth must be a bool, got {type(random_truth).__name__}")
+    if not isinstance(seasonal_spend, bool):
+        raise TypeError(f"seasonal_spend must be a bool, got {type(seasonal_spend).__name__}")
     if random_truth:
         given = [n for n, v in (("delta", delta), ("q", q), ("beta", beta)) if v is not None]
         if given:
@@ -289,8 +296,10 @@ def simulate_retail(
 
     tv = flighted(0.12, 120.0, 3)
     ooh = flighted(0.08, 80.0, 4)
-    online = 25.0 * (1 + 0.2 * randn(T)).clamp(min=0.2) * (1 + 0.3 * christmas)
-    search = 15.0 * (1 + 0.15 * randn(T)).clamp(min=0.2) * (1 + 0.5 * summer)
+    online = 25.0 * (1 + 0.2 * randn(T)).clamp(min=0.2)
+    search = 15.0 * (1 + 0.15 * randn(T)).clamp(min=0.2)
+    if seasonal_spend:
+        online, search = online * (1 + 0.3 * christmas), search * (1 + 0.5 * summer)
     radio = flighted(0.15, 30.0, 2)
     spend = torch.stack([tv, ooh, online, search, radio], -1).clamp(min=0.0)
     channel_names = ["tv", "ooh", "online", "search", "radio"]
