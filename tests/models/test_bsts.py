@@ -6,7 +6,6 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from pyro.infer.autoguide.initialization import InitMessenger
 
 from pyro_ext.models.bsts import (
     THESIS_MODEL,
@@ -993,19 +992,6 @@ def _start_log_joint(m, start):
         return float(pyro.poutine.trace(conditioned).get_trace(*m._data).log_prob_sum())
 
 
-def _start_of(m):
-    """The values the fit's start strategy gives each latent site."""
-    model = m._all_indicators_on(m.model)
-    init = m._init_to_median()
-    with pyro.poutine.block(), pyro.poutine.trace() as tracer, InitMessenger(init):
-        model(*m._data)
-    return {
-        n: site["value"]
-        for n, site in tracer.trace.nodes.items()
-        if site["type"] == "sample" and not site["is_observed"]
-    }
-
-
 def test_the_start_scales_q_to_the_data():
     # q's prior median puts every channel's goodwill at several sales sds: the start scales
     # it down to where the data put it, and the log joint there beats the prior median's.
@@ -1021,7 +1007,7 @@ def test_the_start_scales_q_to_the_data():
         map_init_steps=1,
         rhat_target=None,
     )
-    start = _start_of(m)
+    start = m._start_values()
     prior_median = m.q_scale * dist.HalfNormal(1.0).icdf(torch.tensor(0.5)).item()
     # (Pyro's init_to_median is the median of a few prior draws: near, not at, the exact.)
     assert float((start["q"] / prior_median).max()) < 0.5

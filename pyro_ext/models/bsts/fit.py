@@ -26,7 +26,7 @@ from .goodwill import START_WEEKS
 METHODS = ("sgld", "vis", "nuts")
 # spend_lag="auto": the SVI steps of each lag's Gaussian approximation whose ELBOs compare.
 EVIDENCE_STEPS = 150
-# The factors of q's prior median the start is chosen among (`_init_to_median`).
+# The factors of q's prior median the start is chosen among (`_start_values`).
 INIT_Q_FACTORS = (1.0, 0.3, 0.1, 0.03, 0.01)
 
 
@@ -267,7 +267,7 @@ class Fitting:
                     self.model,
                     jit_compile=kwargs.pop("jit_compile", False),
                     max_tree_depth=kwargs.pop("max_tree_depth", 8),
-                    init_strategy=self._init_to_median(),
+                    init_strategy=self._init_strategy(),
                 )
                 mcmc = pyro.infer.MCMC(
                     nuts,
@@ -370,10 +370,17 @@ class Fitting:
         )
         return NoiseScales(scale)
 
-    def _init_to_median(self):
-        """The start of every fit (the AutoNormal's locations, NUTS' first point): each
-        site at its prior median, except a sampled ``q``, scaled down by the factor in
-        ``INIT_Q_FACTORS`` whose point has the largest log joint on the data.
+    def _init_strategy(self):
+        """The start of every fit (the AutoNormal's locations, NUTS' first point), as a Pyro
+        init strategy: :meth:`_start_values`, and Pyro's ``init_to_median`` for any site
+        they lack."""
+        return pyro.infer.autoguide.init_to_value(
+            values=self._start_values(), fallback=pyro.infer.autoguide.init_to_median
+        )
+
+    def _start_values(self):
+        """Each site at its prior median, except a sampled ``q``, scaled down by the factor
+        in ``INIT_Q_FACTORS`` whose point has the largest log joint on the data.
 
         ``q``'s prior, HalfNormal(``q_scale``) on standardised sales per unit of mean spend,
         is wide: at its median every channel's goodwill is several sales sds, and the noise
@@ -383,11 +390,11 @@ class Fitting:
         # init_to_median skips multivariate sites; NoiseScales' median is elementwise.
         scale = self._noise_scales_prior().scale
         median = dist.HalfNormal(scale).icdf(scale.new_tensor(0.5))
+        if not self._q_sampled:
+            return {"noise_scales": median}
         at_median = pyro.infer.autoguide.init_to_value(
             values={"noise_scales": median}, fallback=pyro.infer.autoguide.init_to_median
         )
-        if not self._q_sampled:
-            return at_median
         model = self._all_indicators_on(self.model)
         poutine = pyro.poutine
         with poutine.block(), InitMessenger(at_median):
@@ -406,9 +413,7 @@ class Fitting:
                 log_joint = float(log_joint.log_prob_sum())
                 if log_joint > best_log_joint:  # NaN never wins
                     best, best_log_joint = start, log_joint
-        return pyro.infer.autoguide.init_to_value(
-            values=best, fallback=pyro.infer.autoguide.init_to_median
-        )
+        return best
 
     def _point_mass_draws(self, seed, chunk=256):
         """Draws of ``q`` and ``beta`` from their exact conditional posterior given each
@@ -471,7 +476,7 @@ class Fitting:
         every indicator of a point mass at 1: a guide cannot hold discrete sites)."""
         model = self._all_indicators_on(self.model)
         guide = pyro.infer.autoguide.AutoNormal(
-            model, init_scale=0.05, init_loc_fn=self._init_to_median()
+            model, init_scale=0.05, init_loc_fn=self._init_strategy()
         )
         svi = pyro.infer.SVI(model, guide, pyro.optim.Adam({"lr": lr}), pyro.infer.Trace_ELBO())
         for _ in range(num_steps):
@@ -625,7 +630,7 @@ class Fitting:
         **vis_kwargs,
     ):
         guide = pyro.infer.autoguide.AutoNormal(
-            self.model, init_scale=0.05, init_loc_fn=self._init_to_median()
+            self.model, init_scale=0.05, init_loc_fn=self._init_strategy()
         )
         vis = VIS(
             self.model,
