@@ -95,9 +95,11 @@ def _dense_loglik(model, params, y, u, X, T):
     G, F, W, V, m0, P0 = dlm.matrices(T)
     S = G.shape[-1]
     inflow = (u * params["q"]).sum(-1)
-    # means: A_1 = m0 + the goodwill from before the data, A_t = phi A_{t-1} + inflow_{t-1}
+    # means: A_1 = m0 + the goodwill from before the data, A_t = phi A_{t-1} + inflow_{t-1};
+    # the level's prior is on mu_1 + D_1 (D_1 = that start at lag 1): its mean is -D_1.
     means, m = [], m0.clone()
     m[0] = m[0] + _goodwill_before_the_data(params, u)
+    m[1] = m[1] - _goodwill_before_the_data(params, u)
     Acov = torch.zeros(T * S, T * S, dtype=torch.float64)
     for t in range(T):
         if t > 0:
@@ -153,7 +155,8 @@ def test_likelihood_exact_dense_and_time_varying():
     )
     rest = dlm.components[1:]
     dlm2 = DLM([na] + rest, params["sigma_obs"])
-    ll2 = dlm2.log_likelihood(y - (X * params["beta"]).sum(-1))
+    # The level's prior mean -D_1 as a shift of the data: y + D_1 has the level mu + D_1.
+    ll2 = dlm2.log_likelihood(y + start - (X * params["beta"]).sum(-1))
     assert torch.allclose(ll, ll2, rtol=1e-8, atol=1e-6)
 
 
@@ -883,11 +886,13 @@ def test_forecast_goodwill_continues_the_training_recursion(spend_lag, carryover
     Xf = torch.zeros(10, m._p, dtype=torch.float64)
     draws = m._draw_subset(8)
     state = m._end_state(draws)
-    params = state[-1]
-    future = m._future_offset(params, state[-2], uf, Xf)
+    params, D_1 = state[-1], state[-2]
+    future = m._future_offset(params, state[-3], D_1, uf, Xf)
     _, u, _ = m._data
     whole = m._goodwill(params, torch.cat([u, uf]))
-    assert torch.allclose(future, whole[:, 40:], rtol=1e-9, atol=1e-9)
+    assert torch.allclose(whole[:, 0], D_1, rtol=1e-12)
+    # The filtered level holds mu + D_1, so the future offset is taken from D_1.
+    assert torch.allclose(future, whole[:, 40:] - D_1[:, None], rtol=1e-9, atol=1e-9)
 
 
 @pytest.mark.parametrize("spend_lag", [0, 1])
@@ -1140,3 +1145,50 @@ def test_retail_bsts_makes_every_tensor_where_its_data_are(options, no_stray_ten
         m.coefficients()
         m.sales_components(max_draws=4)
     assert all(a.device.type == "cpu" and bool(torch.isfinite(a).all()) for a in answers)
+
+
+def _obs_log_prob(m, values):
+    """The likelihood's term (the ``obs`` site, every indicator on) at ``values``."""
+    model = m._all_indicators_on(m.model)
+    with pyro.poutine.block(), torch.no_grad():
+        trace = pyro.poutine.trace(pyro.poutine.condition(model, values)).get_trace(*m._data)
+        trace.compute_log_prob()
+        return float(trace.nodes["obs"]["log_prob_sum"])
+
+
+@pytest.mark.parametrize("spend_lag", [0, 1])
+@pytest.mark.parametrize("saturation", [None, "hill"])
+def test_an_always_on_channel_costs_nothing_in_the_level_prior(spend_lag, saturation):
+    # A channel whose spend never changes builds the same goodwill every week (its start is
+    # the steady state): the data cannot tell it from the level, so the likelihood must not
+    # depend on its q. It did when the level's prior N(0, 2^2) was on mu_1 alone, which then
+    # had to sit at -D_1: a penalty growing with the goodwill, which shrank always-on
+    # channels' contributions (by half on simulated series) and pushed delta up.
+    d = simulate_retail(num_weeks=60, seed=3, noise="gaussian")
+    spend = d.spend.clone()
+    spend[:, 2] = 25.0
+    m = RetailBSTS(spend_lag=spend_lag, noise="gaussian", saturation=saturation)
+    m.fit(
+        d.sales,
+        spend,
+        d.covariates,
+        num_samples=2,
+        warmup_steps=2,
+        num_particles=2,
+        map_init_steps=1,
+        rhat_target=None,
+    )
+    start = m._start_values()
+    delta = start["delta"].clone()
+    delta[2] = 0.5  # (1 - delta)^52 below round-off: the start is the steady state
+    values = dict(start, delta=delta)
+    logs = []
+    for scale in (0.1, 1.0, 10.0):
+        q = start["q"].clone()
+        q[2] = scale * 3.0  # up to 30 sales sds of goodwill per unit of mean spend
+        logs.append(_obs_log_prob(m, dict(values, q=q)))
+    assert logs == pytest.approx([logs[1]] * 3, abs=1e-6)
+    # ... while a channel whose spend moves is seen.
+    q = start["q"].clone()
+    q[0] = 10 * q[0] + 1.0
+    assert abs(_obs_log_prob(m, dict(values, q=q)) - logs[1]) > 1.0

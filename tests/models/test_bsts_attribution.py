@@ -146,7 +146,10 @@ def test_response_curves_are_where_a_constant_spend_settles(fitted):
             spend = torch.zeros(400, k, dtype=torch.float64)
             spend[:, i] = level / fitted._u_scale[i]
             start = torch.zeros(n, k, dtype=torch.float64)
-            path = fitted._future_offset(params, start, spend, torch.zeros(400, fitted._p))
+            no_start = torch.zeros(n, dtype=torch.float64)  # D_1 = 0: the goodwill itself
+            path = fitted._future_offset(
+                params, start, no_start, spend, torch.zeros(400, fitted._p)
+            )
             settled = path[:, -1] * fitted._y_scale
             assert torch.allclose(curves[:, j, i], settled, rtol=1e-8, atol=1e-8)
     if fitted.saturation is None:  # a line of slope q / delta

@@ -162,17 +162,18 @@ def sales_components(model, max_draws: int = 100) -> dict:
     y, u, X = model._data
     with torch.no_grad():
         goodwill = model._goodwill(params, u)  # (n, T), D_t
+        start = goodwill[..., :1]  # D_1, which the DLM's level holds
         regression = torch.zeros_like(goodwill)
         if "beta" in params:
             regression = (X * params["beta"].unsqueeze(-2)).sum(-1)
         dlm = model.state_space(params)
         # The residual's smoothed parts: goodwill disturbance, trend, then the seasonal.
-        parts = list(dlm.decompose(y - goodwill - regression, precision).values())
+        parts = list(dlm.decompose(y - (goodwill - start) - regression, precision).values())
     scale = model._y_scale
     seasonal = parts[2] if len(parts) > 2 else torch.zeros_like(goodwill)
     return {
         "goodwill": scale * (goodwill + parts[0]).mean(0),
-        "trend": model._y_loc + scale * parts[1].mean(0),
+        "trend": model._y_loc + scale * (parts[1] - start).mean(0),
         "seasonal": scale * seasonal.mean(0),
         "regression": scale * regression.mean(0),
     }

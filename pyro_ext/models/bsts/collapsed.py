@@ -18,7 +18,7 @@ class CollapsedLikelihood:
 
     def _whitened_statistics(self, dlm, resid, X, precision=None):
         """
-        Whiten the residual ``r = y - D`` and the design ``X`` by the DLM's covariance
+        Whiten the residual ``r = y - (D - D_1)`` and the design ``X`` by the DLM's covariance
         ``Sigma = L L'`` (signal plus observation noise, with ``obs_precision`` if given):
         the log-likelihood of ``r`` under the DLM without regression, ``M = Z' Z`` and
         ``b = Z' L^{-1} r`` with ``Z = L^{-1} X``. ``L^{-1}`` comes from one Kalman filter

@@ -87,12 +87,15 @@ class Forecasting:
         var_obs = params["sigma_obs"] ** 2
         if self.noise == "student_t":
             var_obs = var_obs * self.df / (self.df - 2)
-        return mT, PT, G, F[0], W, var_obs, S_T, params
+        # The filtered level holds mu + D_1 (the likelihood's goodwill is D_t - D_1).
+        D_1 = self._goodwill(params, u)[..., 0]
+        return mT, PT, G, F[0], W, var_obs, S_T, D_1, params
 
-    def _future_offset(self, params, S_T, uf, Xf):
-        """``D_{T+j} + x_{T+j}' beta`` for ``j = 1..h`` (standardised), ``(n, h)``, from
-        each channel's goodwill stock ``S_T`` ``(n, k)`` (``S_{T+1}`` for ``spend_lag=1``):
-        ``D = q f(S)``."""
+    def _future_offset(self, params, S_T, D_1, uf, Xf):
+        """``D_{T+j} - D_1 + x_{T+j}' beta`` for ``j = 1..h`` (standardised), ``(n, h)``,
+        from each channel's goodwill stock ``S_T`` ``(n, k)`` (``S_{T+1}`` for
+        ``spend_lag=1``), ``D = q f(S)``, and the first training week's ``D_1`` ``(n,)``,
+        which the filtered level holds."""
         phi = self._channel_phi(params)  # (n, k) or (n, 1)
         h = uf.shape[0]
         out = []
@@ -108,6 +111,7 @@ class Forecasting:
                 out.append(stock)
         stocks = torch.stack(out, -2)  # (n, h, k)
         off = (self._saturate(params, stocks) * params["q"].unsqueeze(-2)).sum(-1)
+        off = off - D_1.unsqueeze(-1)
         if "beta" in params:
             off = off + (Xf * params["beta"].unsqueeze(-2)).sum(-1)
         return off
@@ -129,7 +133,7 @@ class Forecasting:
         """
         self._check_fitted()
         uf, Xf = self._future_inputs(spend_future, covariates_future, max_draws)
-        draws, (mT, PT, G, F, W, var_obs, S_T, params) = self._cached_end_state(max_draws)
+        draws, (mT, PT, G, F, W, var_obs, S_T, D_1, params) = self._cached_end_state(max_draws)
         h = uf.shape[0]
         n, S = mT.shape
         Gb = G.expand(n, S, S)
@@ -147,14 +151,14 @@ class Forecasting:
             b = cum[h - lag]
             var = var + (b @ Wb @ b.mT).reshape(n)
         var = var + h * var_obs.reshape(n)
-        off = self._future_offset(params, S_T, uf, Xf).sum(-1)
+        off = self._future_offset(params, S_T, D_1, uf, Xf).sum(-1)
         means = h * self._y_loc + self._y_scale * (mean_state + off)
         return means, self._y_scale**2 * var
 
     def _simulate_future(self, uf, Xf, max_draws, num_samples=1):
-        draws, (mT, PT, G, F, W, var_obs, S_T, params) = self._cached_end_state(max_draws)
+        draws, (mT, PT, G, F, W, var_obs, S_T, D_1, params) = self._cached_end_state(max_draws)
         with torch.no_grad():
-            off = self._future_offset(params, S_T, uf, Xf)  # (n, h)
+            off = self._future_offset(params, S_T, D_1, uf, Xf)  # (n, h)
             n, S = mT.shape
             h = uf.shape[0]
 

@@ -51,6 +51,18 @@ adstocked spend), so the point mass's regression on ``q`` stays exact.
 ``goodwill_start="zero"`` keeps ``D = 0`` before the data (a brand whose advertising starts
 with the series).
 
+**Where the level starts.**  The sales are centred, so the media's share of them is taken
+from the level: ``mu_1`` sits near ``-D_1``, and ``D_1`` (a channel's steady state, its
+mean spend times ``q / delta``) is 6-9 sales sds on the project's simulator.  The level's
+prior ``N(0, 2^2)`` is therefore put on ``mu_1 + D_1``, the first week's sales without the
+noise, seasonal and regression, and not on ``mu_1``: the likelihood sees the goodwill as
+``D_t - D_1`` and the level as ``mu_t + D_1`` (the same likelihood; only that prior
+moves).  On ``mu_1`` alone the prior charged ``D_1^2 / 8`` nats for the media's
+existence: a channel whose spend is always on, whose size only its spend's small
+variations tell, came out at half its contribution with an interval that missed the
+truth, and ``delta``, whose rise shrinks ``D_1``, was pulled upwards (``CHANGELOG``,
+issue 33; the test ``test_an_always_on_channel_costs_nothing_in_the_level_prior``).
+
 **Spike and slab, point mass** (``selection="point_mass"``, the default, as R's ``bsts``
 of Scott & Varian 2014 that the thesis used).  Indicators ``gamma_j ~ Bernoulli(pi_j)``;
 ``beta_j = 0`` exactly where ``gamma_j = 0``, ``beta_j ~ N(0, slab^2)`` where it is 1.  Given
@@ -557,11 +569,13 @@ class RetailBSTS(Fitting, CollapsedLikelihood, Forecasting):
 
     # ------------------------------------------------------------------ Pyro program
     def state_space(self, params, regression=None):
-        """The :class:`~pyro_ext.timeseries.DLM` of the residual ``y - D - X beta`` for
+        """The :class:`~pyro_ext.timeseries.DLM` of the residual ``y - (D - D_1) - X beta``
+        (its level holds ``mu + D_1``: "Where the level starts" in the module docstring) for
         parameter values ``params`` (a dict of posterior draws or of scalars; keys other
         than the DLM's are ignored). With ``regression`` ``(..., T, p)`` (the included
         covariates, ``X * gamma``), static regression states with prior
-        ``N(0, slab_scale^2)`` come last: the DLM of ``y - D`` with ``beta`` integrated."""
+        ``N(0, slab_scale^2)`` come last: the DLM of ``y - (D - D_1)`` with ``beta``
+        integrated."""
         sigma_obs, sigma_goodwill = params["sigma_obs"], params["sigma_goodwill"]
         sigma_level, sigma_season = params["sigma_level"], params.get("sigma_season")
         sigma_slope = params.get("sigma_slope")
@@ -742,10 +756,10 @@ class RetailBSTS(Fitting, CollapsedLikelihood, Forecasting):
         return self.selection == "ssvs" or self._non_negative
 
     def _response(self, params, y, u):
-        """What the point mass regresses on its design: ``y``, or ``y - D`` when ``q`` is
-        sampled (its goodwill is then known given the draw)."""
+        """What the point mass regresses on its design: ``y``, or ``y - (D - D_1)`` when
+        ``q`` is sampled (its goodwill is then known given the draw)."""
         if self._q_sampled:
-            return y - self._goodwill(params, u)
+            return y - self._goodwill_since_start(params, u)
         return y
 
     @property
@@ -776,9 +790,23 @@ class RetailBSTS(Fitting, CollapsedLikelihood, Forecasting):
         """Deterministic goodwill ``D_t`` (standardised), ``(..., T)``."""
         return self._channel_goodwill(params, u).sum(-1)
 
+    def _adstock_since_start(self, params, u):
+        """:meth:`_adstock` less its first week's, ``f(S_t) - f(S_1)`` ``(..., T, k)``: how
+        the spend enters the likelihood, the level taking ``D_1`` (module docstring,
+        "Where the level starts")."""
+        adstock = self._adstock(params, u)
+        return adstock - adstock[..., :1, :]
+
+    def _goodwill_since_start(self, params, u):
+        """``D_t - D_1`` (standardised), ``(..., T)``: the goodwill as the likelihood sees
+        it (the level's prior is on ``mu_1 + D_1``, not on ``mu_1``)."""
+        q = params["q"].unsqueeze(-2)
+        return (self._adstock_since_start(params, u) * q).sum(-1)
+
     def _mean_offset(self, params, u, X):
-        """``D_t + x_t' beta`` (standardised), ``(..., T)``."""
-        offset = self._goodwill(params, u)
+        """``D_t - D_1 + x_t' beta`` (standardised), ``(..., T)``: what the DLM's residual
+        is taken from (its level starts at ``mu_1 + D_1``)."""
+        offset = self._goodwill_since_start(params, u)
         if "beta" in params:
             offset = offset + (X * params["beta"].unsqueeze(-2)).sum(-1)
         return offset
@@ -869,11 +897,12 @@ class RetailBSTS(Fitting, CollapsedLikelihood, Forecasting):
         return self._saturate(params, stock, mean)
 
     def _design(self, params, u, X):
-        """The point mass's regression: adstocked spend and the covariates, ``(T, k + p)``;
-        only the covariates, ``(T, p)``, when ``q`` is sampled."""
+        """The point mass's regression: adstocked spend (less its first week's, as the
+        likelihood sees it) and the covariates, ``(T, k + p)``; only the covariates,
+        ``(T, p)``, when ``q`` is sampled."""
         if self._q_sampled:
             return X if self.uses_covariates else X[..., :0]
-        adstock = self._adstock(params, u)
+        adstock = self._adstock_since_start(params, u)
         if not self.uses_covariates:
             return adstock
         return torch.cat([adstock, X.expand(*adstock.shape[:-1], X.shape[-1])], -1)
