@@ -35,7 +35,8 @@ and 7 of 10 (on three of the seeds it still misses, starting from the simulator'
 spend gives the same intervals: the rest of the bias is not the start's; in the model's own form,
 sales rebuilt from the simulator's spend and truth without its holiday bumps and level drift,
 the intervals hold ``delta`` on 9 of 10 seeds, mean error +0.025 +- 0.012:
-``benchmarks/bsts_delta_bias.py``).  By default
+``benchmarks/bsts_delta_bias.py``; with the level's prior below, on 8 of 10 of the
+simulator's own series, ``results/bsts_selection.md``).  By default
 (``goodwill_start="steady"``) each channel is taken to have spent, in each of the
 ``START_WEEKS = 52`` weeks before the data, its mean spend ``ubar_i`` over the first
 ``min(T, 52)`` weeks of the data (the training spend): the goodwill then starts at
@@ -144,11 +145,11 @@ weekly observational data rarely pin down.  The goodwill stays linear in ``q`` g
 ``q_i [f_i(S_{i,t}) - f_i(S^{before}_{i,t})]``) and budget allocation, which then spreads
 the budget over the channels, use the curve.  On the adstock-with-saturation simulator of
 ``benchmarks/bsts_attribution.py`` (10 seeds) it brings the median absolute error of the
-large channels' contributions from 28 % to 17 % and the 90 % intervals' coverage from 78 % to
-94 %; on the linear simulator it costs little (19 % against 15 %, coverage 76 % both).  The
-evidence lower bound does not pick it there (larger than the linear model's on 2 of the 10
-series): a mild curve shows in the contributions before it shows in the marginal likelihood,
-so choose it for what you know of your spend, not by ELBO.
+large channels' contributions from 21 % to 18 % and the 90 % intervals' coverage from 92 % to
+96 %; on the linear simulator it costs a little (14 % against 11 %, coverage 97 % against
+88 %).  The evidence lower bound does not pick it there (larger than the linear model's on 2
+of the 10 series): a mild curve shows in the contributions before it shows in the marginal
+likelihood, so choose it for what you know of your spend, not by ELBO.
 """
 
 import math
