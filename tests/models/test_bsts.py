@@ -989,6 +989,12 @@ def test_a_tight_roas_prior_moves_the_posterior_there(short_data):
     assert abs(roas[True] - float(truth[0])) < abs(roas[True] - target)
 
 
+# A fit that only reads the data in (the model's set-up), for tests of the model's terms.
+SET_UP_ONLY = dict(
+    num_samples=2, warmup_steps=2, num_particles=2, map_init_steps=1, rhat_target=None
+)
+
+
 def _start_log_joint(m, start):
     """The log joint (every indicator on) at a start ``{site: value}``."""
     model = m._all_indicators_on(m.model)
@@ -1002,16 +1008,7 @@ def test_the_start_scales_q_to_the_data():
     # it down to where the data put it, and the log joint there beats the prior median's.
     d = simulate_retail(num_weeks=104, seed=7, random_truth=True)
     m = RetailBSTS(spend_lag=1)
-    m.fit(
-        d.sales,
-        d.spend,
-        d.covariates,
-        num_samples=2,
-        warmup_steps=2,
-        num_particles=2,
-        map_init_steps=1,
-        rhat_target=None,
-    )
+    m.fit(d.sales, d.spend, d.covariates, **SET_UP_ONLY)
     start = m._start_values()
     prior_median = m.q_scale * dist.HalfNormal(1.0).icdf(torch.tensor(0.5)).item()
     # (Pyro's init_to_median is the median of a few prior draws: near, not at, the exact.)
@@ -1168,16 +1165,7 @@ def test_an_always_on_channel_costs_nothing_in_the_level_prior(spend_lag, satura
     spend = d.spend.clone()
     spend[:, 2] = 25.0
     m = RetailBSTS(spend_lag=spend_lag, noise="gaussian", saturation=saturation)
-    m.fit(
-        d.sales,
-        spend,
-        d.covariates,
-        num_samples=2,
-        warmup_steps=2,
-        num_particles=2,
-        map_init_steps=1,
-        rhat_target=None,
-    )
+    m.fit(d.sales, spend, d.covariates, **SET_UP_ONLY)
     start = m._start_values()
     delta = start["delta"].clone()
     delta[2] = 0.5  # (1 - delta)^52 below round-off: the start is the steady state
