@@ -17,9 +17,12 @@ repeat; times in milliseconds, median / mean / p90 / max over the repeats):
    states enumerated under ``pyro.contrib.funsor.vectorized_markov`` and
    ``TraceMarkovEnum_ELBO`` (``backend="funsor"``), K=3, T=200.
    dynamax (when installed; float64 via ``jax_enable_x64``): ``hmm_filter``'s
-   ``marginal_loglik`` and ``hmm_posterior_mode``, jitted with the emission log-densities
-   computed inside the call as ours computes them (compile excluded), checked to give our
-   log-likelihood and our path.
+   ``marginal_loglik``, ``hmm_posterior_mode`` and ``hmm_smoother``, jitted with the emission
+   log-densities computed inside the call as ours computes them (compile excluded), checked
+   to give our log-likelihood, our path and our marginals. Smoothing also against hmmlearn's
+   ``predict_proba``. On CPU, each of the log-likelihood, Viterbi and smoothing tables has a
+   row of the engine a CPU call gets (the compiled sequential kernels, numba) against the
+   torch scans that CUDA, ``torch.func`` and ``torch.compile`` calls get, on the same call.
 3. Kalman log-likelihood of a local linear trend + seasonal(12) DLM (13 states) at T in
    {1e3, 1e4}: ``kalman_log_likelihood`` (float64, blocked filter) vs ``statsmodels``'
    ``UnobservedComponents.loglike`` (Cython; by default it switches to the steady-state filter
@@ -63,7 +66,13 @@ from _common import (
     write_report,
 )
 
-from pyro_ext.timeseries.hmm import HiddenMarkovDistribution, hmm_log_likelihood, hmm_viterbi
+from pyro_ext.timeseries.hmm import (
+    HiddenMarkovDistribution,
+    hmm_log_likelihood,
+    hmm_sequential_kernels,
+    hmm_smooth,
+    hmm_viterbi,
+)
 from pyro_ext.timeseries.kalman import (
     StateSpaceMatrices,
     kalman_filter,
@@ -119,11 +128,11 @@ def _dynamax():
         import jax
 
         jax.config.update("jax_enable_x64", True)
-        from dynamax.hidden_markov_model import hmm_filter, hmm_posterior_mode
+        from dynamax.hidden_markov_model import hmm_filter, hmm_posterior_mode, hmm_smoother
         from dynamax.linear_gaussian_ssm import inference as lgssm
     except ImportError:
         return None
-    return jax, hmm_filter, hmm_posterior_mode, lgssm
+    return jax, hmm_filter, hmm_posterior_mode, lgssm, hmm_smoother
 
 
 def _jax_timed(fn, *args):
@@ -150,7 +159,7 @@ def random_hmm(K, T, dtype, device, generator):
 
 def hmm_tables(sizes, repeats, device):
     generator = torch.Generator().manual_seed(0)
-    loglik_rows, grad_rows, viterbi_rows = [], [], []
+    loglik_rows, grad_rows, viterbi_rows, smooth_rows = [], [], [], []
     have_hmmlearn = _installed("hmmlearn")
     peer = _dynamax()
     if have_hmmlearn:
@@ -208,12 +217,42 @@ def hmm_tables(sizes, repeats, device):
             obs_log_probs = dist.Normal(locs64, 1.0).log_prob(x64[:, None])
             return hmm_viterbi(init64, trans64, obs_log_probs)
 
+        def ours_smooth():
+            obs_log_probs = dist.Normal(locs64, 1.0).log_prob(x64[:, None])
+            return hmm_smooth(init64, trans64, obs_log_probs)
+
+        if device.type == "cpu":
+            # The engine a CPU call gets (the compiled kernels) against the one CUDA,
+            # torch.func and torch.compile calls get (the scans), on the same call.
+            def on_scans(fn):
+                def run():
+                    with hmm_sequential_kernels(False):
+                        return fn()
+
+                return run
+
+            for rows, name, fn in (
+                (loglik_rows, "hmm_log_likelihood", ours_floor),
+                (viterbi_rows, "hmm_viterbi", ours_viterbi),
+                (smooth_rows, "hmm_smooth", ours_smooth),
+            ):
+                rows.append(
+                    _row(
+                        f"{name}: compiled kernels vs torch scans (f64)",
+                        setting,
+                        timed_pair(fn, on_scans(fn), repeats, device),
+                    )
+                )
+
         if not have_hmmlearn:
             loglik_rows.append(
                 ["hmm_log_likelihood vs hmmlearn score (f64)", setting, "", "", "not installed"]
             )
             viterbi_rows.append(
                 ["hmm_viterbi vs hmmlearn decode (f64)", setting, "", "", "not installed"]
+            )
+            smooth_rows.append(
+                ["hmm_smooth vs hmmlearn predict_proba (f64)", setting, "", "", "not installed"]
             )
             continue
         model = GaussianHMM(K, covariance_type="diag", init_params="", params="")
@@ -248,8 +287,18 @@ def hmm_tables(sizes, repeats, device):
                 ),
             )
         )
+        their_post = model.predict_proba(X)
+        if not np.allclose(ours_smooth().numpy(), their_post, atol=1e-8):
+            raise AssertionError("smoothed marginals differ from hmmlearn's predict_proba")
+        smooth_rows.append(
+            _row(
+                "hmm_smooth vs hmmlearn predict_proba (f64)",
+                setting,
+                timed_pair(ours_smooth, lambda: model.predict_proba(X), repeats, device),
+            )
+        )
         if peer is not None and device.type == "cpu":
-            jax, hmm_filter, hmm_posterior_mode, _ = peer
+            jax, hmm_filter, hmm_posterior_mode, _, hmm_smoother = peer
             jnp, norm = jax.numpy, jax.scipy.stats.norm
             p0, A = jnp.asarray(init64.exp().numpy()), jnp.asarray(trans64.exp().numpy())
             mu, xs = jnp.asarray(locs64.numpy()), jnp.asarray(x64.numpy())
@@ -277,6 +326,24 @@ def hmm_tables(sizes, repeats, device):
             agree = float((np.asarray(their_mode()) == ours_path[0].numpy()).mean())
             if agree < 0.999:
                 raise AssertionError(f"Viterbi paths agree on only {agree:.4f} of the steps")
+            their_smooth = _jax_timed(
+                lambda p0, A, mu, xs: (
+                    hmm_smoother(p0, A, norm.logpdf(xs[:, None], mu, 1.0)).smoothed_probs
+                ),
+                p0,
+                A,
+                mu,
+                xs,
+            )
+            if not np.allclose(np.asarray(their_smooth()), their_post, atol=1e-8):
+                raise AssertionError("dynamax's smoothed marginals differ from ours")
+            smooth_rows.append(
+                _row(
+                    "hmm_smooth vs dynamax hmm_smoother (f64, jit)",
+                    setting,
+                    timed_pair(ours_smooth, their_smooth, repeats, device),
+                )
+            )
             loglik_rows.append(
                 _row(
                     "hmm_log_likelihood vs dynamax hmm_filter (f64, jit)",
@@ -291,7 +358,7 @@ def hmm_tables(sizes, repeats, device):
                     timed_pair(ours_viterbi, their_mode, repeats, device),
                 )
             )
-    return loglik_rows, grad_rows, viterbi_rows
+    return loglik_rows, grad_rows, viterbi_rows, smooth_rows
 
 
 def enumeration_table(length, repeats, device):
@@ -351,7 +418,7 @@ def _dynamax_kalman_rows(
 ):
     """Ours against dynamax's jitted ``lgssm_filter`` (log-likelihood; all filtered
     moments) and ``lgssm_smoother`` on the same model and series, checked to agree."""
-    jax, _, _, lgssm = peer
+    jax, _, _, lgssm, _ = peer
     jnp = jax.numpy
     G, F, W, V = trend_seasonal_matrices(variances, torch.float64, device)
     as_jax = lambda t: jnp.asarray(t.cpu().numpy())  # noqa: E731
@@ -573,7 +640,7 @@ def main(argv=None):
     # is_jax_compiled_function fails on every call of a process that did not set its jax
     # backend (funsor 0.4.8).
     enum_rows = enumeration_table(200, repeats, device)
-    loglik_rows, grad_rows, viterbi_rows = hmm_tables(hmm_sizes, repeats, device)
+    loglik_rows, grad_rows, viterbi_rows, smooth_rows = hmm_tables(hmm_sizes, repeats, device)
     kalman_rows, kalman_grad_rows = kalman_tables(kalman_lengths, repeats, device)
     fit_rows, fit_note = dlm_fit_table(repeats, device)
     header = [
@@ -601,6 +668,7 @@ def main(argv=None):
         "## HMM log-likelihood\n\n" + markdown(header, loglik_rows),
         "## HMM log-likelihood with gradient\n\n" + markdown(header, grad_rows),
         "## Viterbi\n\n" + markdown(header, viterbi_rows),
+        "## Smoothing (forward-backward)\n\n" + markdown(header, smooth_rows),
         "## HMM as a Pyro model: exact marginal vs funsor enumeration\n\n"
         + markdown(header, enum_rows),
         "## Kalman log-likelihood\n\n" + markdown(header, kalman_rows),

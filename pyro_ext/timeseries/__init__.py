@@ -45,6 +45,7 @@ from .hmm import (
     hmm_log_likelihood,
     hmm_predict,
     hmm_sample_paths,
+    hmm_sequential_kernels,
     hmm_smooth,
     hmm_viterbi,
 )
@@ -95,6 +96,7 @@ __all__ = [
     "hmm_log_likelihood",
     "hmm_predict",
     "hmm_sample_paths",
+    "hmm_sequential_kernels",
     "hmm_smooth",
     "hmm_viterbi",
     "kalman_filter",

@@ -1,16 +1,31 @@
 r"""
-Exact inference in discrete hidden Markov models, parallel over time.
+Exact inference in discrete hidden Markov models.
 
 The latent chain :math:`z_{1:T}` is marginalised exactly, as in thesis §2.4.2 / appendix
 2.B: the forward–backward algorithm (Rabiner 1989) gives the likelihood, filtering and
 smoothing marginals, the Viterbi algorithm (Viterbi 1967) the most probable path, and
 forward-filter backward-sample (FFBS; Frühwirth-Schnatter 1994, Carter & Kohn 1994) exact
-posterior path draws. Every recursion is evaluated as an associative scan with
-:math:`O(\log T)` depth by :mod:`pyro_ext.ops.scan` over the semirings of
-:mod:`pyro_ext.ops.semiring`; there is no Python loop over time. On long series the
-likelihood and Viterbi instead advance ``~sqrt(T)`` chunks together (``~sqrt(T)`` Python
-steps): chunk products for the likelihood, and speculative max-product chunks with fix-up
-passes (rank convergence) for Viterbi, ``O(T K^2)`` work.
+posterior path draws.
+
+Two engines evaluate them, chosen per call:
+
+* **compiled sequential kernels** (CPU tensors, with numba installed: the ``fast`` extra;
+  :mod:`._hmm_sequential`): the textbook recursions as one machine-code loop over time,
+  ``O(T K^2)`` work and no per-step dispatch. The likelihood, filter, smoother, expected
+  statistics and Viterbi use them; the likelihood's gradient is the expected counts, by the
+  same kernels. On one CPU thread this is the faster engine at every size measured
+  (``benchmarks/results/timeseries_speed.md``).
+* **scans** (CUDA, ``torch.func`` transforms, ``torch.compile``, no numba, gradients of
+  the other queries, or inside :func:`hmm_sequential_kernels(False)
+  <hmm_sequential_kernels>`): every recursion as an associative scan with
+  :math:`O(\log T)` depth by :mod:`pyro_ext.ops.scan` over the semirings of
+  :mod:`pyro_ext.ops.semiring`, no Python loop over time. On long series the likelihood
+  and Viterbi instead advance ``~sqrt(T)`` chunks together (``~sqrt(T)`` Python steps):
+  chunk products for the likelihood, and speculative max-product chunks with fix-up passes
+  (rank convergence) for Viterbi, ``O(T K^2)`` work.
+
+Both give the same answers to round-off (the kernels add in float64 whatever the dtype);
+``tests/timeseries/test_hmm_sequential.py`` holds them to each other and to enumeration.
 
 Conventions (all functions are batched over leading dims ``...``, differentiable, and
 follow the device and dtype of their inputs):
@@ -30,8 +45,10 @@ follow the device and dtype of their inputs):
   error unless masked.
 """
 
+import contextlib
 import functools
 import math
+from collections.abc import Iterator
 from typing import NamedTuple
 
 import torch
@@ -41,6 +58,7 @@ from torch.distributions import transform_to
 from ..ops import scan, semiring
 from ..ops.semiring import finite_min
 from ..ops.validation import check_int, values_checked
+from . import _hmm_sequential as sequential
 
 __all__ = [
     "HMMExpectedStatistics",
@@ -51,9 +69,34 @@ __all__ = [
     "hmm_log_likelihood",
     "hmm_predict",
     "hmm_sample_paths",
+    "hmm_sequential_kernels",
     "hmm_smooth",
     "hmm_viterbi",
 ]
+
+
+# ---------------------------------------------------------------- engine
+
+
+@contextlib.contextmanager
+def hmm_sequential_kernels(enabled: bool = True) -> Iterator[None]:
+    """
+    Within the block, whether the HMM functions of this module may run the compiled
+    sequential kernels on CPU tensors (numba, the ``fast`` extra; on by default). Turned
+    off, they use the torch scans, as on CUDA and under ``torch.func``/``torch.compile``:
+    to compare the two, or to keep float32 arithmetic in float32 (the kernels add in
+    float64).
+
+    :param bool enabled: ``False`` for the scans.
+    """
+    if not isinstance(enabled, bool):
+        raise TypeError(f"enabled must be a bool, got {type(enabled).__name__}")
+    previous = sequential.enabled
+    sequential.enabled = enabled
+    try:
+        yield
+    finally:
+        sequential.enabled = previous
 
 
 # ---------------------------------------------------------------- validation
@@ -98,6 +141,13 @@ def _check_no_nan_or_posinf(name, x):
         raise ValueError(f"{name} contains NaN")
     if bool(torch.isposinf(x).any()):
         raise ValueError(f"{name} contains +inf")
+
+
+def _no_nan_or_posinf(x):
+    """Whether ``x`` holds neither NaN nor +inf, in one pass: its sum is NaN or +inf
+    exactly then (or on overflow, which only sends the caller to the exact checks)."""
+    total = float(x.detach().sum())
+    return total == total and total != math.inf
 
 
 def _check_some_state_possible(name, x):
@@ -151,7 +201,13 @@ def _check_evidence(problem, log_norm, log_norms=None):
 def _checked_filter(problem):
     """The filtered probabilities ``(T, ..., K)`` of ``problem``, after
     :func:`_check_evidence` on the filter's log normalisers."""
-    filtered, log_norms = problem.forward()
+    if problem.sequential():
+        filtered, log_norms = sequential.filtered(*problem.flat())
+        dtype, batch = problem.obs.dtype, problem.batch_shape
+        filtered = filtered.to(dtype).movedim(1, 0).reshape(problem.obs.shape)
+        log_norms = log_norms.to(dtype).movedim(1, 0).reshape((problem.duration,) + batch)
+    else:
+        filtered, log_norms = problem.forward()
     _check_evidence(problem, log_norms[-1], log_norms)
     return filtered
 
@@ -195,11 +251,14 @@ class _Problem:
         # trace, so vectorised samplers turn validation off while they evaluate.
         check_values = values_checked()
         if check_values:
-            _check_no_nan_or_posinf("init_logits", init_logits)
-            _check_no_nan_or_posinf("trans_logits", trans_logits)
-            _check_some_state_possible("init_logits", init_logits)
-            _check_some_state_possible("trans_logits", trans_logits)
-            if bool(torch.isposinf(obs_log_probs).any()):
+            # One reduction per tensor decides; the checks that word an error run only
+            # when it finds something.
+            for name, x in (("init_logits", init_logits), ("trans_logits", trans_logits)):
+                if not bool(torch.isfinite(x.amax(-1)).all()):
+                    _check_no_nan_or_posinf(name, x)
+                    _check_some_state_possible(name, x)
+            obs_ok = _no_nan_or_posinf(obs_log_probs)
+            if not obs_ok and bool(torch.isposinf(obs_log_probs).any()):
                 raise ValueError("obs_log_probs contains +inf")
         shapes = [init_logits.shape[:-1], trans_logits.shape[: -3 if self.time_varying else -2]]
         shapes.append(obs_log_probs.shape[:-2])
@@ -209,7 +268,7 @@ class _Problem:
             if check_values and bool((torch.isnan(obs_log_probs) & mask.unsqueeze(-1)).any()):
                 raise ValueError("obs_log_probs contains NaN at observed (mask=True) entries")
             obs_log_probs = obs_log_probs.masked_fill(~mask.unsqueeze(-1), 0.0)
-        elif check_values and bool(torch.isnan(obs_log_probs).any()):
+        elif check_values and not obs_ok and bool(torch.isnan(obs_log_probs).any()):
             raise ValueError("obs_log_probs contains NaN; mark missing entries with mask=False")
         try:
             batch = torch.broadcast_shapes(*shapes)
@@ -231,6 +290,45 @@ class _Problem:
         self.log_trans = log_trans  # (T-1, *batch, K, K) or (*batch, K, K)
         obs = obs_log_probs.to(dtype).expand(batch + (duration, num_states))
         self.obs = obs.movedim(-2, 0)  # (T, *batch, K)
+
+    @classmethod
+    def from_flat(cls, log_init, log_trans, obs):
+        """A problem over normalised, batch-flattened inputs ``(B, K)``, ``(B, 1 | T-1, K,
+        K)``, ``(B, T, K)`` (:meth:`flat`'s layout), without validation."""
+        self = cls.__new__(cls)
+        self.duration, self.num_states = obs.shape[1:]
+        self.time_varying = log_trans.shape[1] != 1
+        self.batch_shape = obs.shape[:1]
+        self.log_init = log_init
+        self.log_trans = log_trans.movedim(1, 0) if self.time_varying else log_trans[:, 0]
+        self.obs = obs.movedim(1, 0)
+        return self
+
+    def flat(self):
+        """``(log_init (B, K), log_trans (B, 1 | T-1, K, K), obs (B, T, K))``: the batch
+        flattened and time after it, the layout of the compiled sequential kernels."""
+        num_states, size = self.num_states, self.batch_shape.numel()
+        log_init = self.log_init.reshape(size, num_states)
+        if self.time_varying:
+            log_trans = self.log_trans.movedim(0, -3)
+            log_trans = log_trans.reshape((size, self.duration - 1, num_states, num_states))
+        else:
+            log_trans = self.log_trans.reshape(size, 1, num_states, num_states)
+        obs = self.obs.movedim(0, -2).reshape(size, self.duration, num_states)
+        return log_init, log_trans, obs
+
+    def tensors(self):
+        return self.log_init, self.log_trans, self.obs
+
+    def sequential(self, differentiable=False):
+        """Whether the compiled sequential kernels (:mod:`._hmm_sequential`) evaluate this
+        problem: on CPU, untraced, with numba installed; ``differentiable`` says whether the
+        caller has a sequential gradient (else a graph needing one goes to the scans)."""
+        tensors = self.tensors()
+        if not differentiable and torch.is_grad_enabled():
+            if any(t.requires_grad for t in tensors):
+                return False
+        return sequential.available(*tensors)
 
     @staticmethod
     def _check_mask(mask, duration):
@@ -436,11 +534,20 @@ def hmm_log_likelihood(
     mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """
-    :math:`\\log p(x_{1:T})`, shape ``(...)``: products of ``~sqrt(T)`` chunks of factors,
-    all chunks advanced together, then a pairwise tree reduction (the tree alone for short
-    series).
+    :math:`\\log p(x_{1:T})`, shape ``(...)``. On CPU with numba installed (the ``fast``
+    extra), the scaled forward algorithm as one compiled loop over time, differentiated by
+    the expected counts (:mod:`._hmm_sequential`); elsewhere (CUDA, ``torch.func``,
+    ``torch.compile``, no numba) products of ``~sqrt(T)`` chunks of factors, all chunks
+    advanced together, then a pairwise tree reduction (the tree alone for short series).
     """
     problem = _Problem(init_logits, trans_logits, obs_log_probs, mask)
+    if problem.sequential(differentiable=True):
+        log_norm = sequential.sequential_log_likelihood(*problem.flat(), _flat_log_likelihood)
+        return log_norm.reshape(problem.batch_shape)
+    return _scan_log_likelihood(problem)
+
+
+def _scan_log_likelihood(problem):
     if (problem.duration - 1) * problem.num_states >= 4096:
         # Below this the tree reduction's fewer Python steps measured faster.
         return _chunked_log_likelihood(problem)
@@ -451,6 +558,12 @@ def hmm_log_likelihood(
         semiring.scaled_mat_mat,
     )
     return log_norm
+
+
+def _flat_log_likelihood(log_init, log_trans, obs):
+    """The scans' ``log p(x)`` of :meth:`_Problem.flat` inputs: the sequential path's
+    second derivatives."""
+    return _scan_log_likelihood(_Problem.from_flat(log_init, log_trans, obs))
 
 
 def hmm_filter(
@@ -499,10 +612,33 @@ def hmm_smooth(
     prefix scan times a backward (suffix) scan, ``alpha_t * beta_t`` renormalised.
     """
     problem = _Problem(init_logits, trans_logits, obs_log_probs, mask)
+    if problem.sequential():
+        return _sequential_statistics(problem, trans_logits).posterior
     filtered, beta, _ = _forward_backward(problem)
     post = filtered * beta
     post = post / post.sum(-1, keepdim=True)
     return post.movedim(0, -2)
+
+
+def _sequential_statistics(problem, trans_logits):
+    """:class:`HMMExpectedStatistics` by the compiled forward-backward pass."""
+    posterior, pairs, log_norm = sequential.expected_statistics(*problem.flat())
+    dtype, batch = problem.obs.dtype, problem.batch_shape
+    log_norm = log_norm.to(dtype).reshape(batch)
+    if values_checked() and bool(torch.isneginf(log_norm).any()):
+        _check_evidence(problem, log_norm)
+    posterior = posterior.to(dtype).reshape(batch + posterior.shape[1:])
+    num_states = problem.num_states
+    if problem.time_varying:
+        pairs = pairs.to(dtype).reshape(batch + (problem.duration - 1, num_states, num_states))
+    else:
+        pairs = pairs.to(dtype).reshape(batch + (num_states, num_states))
+    counts = (
+        pairs.sum_to_size(trans_logits.shape)
+        if problem.duration > 1
+        else pairs.new_zeros(trans_logits.shape)
+    )
+    return HMMExpectedStatistics(posterior, counts, log_norm)
 
 
 class HMMExpectedStatistics(NamedTuple):
@@ -537,6 +673,8 @@ def hmm_expected_statistics(
     \beta_{t+1}(k)`, normalised per step, from the same scans as :func:`hmm_smooth`.
     """
     problem = _Problem(init_logits, trans_logits, obs_log_probs, mask)
+    if problem.sequential():
+        return _sequential_statistics(problem, trans_logits)
     filtered, beta, log_likelihood = _forward_backward(problem)
     posterior = filtered * beta
     posterior = posterior / posterior.sum(-1, keepdim=True)
@@ -568,12 +706,18 @@ def hmm_viterbi(
     """
     Most probable path and its log joint :math:`\\log p(x_{1:T}, z^*_{1:T})`.
 
-    Max-plus prefix messages give every backpointer in parallel; the path is recovered by
-    pointer jumping over the backpointer maps instead of a loop over time.
+    On the compiled kernels, max-product messages and one backtrack. On the scans, max-plus
+    prefix messages give every backpointer in parallel and the path is recovered by pointer
+    jumping over the backpointer maps instead of a loop over time.
 
     :returns: ``(path, log_score)`` with shapes ``(..., T)`` (long) and ``(...)``.
     """
     problem = _Problem(init_logits, trans_logits, obs_log_probs, mask)
+    if problem.sequential():
+        path, log_score = sequential.viterbi(*problem.flat())
+        log_score = log_score.to(problem.obs.dtype).reshape(problem.batch_shape)
+        _check_evidence(problem, log_score)
+        return path.reshape(problem.batch_shape + (problem.duration,)), log_score
     result = None
     if (problem.duration - 1) * problem.num_states**2 >= 16384:
         # Below this the scan's fewer Python steps measured faster.

@@ -73,7 +73,15 @@ def _model(seed, num_states, num_steps, batch, time_varying, dtype=torch.float64
     masked=st.booleans(),
     seed=st.integers(0, 2**31 - 1),
 )
-def test_matches_brute_force(num_states, num_steps, batch, time_varying, masked, seed):
+@pytest.mark.parametrize("engine", ["sequential", "scan"])
+def test_matches_brute_force(
+    hmm_engine, engine, num_states, num_steps, batch, time_varying, masked, seed
+):
+    with hmm_engine(engine):
+        _check_brute_force(num_states, num_steps, batch, time_varying, masked, seed)
+
+
+def _check_brute_force(num_states, num_steps, batch, time_varying, masked, seed):
     init, trans, obs = _model(seed, num_states, num_steps, batch, time_varying)
     mask = None
     if masked:
@@ -125,10 +133,12 @@ def test_core_on_device(device):
     assert (hmm_viterbi(init, trans, obs)[0][0].cpu() == best).all()
 
 
-def test_float32_long_series_precision(device):
+@pytest.mark.parametrize("engine", ["sequential", "scan"])
+def test_float32_long_series_precision(device, hmm_engine, engine):
     init, trans, obs = _model(2, 4, 3000, (), False, device=device)
     expected = hmm_log_likelihood(init, trans, obs)
-    got = hmm_log_likelihood(init.float(), trans.float(), obs.float())
+    with hmm_engine(engine):
+        got = hmm_log_likelihood(init.float(), trans.float(), obs.float())
     assert got.dtype == torch.float32
     assert abs(got.double().item() - expected.item()) < 1e-5 * abs(expected.item())
 
@@ -165,7 +175,13 @@ def _to_pyro_init(init, trans):
     return torch.logsumexp(joint, -2)
 
 
-def test_agrees_with_discrete_hmm_and_gradients():
+@pytest.mark.parametrize("engine", ["sequential", "scan"])
+def test_agrees_with_discrete_hmm_and_gradients(hmm_engine, engine):
+    with hmm_engine(engine):
+        _check_discrete_hmm_and_gradients()
+
+
+def _check_discrete_hmm_and_gradients():
     init, trans, _ = _model(5, 3, 7, (2,), False)
     locs = torch.randn(2, 3, dtype=torch.float64, requires_grad=True)
     init.requires_grad_()
@@ -212,7 +228,13 @@ def _softmax(x):
     return x / x.sum(-1, keepdims=True)
 
 
-def test_long_series_matches_sequential_recursions():
+@pytest.mark.parametrize("engine", ["sequential", "scan"])
+def test_long_series_matches_sequential_recursions(hmm_engine, engine):
+    with hmm_engine(engine):
+        _check_long_series()
+
+
+def _check_long_series():
     init, trans, obs = _model(6, 4, 20000, (), False)
     expected = _sequential_forward(init.numpy(), trans.numpy(), obs.numpy())
     assert abs(hmm_log_likelihood(init, trans, obs).item() - expected) < 1e-8 * abs(expected)
@@ -231,7 +253,7 @@ def _path_log_joint(init, trans, obs, path):
 
 
 @pytest.mark.parametrize("spread", [0.0, 0.01, 1.0])
-def test_speculative_viterbi_backpointers_where_chunks_reconverge(spread):
+def test_speculative_viterbi_backpointers_where_chunks_reconverge(hmm_engine, spread):
     # With (near-)uniform transitions the max-plus messages of every chunk come back into
     # line after one step, from a different best predecessor than the speculative start
     # had: the backpointers there must come from the corrected message (they once did
@@ -241,7 +263,8 @@ def test_speculative_viterbi_backpointers_where_chunks_reconverge(spread):
     init = torch.zeros(K, dtype=torch.float64)
     trans = spread * torch.randn(K, K, generator=g, dtype=torch.float64)
     obs = torch.randn(T, K, generator=g, dtype=torch.float64)
-    path, score = hmm_viterbi(init, trans, obs)
+    with hmm_engine("scan"):
+        path, score = hmm_viterbi(init, trans, obs)
     expected_path, expected_score = _sequential_viterbi(init.numpy(), trans.numpy(), obs.numpy())
     assert np.array_equal(path.numpy(), expected_path)
     assert abs(score.item() - expected_score) < 1e-9 * abs(expected_score)
@@ -255,7 +278,7 @@ def test_speculative_viterbi_backpointers_where_chunks_reconverge(spread):
     temperature=st.sampled_from([0.0, 1e-3, 0.3, 3.0]),
     sticky=st.sampled_from([0.0, 4.0]),
 )
-def test_speculative_viterbi_path_is_optimal(seed, K, temperature, sticky):
+def test_speculative_viterbi_path_is_optimal(hmm_engine, seed, K, temperature, sticky):
     # Long enough for the speculative chunked pass; whatever the transitions (uniform,
     # nearly so, peaked, sticky), the returned path's log joint is the optimal score.
     T = max(5000, 16384 // K**2 + 2)
@@ -264,16 +287,18 @@ def test_speculative_viterbi_path_is_optimal(seed, K, temperature, sticky):
     trans = temperature * torch.randn(K, K, generator=g, dtype=torch.float64)
     trans = trans + sticky * torch.eye(K, dtype=torch.float64)
     obs = torch.randn(T, K, generator=g, dtype=torch.float64)
-    path, score = hmm_viterbi(init, trans, obs)
+    with hmm_engine("scan"):
+        path, score = hmm_viterbi(init, trans, obs)
     _, expected_score = _sequential_viterbi(init.numpy(), trans.numpy(), obs.numpy())
     assert abs(score.item() - expected_score) < 1e-9 * abs(expected_score)
     joint = _path_log_joint(init, trans, obs, path).item()
     assert abs(joint - expected_score) < 1e-9 * abs(expected_score)
 
 
+@pytest.mark.parametrize("engine", ["sequential", "scan"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("stay", [0.9, 1 - 1e-6])
-def test_chunked_rescale_interval_keeps_precision(dtype, stay):
+def test_chunked_rescale_interval_keeps_precision(hmm_engine, engine, dtype, stay):
     # The chunked pass rescales its products only every few factors (how many follows from
     # min(A) and A's column sums). Rare transitions (1e-6 / 2 per step) and emissions that
     # favour a different state every few steps push the row maxima down as fast as A allows.
@@ -287,7 +312,8 @@ def test_chunked_rescale_interval_keeps_precision(dtype, stay):
     obs[torch.arange(T), favoured] = 0.0
     obs = obs + torch.randn(T, K, generator=g, dtype=torch.float64)
     expected = _sequential_forward(init.numpy(), trans.log().numpy(), obs.numpy())
-    ours = hmm_log_likelihood(init.to(dtype), trans.log().to(dtype), obs.to(dtype))
+    with hmm_engine(engine):
+        ours = hmm_log_likelihood(init.to(dtype), trans.log().to(dtype), obs.to(dtype))
     rtol = 1e-10 if dtype == torch.float64 else 1e-5
     assert abs(ours.item() - expected) <= rtol * abs(expected)
 
@@ -449,10 +475,16 @@ def test_svi_gaussian_emissions():
     assert locs[0] < -1.0 and locs[1] > 1.0
 
 
+@pytest.mark.parametrize("engine", ["sequential", "scan"])
 @pytest.mark.parametrize("sparsity", ["dense", "cyclic", "identity"])
-def test_chunked_paths_match_sequential_recursions(sparsity):
+def test_chunked_paths_match_sequential_recursions(hmm_engine, engine, sparsity):
     # Long enough for the chunked likelihood and the speculative Viterbi with fix-up
     # passes; the identity chain never forgets its start, so Viterbi falls back to the scan.
+    with hmm_engine(engine):
+        _check_chunked_paths(sparsity)
+
+
+def _check_chunked_paths(sparsity):
     init, trans, obs = _model(8, 5, 3001, (), False)
     allowed = torch.eye(5, dtype=torch.bool)
     if sparsity == "cyclic":
