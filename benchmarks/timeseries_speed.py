@@ -3,7 +3,9 @@ Speed of the exact state-space inference of ``pyro_ext.timeseries`` against base
 the same run (issue: funsor-backed HMM and DLM inference).
 
 Tables (ratio = median over repeats of ours / baseline, the two timed back to back in every
-repeat; times in milliseconds, median / mean / p90 / max over the repeats):
+repeat; times in milliseconds per call, median / mean / p90 / max over the repeats; a repeat
+times a batch of calls lasting at least 20 ms, so sub-millisecond calls are not timer
+noise):
 
 1. HMM log-likelihood, K in {3, 20} states, T in {1e3, 1e5} (and K = 10 at T = 1e5), Gaussian
    emissions:
@@ -89,23 +91,43 @@ def _sync(device):
         torch.cuda.synchronize()
 
 
+#: a timed batch of calls lasts at least this long (s): a single sub-millisecond call's time
+#: is mostly timer and cache noise.
+MIN_BATCH_SECONDS = 0.02
+
+
+def _calls_per_batch(fn, device):
+    """How many back-to-back calls of ``fn`` fill :data:`MIN_BATCH_SECONDS` (timeit's
+    autorange), from one timed call after warm-up."""
+    _sync(device)
+    start = time.perf_counter()
+    fn()
+    _sync(device)
+    return max(1, min(1000, int(MIN_BATCH_SECONDS / max(time.perf_counter() - start, 1e-7))))
+
+
+def _per_call(fn, calls, device):
+    _sync(device)
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    _sync(device)
+    return (time.perf_counter() - start) / calls
+
+
 def timed_pair(ours, baseline, repeats, device):
-    """Times (s) of ``ours`` and ``baseline`` over the repeats and the median of the
-    per-repeat ratios."""
+    """Per-call times (s) of ``ours`` and ``baseline`` over the repeats, each repeat timing a
+    batch of back-to-back calls of one then the other (long calls: a batch of one), and the
+    median of the per-repeat ratios."""
     ours(), baseline()  # warm caches and lazy initialisation
+    n_ours, n_base = _calls_per_batch(ours, device), _calls_per_batch(baseline, device)
     t_ours, t_base, ratios = [], [], []
     for _ in range(repeats):
-        _sync(device)
-        start = time.perf_counter()
-        ours()
-        _sync(device)
-        mid = time.perf_counter()
-        baseline()
-        _sync(device)
-        end = time.perf_counter()
-        t_ours.append(mid - start)
-        t_base.append(end - mid)
-        ratios.append((mid - start) / (end - mid))
+        mine = _per_call(ours, n_ours, device)
+        theirs = _per_call(baseline, n_base, device)
+        t_ours.append(mine)
+        t_base.append(theirs)
+        ratios.append(mine / theirs)
     return t_ours, t_base, statistics.median(ratios)
 
 

@@ -270,10 +270,13 @@ class _Problem:
             obs_log_probs = obs_log_probs.masked_fill(~mask.unsqueeze(-1), 0.0)
         elif check_values and not obs_ok and bool(torch.isnan(obs_log_probs).any()):
             raise ValueError("obs_log_probs contains NaN; mark missing entries with mask=False")
-        try:
-            batch = torch.broadcast_shapes(*shapes)
-        except RuntimeError as e:
-            raise ValueError(f"batch shapes of the arguments do not broadcast: {e}") from None
+        if all(len(shape) == 0 for shape in shapes):
+            batch = torch.Size()  # the common unbatched call, without the general rule's cost
+        else:
+            try:
+                batch = torch.broadcast_shapes(*shapes)
+            except RuntimeError as e:
+                raise ValueError(f"batch shapes of the arguments do not broadcast: {e}") from None
         dtype = functools.reduce(
             torch.promote_types, [init_logits.dtype, trans_logits.dtype, obs_log_probs.dtype]
         )
