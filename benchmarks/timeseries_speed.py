@@ -68,10 +68,10 @@ from _common import (
     write_report,
 )
 
+from pyro_ext.timeseries import sequential_kernels
 from pyro_ext.timeseries.hmm import (
     HiddenMarkovDistribution,
     hmm_log_likelihood,
-    hmm_sequential_kernels,
     hmm_smooth,
     hmm_viterbi,
 )
@@ -248,7 +248,7 @@ def hmm_tables(sizes, repeats, device):
             # torch.func and torch.compile calls get (the scans), on the same call.
             def on_scans(fn):
                 def run():
-                    with hmm_sequential_kernels(False):
+                    with sequential_kernels(False):
                         return fn()
 
                 return run

@@ -21,6 +21,7 @@ Example: a series that switches between two levels, fitted by EM and decoded by 
 True
 """
 
+from ._sequential import sequential_kernels
 from .dlm import (
     DLM,
     Autoregressive,
@@ -45,7 +46,6 @@ from .hmm import (
     hmm_log_likelihood,
     hmm_predict,
     hmm_sample_paths,
-    hmm_sequential_kernels,
     hmm_smooth,
     hmm_viterbi,
 )
@@ -96,7 +96,7 @@ __all__ = [
     "hmm_log_likelihood",
     "hmm_predict",
     "hmm_sample_paths",
-    "hmm_sequential_kernels",
+    "sequential_kernels",
     "hmm_smooth",
     "hmm_viterbi",
     "kalman_filter",

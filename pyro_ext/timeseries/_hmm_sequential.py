@@ -25,49 +25,27 @@ K)`` with masked emissions already zero. numba is optional (the ``fast`` extra):
 :func:`available` says whether this path can run at all.
 """
 
-import functools
-
 import numpy as np
 import torch
+
+from ._sequential import available as _available
+from ._sequential import float64_arrays, kernels
 
 __all__ = ["available", "sequential_log_likelihood"]
 
 
-@functools.cache
 def _kernels():
-    """The compiled kernels' module, or ``None`` when numba is not installed."""
-    try:
-        from . import _hmm_kernels
-    except ImportError:  # pragma: no cover - exercised only without the fast extra
-        return None
-    return _hmm_kernels
-
-
-# Switched by :func:`pyro_ext.timeseries.hmm.hmm_sequential_kernels`.
-enabled = True
+    return kernels("_hmm_kernels")
 
 
 def available(*tensors):
-    """Whether the compiled sequential path can evaluate these tensors: it is enabled,
-    numba is installed, they live on the CPU, and nothing is tracing them (``torch.compile``,
-    ``torch.func`` transforms), since the kernels read their values as numpy arrays."""
-    if not enabled:
-        return False
-    if torch.compiler.is_compiling() or torch._C._functorch.peek_interpreter_stack() is not None:
-        return False
-    if any(t.device.type != "cpu" for t in tensors):
-        return False
-    return _kernels() is not None
-
-
-def _arrays(*tensors):
-    """The kernels' float64, C-ordered inputs (no copy where they already are)."""
-    return (np.ascontiguousarray(x.detach().to(torch.float64).numpy()) for x in tensors)
+    """Whether the HMM kernels can evaluate these tensors (see :func:`._sequential.available`)."""
+    return _available("_hmm_kernels", *tensors)
 
 
 def _log_likelihood_values(log_init, log_trans, obs):
     out = np.empty(obs.shape[0])
-    _kernels().log_likelihood(*_arrays(log_init, log_trans, obs), out)
+    _kernels().log_likelihood(*float64_arrays(log_init, log_trans, obs), out)
     return torch.from_numpy(out).to(obs.dtype)
 
 
@@ -79,7 +57,9 @@ def expected_statistics(log_init, log_trans, obs):
     posterior = np.empty((num_batch, duration, k_states))
     pairs = np.empty((num_batch, log_trans.shape[1], k_states, k_states))
     log_norm = np.empty(num_batch)
-    _kernels().expected_statistics(*_arrays(log_init, log_trans, obs), posterior, pairs, log_norm)
+    _kernels().expected_statistics(
+        *float64_arrays(log_init, log_trans, obs), posterior, pairs, log_norm
+    )
     return torch.from_numpy(posterior), torch.from_numpy(pairs), torch.from_numpy(log_norm)
 
 
@@ -89,7 +69,7 @@ def filtered(log_init, log_trans, obs):
     probs = np.empty((num_batch, duration, k_states))
     log_norms = np.empty((num_batch, duration))
     out = np.empty(num_batch)
-    _kernels().filtered(*_arrays(log_init, log_trans, obs), probs, log_norms, out)
+    _kernels().filtered(*float64_arrays(log_init, log_trans, obs), probs, log_norms, out)
     return torch.from_numpy(probs), torch.from_numpy(log_norms)
 
 
@@ -98,7 +78,7 @@ def viterbi(log_init, log_trans, obs):
     num_batch, duration, _ = obs.shape
     path = np.empty((num_batch, duration), dtype=np.int64)
     score = np.empty(num_batch)
-    _kernels().viterbi(*_arrays(log_init, log_trans, obs), path, score)
+    _kernels().viterbi(*float64_arrays(log_init, log_trans, obs), path, score)
     return torch.from_numpy(path), torch.from_numpy(score)
 
 

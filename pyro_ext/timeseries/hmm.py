@@ -16,8 +16,8 @@ Two engines evaluate them, chosen per call:
   same kernels. On one CPU thread this is the faster engine at every size measured
   (``benchmarks/results/timeseries_speed.md``).
 * **scans** (CUDA, ``torch.func`` transforms, ``torch.compile``, no numba, gradients of
-  the other queries, or inside :func:`hmm_sequential_kernels(False)
-  <hmm_sequential_kernels>`): every recursion as an associative scan with
+  the other queries, or inside :func:`sequential_kernels(False)
+  <pyro_ext.timeseries.sequential_kernels>`): every recursion as an associative scan with
   :math:`O(\log T)` depth by :mod:`pyro_ext.ops.scan` over the semirings of
   :mod:`pyro_ext.ops.semiring`, no Python loop over time. On long series the likelihood
   and Viterbi instead advance ``~sqrt(T)`` chunks together (``~sqrt(T)`` Python steps):
@@ -45,10 +45,8 @@ follow the device and dtype of their inputs):
   error unless masked.
 """
 
-import contextlib
 import functools
 import math
-from collections.abc import Iterator
 from typing import NamedTuple
 
 import torch
@@ -69,34 +67,9 @@ __all__ = [
     "hmm_log_likelihood",
     "hmm_predict",
     "hmm_sample_paths",
-    "hmm_sequential_kernels",
     "hmm_smooth",
     "hmm_viterbi",
 ]
-
-
-# ---------------------------------------------------------------- engine
-
-
-@contextlib.contextmanager
-def hmm_sequential_kernels(enabled: bool = True) -> Iterator[None]:
-    """
-    Within the block, whether the HMM functions of this module may run the compiled
-    sequential kernels on CPU tensors (numba, the ``fast`` extra; on by default). Turned
-    off, they use the torch scans, as on CUDA and under ``torch.func``/``torch.compile``:
-    to compare the two, or to keep float32 arithmetic in float32 (the kernels add in
-    float64).
-
-    :param bool enabled: ``False`` for the scans.
-    """
-    if not isinstance(enabled, bool):
-        raise TypeError(f"enabled must be a bool, got {type(enabled).__name__}")
-    previous = sequential.enabled
-    sequential.enabled = enabled
-    try:
-        yield
-    finally:
-        sequential.enabled = previous
 
 
 # ---------------------------------------------------------------- validation

@@ -40,10 +40,12 @@ import functools
 import math
 from typing import NamedTuple
 
+import numpy as np
 import torch
 
 from ..ops.scan import associative_scan
 from ..ops.validation import check_int, check_real, check_real_tensor, values_checked
+from . import _sequential
 
 __all__ = [
     "KalmanFilterResult",
@@ -1003,8 +1005,93 @@ def _blocked_filter(args, B):
     return ll, m, P, mp, Pp
 
 
+def _sequential_ok(args):
+    """Whether the compiled sequential kernels (:mod:`._sequential`) run this call: CPU
+    tensors, untraced, numba installed, and no gradient wanted (they have none)."""
+    tensors = args[:7]
+    if torch.is_grad_enabled() and any(x.requires_grad for x in tensors):
+        return False
+    return _sequential.available("_kalman_kernels", *tensors)
+
+
+def _sequential_inputs(args):
+    """The kernels' float64 arrays of validated arguments: the batch flattened, a step axis
+    of length ``T`` or 1 on every matrix (static ones are not copied ``T`` times)."""
+    y, G, F, W, V, m0, P0, batch, _ = args
+    T, p = y.shape[-2:]
+    S = m0.shape[-1]
+    nb, size = y.dim() - 2, batch.numel()
+
+    def flat(x, core):
+        if x.dim() == nb + 1 + len(core):  # a time axis
+            return x.expand(*batch, T, *core).reshape(size, T, *core)
+        return x.expand(*batch, *core).reshape(size, 1, *core)
+
+    return _sequential.float64_arrays(
+        y.expand(*batch, T, p).reshape(size, T, p),
+        flat(G, (S, S)),
+        flat(F, (p, S)),
+        flat(W, (S, S)),
+        flat(V, (p, p)),
+        m0.expand(*batch, S).reshape(size, S),
+        P0.expand(*batch, S, S).reshape(size, S, S),
+    )
+
+
+def _sequential_filter(args, moments=True):
+    """``(ll, m, P, mp, Pp)`` time-first (``(ll,)`` without ``moments``) by the compiled
+    filter, or ``None`` where it meets a covariance that is not positive definite (the
+    scans then name it, or give NaN with validation off)."""
+    arrays = _sequential_inputs(args)
+    size, T, _ = arrays[0].shape
+    S = arrays[5].shape[-1]
+    steps = T if moments else 0
+    ll = np.empty(size)
+    outputs = [np.empty((size, steps) + core) for core in ((S,), (S, S), (S,), (S, S))]
+    kernels = _sequential.kernels("_kalman_kernels")
+    if kernels.filter(*arrays, ll, *outputs) >= 0:
+        return None
+    dtype, batch = args.y.dtype, args.batch
+    ll = torch.from_numpy(ll).to(dtype).reshape(batch)
+    if not moments:
+        return (ll,)
+    m, P, mp, Pp = (
+        torch.from_numpy(x).to(dtype).reshape(*batch, *x.shape[1:]).movedim(len(batch), 0)
+        for x in outputs
+    )
+    return ll, m, P, mp, Pp
+
+
+def _sequential_smoother(args):
+    """``(ll, ms, Ps, gains)`` time-first by the compiled filter and RTS smoother, or
+    ``None`` (see :func:`_sequential_filter`)."""
+    arrays = _sequential_inputs(args)
+    size, T, _ = arrays[0].shape
+    S = arrays[5].shape[-1]
+    ll = np.empty(size)
+    moments = [np.empty((size, T) + core) for core in ((S,), (S, S), (S,), (S, S))]
+    kernels = _sequential.kernels("_kalman_kernels")
+    if kernels.filter(*arrays, ll, *moments) >= 0:
+        return None
+    smoothed = [np.empty((size, T, S)), np.empty((size, T, S, S))]
+    gains = np.empty((size, max(T - 1, 0), S, S))
+    if kernels.smoother(arrays[1], *moments, *smoothed, gains) >= 0:
+        return None
+    dtype, batch = args.y.dtype, args.batch
+    ms, Ps, gains = (
+        torch.from_numpy(x).to(dtype).reshape(*batch, *x.shape[1:]).movedim(len(batch), 0)
+        for x in (*smoothed, gains)
+    )
+    return torch.from_numpy(ll).to(dtype).reshape(batch), ms, Ps, gains
+
+
 def _filter_moments(args):
-    """``(ll, m, P, mp, Pp)`` time-first: blocked for static matrices, else the scan."""
+    """``(ll, m, P, mp, Pp)`` time-first: the compiled kernels on CPU, else blocked for
+    static matrices, else the scan."""
+    if _sequential_ok(args):
+        out = _sequential_filter(args)
+        if out is not None:
+            return out
     # With one or two states the scan's O(S^3) steps are so cheap that its fewer Python
     # calls win (measured on one CPU thread: local level, T = 100-1,000).
     if not args.time_varying and args.m0.shape[-1] >= 3:
@@ -1077,6 +1164,10 @@ def kalman_log_likelihood(
     B = _steps_per_block(
         block_size, T, lambda: _default_block_size(T, args.m0.shape[-1], p, args.y.dtype)
     )
+    if _sequential_ok(args):
+        out = _sequential_filter(args, moments=False)
+        if out is not None:
+            return out[0]
     ll = None
     if not args.time_varying:
         ll = _blocked_log_likelihood(args, B)
@@ -1090,9 +1181,13 @@ def smoothed_second_moments(y: torch.Tensor, matrices: StateSpaceMatrices):
     S)``, lag-one covariances :math:`\mathrm{Cov}(x_{t+1}, x_t \mid y_{1:T})` ``(..., T-1,
     S, S)`` and the log-likelihood, from one filter and one smoother pass."""
     args = _validate(y, matrices)
-    ssm = _build(args)
-    ll, m, P, mp, Pp = _filter_moments(args)
-    ms, Ps, gains = _run_smoother(ssm, m, P, mp, Pp, gains=True)
+    out = _sequential_smoother(args) if _sequential_ok(args) else None
+    if out is not None:
+        ll, ms, Ps, gains = out
+    else:
+        ssm = _build(args)
+        ll, m, P, mp, Pp = _filter_moments(args)
+        ms, Ps, gains = _run_smoother(ssm, m, P, mp, Pp, gains=True)
     cross = Ps[1:] @ gains.mT
     return _to_external(ms, 1), _to_external(Ps, 2), _to_external(cross, 2), ll
 
@@ -1104,9 +1199,13 @@ def kalman_smoother(y: torch.Tensor, matrices: StateSpaceMatrices) -> KalmanSmoo
     invertible predicted covariances.
     """
     args = _validate(y, matrices)
-    ssm = _build(args)
-    ll, m, P, mp, Pp = _filter_moments(args)
-    ms, Ps = _run_smoother(ssm, m, P, mp, Pp)
+    out = _sequential_smoother(args) if _sequential_ok(args) else None
+    if out is not None:
+        ll, ms, Ps, _ = out
+    else:
+        ssm = _build(args)
+        ll, m, P, mp, Pp = _filter_moments(args)
+        ms, Ps = _run_smoother(ssm, m, P, mp, Pp)
     return KalmanSmootherResult(_to_external(ms, 1), _to_external(Ps, 2), ll)
 
 

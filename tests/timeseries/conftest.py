@@ -2,7 +2,7 @@ import contextlib
 
 import pytest
 
-from pyro_ext.timeseries import _hmm_sequential, hmm_sequential_kernels
+from pyro_ext.timeseries import _hmm_sequential, sequential_kernels
 
 
 @contextlib.contextmanager
@@ -14,15 +14,15 @@ def _engine(name):
             pytest.skip("numba is not installed (the fast extra)")
         yield
     elif name == "scan":
-        with hmm_sequential_kernels(False):
+        with sequential_kernels(False):
             yield
     else:
         raise ValueError(name)
 
 
 @pytest.fixture(scope="session")
-def hmm_engine():
-    """``with hmm_engine(name):`` runs the HMM functions on ``"sequential"`` (the compiled
+def run_on():
+    """``with run_on(name):`` runs the HMM and Kalman functions on ``"sequential"`` (the compiled
     CPU kernels, the default on CPU) or ``"scan"`` (the torch scans, as on CUDA or under
     ``torch.func``/``torch.compile``). Session-scoped, so hypothesis tests may take it."""
     return _engine

@@ -75,9 +75,9 @@ def _model(seed, num_states, num_steps, batch, time_varying, dtype=torch.float64
 )
 @pytest.mark.parametrize("engine", ["sequential", "scan"])
 def test_matches_brute_force(
-    hmm_engine, engine, num_states, num_steps, batch, time_varying, masked, seed
+    run_on, engine, num_states, num_steps, batch, time_varying, masked, seed
 ):
-    with hmm_engine(engine):
+    with run_on(engine):
         _check_brute_force(num_states, num_steps, batch, time_varying, masked, seed)
 
 
@@ -134,10 +134,10 @@ def test_core_on_device(device):
 
 
 @pytest.mark.parametrize("engine", ["sequential", "scan"])
-def test_float32_long_series_precision(device, hmm_engine, engine):
+def test_float32_long_series_precision(device, run_on, engine):
     init, trans, obs = _model(2, 4, 3000, (), False, device=device)
     expected = hmm_log_likelihood(init, trans, obs)
-    with hmm_engine(engine):
+    with run_on(engine):
         got = hmm_log_likelihood(init.float(), trans.float(), obs.float())
     assert got.dtype == torch.float32
     assert abs(got.double().item() - expected.item()) < 1e-5 * abs(expected.item())
@@ -176,8 +176,8 @@ def _to_pyro_init(init, trans):
 
 
 @pytest.mark.parametrize("engine", ["sequential", "scan"])
-def test_agrees_with_discrete_hmm_and_gradients(hmm_engine, engine):
-    with hmm_engine(engine):
+def test_agrees_with_discrete_hmm_and_gradients(run_on, engine):
+    with run_on(engine):
         _check_discrete_hmm_and_gradients()
 
 
@@ -229,8 +229,8 @@ def _softmax(x):
 
 
 @pytest.mark.parametrize("engine", ["sequential", "scan"])
-def test_long_series_matches_sequential_recursions(hmm_engine, engine):
-    with hmm_engine(engine):
+def test_long_series_matches_sequential_recursions(run_on, engine):
+    with run_on(engine):
         _check_long_series()
 
 
@@ -253,7 +253,7 @@ def _path_log_joint(init, trans, obs, path):
 
 
 @pytest.mark.parametrize("spread", [0.0, 0.01, 1.0])
-def test_speculative_viterbi_backpointers_where_chunks_reconverge(hmm_engine, spread):
+def test_speculative_viterbi_backpointers_where_chunks_reconverge(run_on, spread):
     # With (near-)uniform transitions the max-plus messages of every chunk come back into
     # line after one step, from a different best predecessor than the speculative start
     # had: the backpointers there must come from the corrected message (they once did
@@ -263,7 +263,7 @@ def test_speculative_viterbi_backpointers_where_chunks_reconverge(hmm_engine, sp
     init = torch.zeros(K, dtype=torch.float64)
     trans = spread * torch.randn(K, K, generator=g, dtype=torch.float64)
     obs = torch.randn(T, K, generator=g, dtype=torch.float64)
-    with hmm_engine("scan"):
+    with run_on("scan"):
         path, score = hmm_viterbi(init, trans, obs)
     expected_path, expected_score = _sequential_viterbi(init.numpy(), trans.numpy(), obs.numpy())
     assert np.array_equal(path.numpy(), expected_path)
@@ -278,7 +278,7 @@ def test_speculative_viterbi_backpointers_where_chunks_reconverge(hmm_engine, sp
     temperature=st.sampled_from([0.0, 1e-3, 0.3, 3.0]),
     sticky=st.sampled_from([0.0, 4.0]),
 )
-def test_speculative_viterbi_path_is_optimal(hmm_engine, seed, K, temperature, sticky):
+def test_speculative_viterbi_path_is_optimal(run_on, seed, K, temperature, sticky):
     # Long enough for the speculative chunked pass; whatever the transitions (uniform,
     # nearly so, peaked, sticky), the returned path's log joint is the optimal score.
     T = max(5000, 16384 // K**2 + 2)
@@ -287,7 +287,7 @@ def test_speculative_viterbi_path_is_optimal(hmm_engine, seed, K, temperature, s
     trans = temperature * torch.randn(K, K, generator=g, dtype=torch.float64)
     trans = trans + sticky * torch.eye(K, dtype=torch.float64)
     obs = torch.randn(T, K, generator=g, dtype=torch.float64)
-    with hmm_engine("scan"):
+    with run_on("scan"):
         path, score = hmm_viterbi(init, trans, obs)
     _, expected_score = _sequential_viterbi(init.numpy(), trans.numpy(), obs.numpy())
     assert abs(score.item() - expected_score) < 1e-9 * abs(expected_score)
@@ -298,7 +298,7 @@ def test_speculative_viterbi_path_is_optimal(hmm_engine, seed, K, temperature, s
 @pytest.mark.parametrize("engine", ["sequential", "scan"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("stay", [0.9, 1 - 1e-6])
-def test_chunked_rescale_interval_keeps_precision(hmm_engine, engine, dtype, stay):
+def test_chunked_rescale_interval_keeps_precision(run_on, engine, dtype, stay):
     # The chunked pass rescales its products only every few factors (how many follows from
     # min(A) and A's column sums). Rare transitions (1e-6 / 2 per step) and emissions that
     # favour a different state every few steps push the row maxima down as fast as A allows.
@@ -312,7 +312,7 @@ def test_chunked_rescale_interval_keeps_precision(hmm_engine, engine, dtype, sta
     obs[torch.arange(T), favoured] = 0.0
     obs = obs + torch.randn(T, K, generator=g, dtype=torch.float64)
     expected = _sequential_forward(init.numpy(), trans.log().numpy(), obs.numpy())
-    with hmm_engine(engine):
+    with run_on(engine):
         ours = hmm_log_likelihood(init.to(dtype), trans.log().to(dtype), obs.to(dtype))
     rtol = 1e-10 if dtype == torch.float64 else 1e-5
     assert abs(ours.item() - expected) <= rtol * abs(expected)
@@ -477,10 +477,10 @@ def test_svi_gaussian_emissions():
 
 @pytest.mark.parametrize("engine", ["sequential", "scan"])
 @pytest.mark.parametrize("sparsity", ["dense", "cyclic", "identity"])
-def test_chunked_paths_match_sequential_recursions(hmm_engine, engine, sparsity):
+def test_chunked_paths_match_sequential_recursions(run_on, engine, sparsity):
     # Long enough for the chunked likelihood and the speculative Viterbi with fix-up
     # passes; the identity chain never forgets its start, so Viterbi falls back to the scan.
-    with hmm_engine(engine):
+    with run_on(engine):
         _check_chunked_paths(sparsity)
 
 

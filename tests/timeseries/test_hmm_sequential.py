@@ -14,7 +14,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pyro_ext.timeseries import _hmm_sequential
+from pyro_ext.timeseries import _hmm_sequential, sequential_kernels
 from pyro_ext.timeseries.hmm import (
     hmm_expected_statistics,
     hmm_filter,
@@ -38,10 +38,10 @@ def _inputs(seed, batch, num_steps, num_states, time_varying, masked, dtype):
     return init, trans, obs, mask
 
 
-def _run_both(hmm_engine, fn, *args):
-    with hmm_engine("sequential"):
+def _run_both(run_on, fn, *args):
+    with run_on("sequential"):
         ours = fn(*args)
-    with hmm_engine("scan"):
+    with run_on("scan"):
         scans = fn(*args)
     return ours, scans
 
@@ -69,12 +69,12 @@ def _close(a, b, rtol, atol):
     dtype=st.sampled_from([torch.float32, torch.float64]),
 )
 def test_sequential_kernels_equal_the_scans(
-    hmm_engine, seed, batch, num_steps, num_states, time_varying, masked, dtype
+    run_on, seed, batch, num_steps, num_states, time_varying, masked, dtype
 ):
     args = _inputs(seed, batch, num_steps, num_states, time_varying, masked, dtype)
     rtol, atol = (1e-10, 1e-10) if dtype == torch.float64 else (1e-4, 1e-4)
     for fn in FUNCTIONS:
-        ours, scans = _run_both(hmm_engine, fn, *args)
+        ours, scans = _run_both(run_on, fn, *args)
         if fn is hmm_viterbi:
             # Ties (masked steps reorder the same transitions; float32 near-ties, which the
             # kernels add in float64) may resolve either way: the path must attain the score.
@@ -87,7 +87,7 @@ def test_sequential_kernels_equal_the_scans(
     leaves = [x.clone().requires_grad_() for x in args[:3]]
     grads = []
     for engine in ("sequential", "scan"):
-        with hmm_engine(engine):
+        with run_on(engine):
             value = hmm_log_likelihood(*leaves, args[3]).sum()
             grads.append(torch.autograd.grad(value, leaves, allow_unused=True))
     for g, h in zip(*grads):
@@ -138,7 +138,7 @@ def _brute(init, trans, obs):
 
 
 @pytest.mark.parametrize("rare", [1e-300, 1e-200, 0.0])
-def test_underflowing_steps_fall_back_to_log_space(hmm_engine, rare):
+def test_underflowing_steps_fall_back_to_log_space(run_on, rare):
     # A chain that almost never switches (probability `rare`, or never), observed in the
     # state it is not in: in probability space the step's normaliser is ~1e-300 * e^-900
     # (zero in float64); the kernels redo such steps in log space.
@@ -150,7 +150,7 @@ def test_underflowing_steps_fall_back_to_log_space(hmm_engine, rare):
         dtype=torch.float64,
     )
     expected_ll, expected_smoothed, expected_score = _brute(init, trans, obs)
-    with hmm_engine("sequential"):
+    with run_on("sequential"):
         loglik = hmm_log_likelihood(init, trans, obs)
         smoothed = hmm_smooth(init, trans, obs)
         _, score = hmm_viterbi(init, trans, obs)
@@ -163,7 +163,7 @@ def test_underflowing_steps_fall_back_to_log_space(hmm_engine, rare):
     torch.testing.assert_close(stats.transition_counts.sum(), torch.tensor(5.0).double())
 
 
-def test_second_derivatives_go_through_the_scans(hmm_engine):
+def test_second_derivatives_go_through_the_scans(run_on):
     # The compiled path's backward is the expected counts, not itself differentiable: with
     # create_graph=True it differentiates the scans, so Hessians (Laplace, curvature) work.
     init, trans, obs, _ = _inputs(3, (), 9, 3, False, False, torch.float64)
@@ -171,25 +171,25 @@ def test_second_derivatives_go_through_the_scans(hmm_engine):
     def loglik(o):
         return hmm_log_likelihood(init, trans, o)
 
-    with hmm_engine("sequential"):
+    with run_on("sequential"):
         ours = torch.autograd.functional.hessian(loglik, obs)
-    with hmm_engine("scan"):
+    with run_on("scan"):
         scans = torch.autograd.functional.hessian(loglik, obs)
     torch.testing.assert_close(ours, scans, rtol=1e-10, atol=1e-12)
     assert ours.abs().sum() > 0
 
 
-def test_torch_func_transforms_use_the_scans(hmm_engine):
+def test_torch_func_transforms_use_the_scans(run_on):
     init, trans, obs, _ = _inputs(4, (5,), 20, 3, False, False, torch.float64)
 
     def loglik(o):
         return hmm_log_likelihood(init[0], trans[0], o)
 
     # Value checks branch on data, which vmap cannot trace: vectorised callers turn them off.
-    with hmm_engine("sequential"), pyro.validation_enabled(False):
+    with run_on("sequential"), pyro.validation_enabled(False):
         batched = torch.func.vmap(loglik)(obs)
         grads = torch.func.vmap(torch.func.grad(loglik))(obs)
-    with hmm_engine("sequential"):
+    with run_on("sequential"):
         leaf = obs.clone().requires_grad_()
         direct = hmm_log_likelihood(init[0], trans[0], leaf)
         direct_grads = torch.autograd.grad(direct.sum(), leaf)[0]
@@ -197,9 +197,18 @@ def test_torch_func_transforms_use_the_scans(hmm_engine):
     torch.testing.assert_close(grads, direct_grads, rtol=1e-12, atol=1e-12)
 
 
-def test_available_only_on_cpu_and_untraced():
+def test_available_only_on_cpu_untraced_and_switched_on():
     cpu = torch.zeros(2)
     assert _hmm_sequential.available(cpu)
+    with sequential_kernels(False):
+        assert not _hmm_sequential.available(cpu)
+        with sequential_kernels():
+            assert _hmm_sequential.available(cpu)
+        assert not _hmm_sequential.available(cpu)
+    assert _hmm_sequential.available(cpu)
+    with pytest.raises(TypeError, match="enabled must be a bool"):
+        with sequential_kernels(0):
+            pass
     assert not _hmm_sequential.available(torch.zeros(2, device="meta"))
     assert not torch.func.vmap(lambda x: x * 0 + float(_hmm_sequential.available(x)))(
         torch.zeros(3, 1)

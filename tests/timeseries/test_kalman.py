@@ -97,15 +97,17 @@ def block(x, t, S):
     batch=st.sampled_from([(), (2,)]),
     missing=st.lists(st.integers(0, 9), max_size=4),
 )
+@pytest.mark.parametrize("engine", ["sequential", "scan"])
 def test_filter_smoother_match_dense_conditioning(
-    seed, T, S, p, time_varying, singular_w, batch, missing
+    run_on, engine, seed, T, S, p, time_varying, singular_w, batch, missing
 ):
     y, G, F, W, V, m0, P0 = random_model(seed, T, S, p, time_varying, singular_w, batch)
     for k in missing:  # entries of y (rows and single coordinates) set missing
         y.view(*batch, -1)[..., k % (T * p)] = math.nan
     matrices = StateSpaceMatrices(G, F, W, V, m0, P0)
-    filt = kalman_filter(y, matrices)
-    smooth = kalman_smoother(y, matrices)
+    with run_on(engine):
+        filt = kalman_filter(y, matrices)
+        smooth = kalman_smoother(y, matrices)
     for b in range(batch[0] if batch else 1):
         ix = (b,) if batch else ()
         args = [x[ix] for x in (y, G, F, W, V, m0, P0)]
@@ -444,16 +446,18 @@ def test_log_likelihood_gradcheck_and_trend_seasonal_variances():
     assert torch.allclose(g_block, g_scan, rtol=1e-9, atol=1e-9)
 
 
-def test_log_likelihood_falls_back_when_block_noise_is_singular():
+def test_log_likelihood_falls_back_when_block_noise_is_singular(run_on):
     # V = 0: the first observation of a block is noiseless given the block's first state,
     # so the block noise covariance is singular; the scan still works (F W F^T > 0).
     y, G, F, W, V, m0, P0 = random_model(8, 12, 2, 1, False, False)
     V = torch.zeros_like(V)
     matrices = StateSpaceMatrices(G, F, W, V, m0, P0)
     expected = scan_log_likelihood(y, matrices)
-    assert torch.allclose(kalman_log_likelihood(y, matrices, block_size=4), expected)
-    # The blocked filter falls back the same way, to the same moments.
-    filt = kalman_filter(y, matrices)
+    with run_on("scan"):  # the blocked paths (the compiled kernels have no blocks)
+        assert torch.allclose(kalman_log_likelihood(y, matrices, block_size=4), expected)
+        # The blocked filter falls back the same way, to the same moments.
+        filt = kalman_filter(y, matrices)
+    assert torch.allclose(kalman_log_likelihood(y, matrices), expected)  # compiled kernels
     _, m, P, mp, Pp = kalman_module._run_filter(kalman_module.prepare_state_space(y, matrices))
     for actual, expected in zip(filt[1:], (m, P.movedim(0, -3), mp, Pp.movedim(0, -3))):
         assert torch.equal(actual, expected)

@@ -1,0 +1,216 @@
+"""The numba kernels of the Kalman filter and RTS smoother (imported only when numba is
+installed; see :mod:`._sequential`).
+
+Module-level functions, so that numba's on-disk cache serves every later process.
+
+Shapes: ``B`` series, ``T`` steps, ``S`` states, ``p`` observed coordinates. The model's
+matrices carry a step axis of length ``T`` (time-varying) or 1 (static): ``G (B, T|1, S,
+S)``, ``F (B, T|1, p, S)``, ``W (B, T|1, S, S)``, ``V (B, T|1, p, p)``; ``m0 (B, S)``, ``P0
+(B, S, S)``; ``y (B, T, p)`` with NaN where a coordinate is missing. As in
+:mod:`~pyro_ext.timeseries.kalman`, entry ``t`` of ``G`` and ``W`` drives the transition into
+step ``t`` (entry 0 is unused: the first state comes from the prior).
+"""
+
+import math
+
+import numba
+import numpy as np
+
+_LOG_2PI = math.log(2.0 * math.pi)
+
+# Reassociation lets LLVM vectorise the inner products; no flag assumes finite values.
+_jit = numba.njit(cache=True, nogil=True, fastmath={"reassoc", "contract"})
+
+
+@_jit
+def _cholesky(a, n):
+    """Lower Cholesky factor of ``a[:n, :n]`` in place; ``False`` if not positive definite."""
+    for j in range(n):
+        d = a[j, j]
+        for k in range(j):
+            d -= a[j, k] * a[j, k]
+        if not d > 0.0:
+            return False
+        d = math.sqrt(d)
+        a[j, j] = d
+        for i in range(j + 1, n):
+            s = a[i, j]
+            for k in range(j):
+                s -= a[i, k] * a[j, k]
+            a[i, j] = s / d
+    return True
+
+
+@_jit
+def filter(y, G, F, W, V, m0, P0, ll, m_out, P_out, mp_out, Pp_out):
+    """Covariance-form Kalman filter. Writes ``ll (B,)`` and, where ``m_out`` has ``T``
+    steps (not a ``(B, 0, S)`` placeholder), the filtered and one-step predicted moments
+    ``(B, T, S)`` / ``(B, T, S, S)``. Returns ``-1`` on success, else the flat index ``b * T
+    + t`` of the first innovation covariance that is not positive definite."""
+    num_batch, duration, p = y.shape
+    S = m0.shape[1]
+    store = m_out.shape[1] == duration
+    m = np.empty(S)
+    P = np.empty((S, S))
+    mp = np.empty(S)
+    Pp = np.empty((S, S))
+    GP = np.empty((S, S))
+    observed = np.empty(p, dtype=np.int64)
+    FP = np.empty((p, S))
+    L = np.empty((p, p))
+    e = np.empty(p)
+    for b in range(num_batch):
+        total = 0.0
+        for t in range(duration):
+            if t == 0:
+                mp[:] = m0[b]
+                Pp[:, :] = P0[b]
+            else:
+                g = G[b, t if G.shape[1] > 1 else 0]
+                w = W[b, t if W.shape[1] > 1 else 0]
+                for i in range(S):
+                    acc = 0.0
+                    for k in range(S):
+                        acc += g[i, k] * m[k]
+                    mp[i] = acc
+                for i in range(S):
+                    for j in range(S):
+                        acc = 0.0
+                        for k in range(S):
+                            acc += g[i, k] * P[k, j]
+                        GP[i, j] = acc
+                for i in range(S):
+                    for j in range(i + 1):
+                        acc = 0.0
+                        for k in range(S):
+                            acc += GP[i, k] * g[j, k]
+                        Pp[i, j] = acc + 0.5 * (w[i, j] + w[j, i])
+                        Pp[j, i] = Pp[i, j]
+            if store:
+                mp_out[b, t] = mp
+                Pp_out[b, t] = Pp
+            n = 0
+            for i in range(p):
+                if not math.isnan(y[b, t, i]):
+                    observed[n] = i
+                    n += 1
+            m[:] = mp
+            P[:, :] = Pp
+            if n > 0:
+                f = F[b, t if F.shape[1] > 1 else 0]
+                v = V[b, t if V.shape[1] > 1 else 0]
+                # FP = F_o P^- (n x S); the innovation covariance F_o P^- F_o^T + V_oo.
+                for a in range(n):
+                    row = observed[a]
+                    for j in range(S):
+                        acc = 0.0
+                        for k in range(S):
+                            acc += f[row, k] * Pp[k, j]
+                        FP[a, j] = acc
+                    acc = 0.0
+                    for k in range(S):
+                        acc += f[row, k] * mp[k]
+                    e[a] = y[b, t, row] - acc
+                for a in range(n):
+                    for c in range(a + 1):
+                        acc = 0.0
+                        for k in range(S):
+                            acc += FP[a, k] * f[observed[c], k]
+                        L[a, c] = acc + 0.5 * (
+                            v[observed[a], observed[c]] + v[observed[c], observed[a]]
+                        )
+                if not _cholesky(L, n):
+                    return b * duration + t
+                # Z = L^{-1} F_o P^-, z = L^{-1} e (forward substitution, in place).
+                for a in range(n):
+                    d = L[a, a]
+                    for c in range(a):
+                        e[a] -= L[a, c] * e[c]
+                        for j in range(S):
+                            FP[a, j] -= L[a, c] * FP[c, j]
+                    e[a] /= d
+                    for j in range(S):
+                        FP[a, j] /= d
+                    total += -0.5 * e[a] * e[a] - math.log(d) - 0.5 * _LOG_2PI
+                # m = m^- + Z^T z, P = P^- - Z^T Z (exactly symmetric).
+                for a in range(n):
+                    for i in range(S):
+                        m[i] += FP[a, i] * e[a]
+                for i in range(S):
+                    for j in range(i + 1):
+                        acc = 0.0
+                        for a in range(n):
+                            acc += FP[a, i] * FP[a, j]
+                        P[i, j] -= acc
+                        P[j, i] = P[i, j]
+            if store:
+                m_out[b, t] = m
+                P_out[b, t] = P
+        ll[b] = total
+    return -1
+
+
+@_jit
+def smoother(G, m, P, mp, Pp, ms, Ps, gains):
+    """Rauch-Tung-Striebel smoother from the filter's moments: ``ms (B, T, S)``, ``Ps (B,
+    T, S, S)`` and the gains :math:`E_t = P_t G_{t+1}^T P_{t+1|t}^{-1}` ``(B, T-1, S, S)``.
+    Returns ``-1`` on success, else the flat index ``b * T + t`` of the first predicted
+    covariance ``P_{t|t-1}`` that is not positive definite."""
+    num_batch, duration, S = m.shape
+    L = np.empty((S, S))
+    X = np.empty((S, S))
+    d = np.empty(S)
+    D = np.empty((S, S))
+    ED = np.empty((S, S))
+    for b in range(num_batch):
+        ms[b, duration - 1] = m[b, duration - 1]
+        Ps[b, duration - 1] = P[b, duration - 1]
+        for t in range(duration - 2, -1, -1):
+            g = G[b, t + 1 if G.shape[1] > 1 else 0]
+            L[:, :] = Pp[b, t + 1]
+            if not _cholesky(L, S):
+                return b * duration + t + 1
+            # X = G P_t (S x S); solve P^-_{t+1} E^T = X, so E = X^T P^-_{t+1}^{-1}.
+            for i in range(S):
+                for j in range(S):
+                    acc = 0.0
+                    for k in range(S):
+                        acc += g[i, k] * P[b, t, k, j]
+                    X[i, j] = acc
+            for j in range(S):  # forward then back substitution, column j of X
+                for i in range(S):
+                    s = X[i, j]
+                    for k in range(i):
+                        s -= L[i, k] * X[k, j]
+                    X[i, j] = s / L[i, i]
+                for i in range(S - 1, -1, -1):
+                    s = X[i, j]
+                    for k in range(i + 1, S):
+                        s -= L[k, i] * X[k, j]
+                    X[i, j] = s / L[i, i]
+            for i in range(S):  # E = X^T
+                for j in range(S):
+                    gains[b, t, i, j] = X[j, i]
+            E = gains[b, t]
+            for i in range(S):
+                d[i] = ms[b, t + 1, i] - mp[b, t + 1, i]
+                for j in range(S):
+                    D[i, j] = Ps[b, t + 1, i, j] - Pp[b, t + 1, i, j]
+            for i in range(S):
+                acc = 0.0
+                for k in range(S):
+                    acc += E[i, k] * d[k]
+                ms[b, t, i] = m[b, t, i] + acc
+                for j in range(S):
+                    acc = 0.0
+                    for k in range(S):
+                        acc += E[i, k] * D[k, j]
+                    ED[i, j] = acc
+            for i in range(S):
+                for j in range(i + 1):
+                    acc = 0.0
+                    for k in range(S):
+                        acc += ED[i, k] * E[j, k]
+                    Ps[b, t, i, j] = P[b, t, i, j] + acc
+                    Ps[b, t, j, i] = Ps[b, t, i, j]
+    return -1
