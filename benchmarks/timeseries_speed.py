@@ -34,7 +34,9 @@ noise):
    ``UnobservedComponents.score`` (numerical derivatives: what a statsmodels user gets).
    dynamax's jitted ``lgssm_filter`` (its log-likelihood; all its filtered moments) and
    ``lgssm_smoother`` against ``kalman_log_likelihood``, ``kalman_filter`` and
-   ``kalman_smoother`` on the same model and series, checked to agree.
+   ``kalman_smoother`` on the same model and series, checked to agree. On CPU, rows of the
+   compiled sequential kernels (what a call without gradients gets) against the torch
+   scans (blocked or parallel: what gradients, CUDA and torch.func get).
 4. DLM maximum likelihood: ``fit_dlm`` (L-BFGS through the exact Kalman likelihood, and EM
    with SQUAREM; its default 3 seeded starts, and 1) against statsmodels'
    ``UnobservedComponents(y, "local level").fit()`` on the Nile, with the estimates and
@@ -129,6 +131,17 @@ def timed_pair(ours, baseline, repeats, device):
         t_base.append(theirs)
         ratios.append(mine / theirs)
     return t_ours, t_base, statistics.median(ratios)
+
+
+def _on_scans(fn):
+    """``fn`` run with the compiled sequential kernels off: the engine CUDA, torch.func and
+    torch.compile calls get, for a row against the one a CPU call gets."""
+
+    def run():
+        with sequential_kernels(False):
+            return fn()
+
+    return run
 
 
 def _row(name, setting, timing):
@@ -244,15 +257,6 @@ def hmm_tables(sizes, repeats, device):
             return hmm_smooth(init64, trans64, obs_log_probs)
 
         if device.type == "cpu":
-            # The engine a CPU call gets (the compiled kernels) against the one CUDA,
-            # torch.func and torch.compile calls get (the scans), on the same call.
-            def on_scans(fn):
-                def run():
-                    with sequential_kernels(False):
-                        return fn()
-
-                return run
-
             for rows, name, fn in (
                 (loglik_rows, "hmm_log_likelihood", ours_floor),
                 (viterbi_rows, "hmm_viterbi", ours_viterbi),
@@ -262,7 +266,7 @@ def hmm_tables(sizes, repeats, device):
                     _row(
                         f"{name}: compiled kernels vs torch scans (f64)",
                         setting,
-                        timed_pair(fn, on_scans(fn), repeats, device),
+                        timed_pair(fn, _on_scans(fn), repeats, device),
                     )
                 )
 
@@ -522,7 +526,24 @@ def kalman_tables(lengths, repeats, device):
             matrices = StateSpaceMatrices(G, F, W, V, init_mean, init_cov)
             kalman_log_likelihood(y[:, None], matrices).backward()
 
+        def ours_smoother():
+            G, F, W, V = trend_seasonal_matrices(variances, dtype, device)
+            return kalman_smoother(y[:, None], StateSpaceMatrices(G, F, W, V, init_mean, init_cov))
+
         setting = f"LLT + seasonal(12), T={T:.0e}"
+        if device.type == "cpu":
+            for name, fn in (
+                ("kalman_log_likelihood", ours),
+                ("kalman_filter", ours_filter),
+                ("kalman_smoother", ours_smoother),
+            ):
+                rows.append(
+                    _row(
+                        f"{name}: compiled kernels vs torch scans (f64)",
+                        setting,
+                        timed_pair(fn, _on_scans(fn), repeats, device),
+                    )
+                )
         if peer is not None and device.type == "cpu":
             rows.extend(
                 _dynamax_kalman_rows(
