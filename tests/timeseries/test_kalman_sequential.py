@@ -68,11 +68,14 @@ def test_compiled_filter_and_smoother_equal_the_scan(seed, T, S, p, time_varying
     expected = kalman_module._run_smoother(ssm, *scan[1:], gains=True)
     for a, b in zip((ms, Ps, gains), expected):
         torch.testing.assert_close(a, b, rtol=1e-8, atol=1e-8)
-    # The public functions take the kernels by default and agree with the scans' results.
+    # The public functions take the kernels by default and agree with the scans' results
+    # (the log-likelihood with the per-step scan's: the blocked one, which the scans' engine
+    # uses for static matrices, loses digits to its blocks' conditioning, up to ~1e-5
+    # relative on some of these models).
     with sequential_kernels(False):
-        reference = kalman_smoother(y, matrices), kalman_log_likelihood(y, matrices)
-    torch.testing.assert_close(kalman_smoother(y, matrices), reference[0], rtol=1e-8, atol=1e-8)
-    torch.testing.assert_close(kalman_log_likelihood(y, matrices), reference[1])
+        reference = kalman_smoother(y, matrices)
+    torch.testing.assert_close(kalman_smoother(y, matrices), reference, rtol=1e-8, atol=1e-8)
+    torch.testing.assert_close(kalman_log_likelihood(y, matrices), scan[0], rtol=1e-9, atol=1e-9)
 
 
 def test_float32_in_float32_out():
