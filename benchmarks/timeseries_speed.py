@@ -328,23 +328,20 @@ def hmm_tables(sizes, repeats, device):
             jnp, norm = jax.numpy, jax.scipy.stats.norm
             p0, A = jnp.asarray(init64.exp().numpy()), jnp.asarray(trans64.exp().numpy())
             mu, xs = jnp.asarray(locs64.numpy()), jnp.asarray(x64.numpy())
-            # The emission log-densities inside the jitted call, as ours computes them.
-            their_ll = _jax_timed(
-                lambda p0, A, mu, xs: (
-                    hmm_filter(p0, A, norm.logpdf(xs[:, None], mu, 1.0)).marginal_loglik
-                ),
-                p0,
-                A,
-                mu,
-                xs,
-            )
-            their_mode = _jax_timed(
-                lambda p0, A, mu, xs: hmm_posterior_mode(p0, A, norm.logpdf(xs[:, None], mu, 1.0)),
-                p0,
-                A,
-                mu,
-                xs,
-            )
+
+            def emissions_inside(fn):
+                """dynamax's ``fn(p0, A, log_likelihoods)`` jitted with the emission
+                log-densities computed inside the call, as ours computes them."""
+                return _jax_timed(
+                    lambda p0, A, mu, xs: fn(p0, A, norm.logpdf(xs[:, None], mu, 1.0)),
+                    p0,
+                    A,
+                    mu,
+                    xs,
+                )
+
+            their_ll = emissions_inside(lambda *a: hmm_filter(*a).marginal_loglik)
+            their_mode = emissions_inside(hmm_posterior_mode)
             if not np.isclose(ours_ll, float(their_ll()), rtol=1e-8, atol=1e-6):
                 raise AssertionError(
                     f"log-likelihood mismatch: ours {ours_ll}, dynamax {their_ll()}"
@@ -352,15 +349,7 @@ def hmm_tables(sizes, repeats, device):
             agree = float((np.asarray(their_mode()) == ours_path[0].numpy()).mean())
             if agree < 0.999:
                 raise AssertionError(f"Viterbi paths agree on only {agree:.4f} of the steps")
-            their_smooth = _jax_timed(
-                lambda p0, A, mu, xs: (
-                    hmm_smoother(p0, A, norm.logpdf(xs[:, None], mu, 1.0)).smoothed_probs
-                ),
-                p0,
-                A,
-                mu,
-                xs,
-            )
+            their_smooth = emissions_inside(lambda *a: hmm_smoother(*a).smoothed_probs)
             if not np.allclose(np.asarray(their_smooth()), their_post, atol=1e-8):
                 raise AssertionError("dynamax's smoothed marginals differ from ours")
             smooth_rows.append(

@@ -42,6 +42,26 @@ def _cholesky(a, n):
 
 
 @_jit
+def _sandwich(a, b, c, work, out):
+    """``out = a b a^T + (c + c^T) / 2`` for square matrices, exactly symmetric (the lower
+    triangle computed and mirrored); ``work`` receives ``a b``."""
+    S = a.shape[0]
+    for i in range(S):
+        for j in range(S):
+            acc = 0.0
+            for k in range(S):
+                acc += a[i, k] * b[k, j]
+            work[i, j] = acc
+    for i in range(S):
+        for j in range(i + 1):
+            acc = 0.0
+            for k in range(S):
+                acc += work[i, k] * a[j, k]
+            out[i, j] = acc + 0.5 * (c[i, j] + c[j, i])
+            out[j, i] = out[i, j]
+
+
+@_jit
 def filter(y, G, F, W, V, m0, P0, ll, m_out, P_out, mp_out, Pp_out):
     """Covariance-form Kalman filter. Writes ``ll (B,)`` and, where ``m_out`` has ``T``
     steps (not a ``(B, 0, S)`` placeholder), the filtered and one-step predicted moments
@@ -73,19 +93,7 @@ def filter(y, G, F, W, V, m0, P0, ll, m_out, P_out, mp_out, Pp_out):
                     for k in range(S):
                         acc += g[i, k] * m[k]
                     mp[i] = acc
-                for i in range(S):
-                    for j in range(S):
-                        acc = 0.0
-                        for k in range(S):
-                            acc += g[i, k] * P[k, j]
-                        GP[i, j] = acc
-                for i in range(S):
-                    for j in range(i + 1):
-                        acc = 0.0
-                        for k in range(S):
-                            acc += GP[i, k] * g[j, k]
-                        Pp[i, j] = acc + 0.5 * (w[i, j] + w[j, i])
-                        Pp[j, i] = Pp[i, j]
+                _sandwich(g, P, w, GP, Pp)
             if store:
                 mp_out[b, t] = mp
                 Pp_out[b, t] = Pp
@@ -201,16 +209,5 @@ def smoother(G, m, P, mp, Pp, ms, Ps, gains):
                 for k in range(S):
                     acc += E[i, k] * d[k]
                 ms[b, t, i] = m[b, t, i] + acc
-                for j in range(S):
-                    acc = 0.0
-                    for k in range(S):
-                        acc += E[i, k] * D[k, j]
-                    ED[i, j] = acc
-            for i in range(S):
-                for j in range(i + 1):
-                    acc = 0.0
-                    for k in range(S):
-                        acc += ED[i, k] * E[j, k]
-                    Ps[b, t, i, j] = P[b, t, i, j] + acc
-                    Ps[b, t, j, i] = Ps[b, t, i, j]
+            _sandwich(E, D, P[b, t], ED, Ps[b, t])
     return -1

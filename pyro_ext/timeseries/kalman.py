@@ -1176,18 +1176,22 @@ def kalman_log_likelihood(
     return ll
 
 
+def _smoothed(args):
+    """``(ll, ms, Ps, gains)`` time-first: the compiled kernels on CPU, else the scans."""
+    out = _sequential_smoother(args) if _sequential_ok(args) else None
+    if out is not None:
+        return out
+    ssm = _build(args)
+    ll, m, P, mp, Pp = _filter_moments(args)
+    ms, Ps, gains = _run_smoother(ssm, m, P, mp, Pp, gains=True)
+    return ll, ms, Ps, gains
+
+
 def smoothed_second_moments(y: torch.Tensor, matrices: StateSpaceMatrices):
     r"""What EM's E-step needs: smoothed means ``(..., T, S)``, covariances ``(..., T, S,
     S)``, lag-one covariances :math:`\mathrm{Cov}(x_{t+1}, x_t \mid y_{1:T})` ``(..., T-1,
     S, S)`` and the log-likelihood, from one filter and one smoother pass."""
-    args = _validate(y, matrices)
-    out = _sequential_smoother(args) if _sequential_ok(args) else None
-    if out is not None:
-        ll, ms, Ps, gains = out
-    else:
-        ssm = _build(args)
-        ll, m, P, mp, Pp = _filter_moments(args)
-        ms, Ps, gains = _run_smoother(ssm, m, P, mp, Pp, gains=True)
+    ll, ms, Ps, gains = _smoothed(_validate(y, matrices))
     cross = Ps[1:] @ gains.mT
     return _to_external(ms, 1), _to_external(Ps, 2), _to_external(cross, 2), ll
 
@@ -1198,14 +1202,7 @@ def kalman_smoother(y: torch.Tensor, matrices: StateSpaceMatrices) -> KalmanSmoo
     Arguments (``y`` and a :class:`StateSpaceMatrices`) as :func:`kalman_filter`; needs
     invertible predicted covariances.
     """
-    args = _validate(y, matrices)
-    out = _sequential_smoother(args) if _sequential_ok(args) else None
-    if out is not None:
-        ll, ms, Ps, _ = out
-    else:
-        ssm = _build(args)
-        ll, m, P, mp, Pp = _filter_moments(args)
-        ms, Ps = _run_smoother(ssm, m, P, mp, Pp)
+    ll, ms, Ps, _ = _smoothed(_validate(y, matrices))
     return KalmanSmootherResult(_to_external(ms, 1), _to_external(Ps, 2), ll)
 
 
