@@ -7,11 +7,19 @@ first state drawn from its prior::
     x_t = G_t x_{t-1} + w_t,    w_t ~ N(0, W_t),   t = 2..T      (1.2)
     y_t = F_t x_t + v_t,        v_t ~ N(0, V_t),   t = 1..T      (1.3)
 
-Everything here is *parallel in time*: filtering and smoothing are associative scans
-(:func:`~pyro_ext.ops.associative_scan`) over Gaussian elements (Sarkka & Garcia-Fernandez,
-"Temporal parallelization of Bayesian smoothers", IEEE TAC 2021, eqs. (10)-(14) for
-filtering and (20)-(22) for smoothing), so a series of length ``T`` costs ``O(log T)``
-batched small-matrix operations instead of ``T`` sequential Python steps.  The covariance
+Two engines evaluate the filter and smoother. On CPU tensors, for calls that want no
+gradient and with numba installed (the ``fast`` extra), compiled sequential kernels
+(:mod:`._kalman_kernels`) run the textbook covariance-form filter and the Rauch-Tung-Striebel
+smoother as one machine-code loop over time: the faster engine on one CPU thread at every
+size measured (``benchmarks/results/timeseries_speed.md``). Everywhere else (gradients,
+CUDA, ``torch.func``, ``torch.compile``, no numba, or inside
+:func:`~pyro_ext.timeseries.sequential_kernels` ``(False)``) filtering and smoothing are
+*parallel in time*: associative scans (:func:`~pyro_ext.ops.associative_scan`) over
+Gaussian elements (Sarkka & Garcia-Fernandez, "Temporal parallelization of Bayesian
+smoothers", IEEE TAC 2021, eqs. (10)-(14) for filtering and (20)-(22) for smoothing), so a
+series of length ``T`` costs ``O(log T)`` batched small-matrix operations instead of ``T``
+sequential Python steps. Both are exact and agree to round-off (the kernels compute in
+float64).  The covariance
 form of those elements only needs ``I + C_i J_j`` to be invertible, so singular process
 noise (dummy seasonals, static regression coefficients, AR companion forms) is handled
 exactly.  Pyro's :class:`~pyro.distributions.GaussianHMM` is not reused because its
@@ -1113,7 +1121,8 @@ def _to_external(x, core_dims):
 def kalman_filter(y: torch.Tensor, matrices: StateSpaceMatrices) -> KalmanFilterResult:
     r"""Filtered moments and exact log-likelihood :math:`\log p(y_{1:T})`.
 
-    Static matrices with three or more states: the blocked scan of
+    On CPU without a gradient wanted (numba installed), the compiled covariance-form
+    filter. Otherwise, static matrices with three or more states: the blocked scan of
     :func:`kalman_log_likelihood` gives the predicted moments at the start of every block of
     ``~sqrt(T)`` steps, and the textbook (covariance-form) filter then runs inside all
     blocks at once.  Otherwise the parallel scan (Sarkka & Garcia-Fernandez 2021).  Both
@@ -1140,6 +1149,9 @@ def kalman_log_likelihood(
     block_size: int | None = None,
 ) -> torch.Tensor:
     r"""Exact log-likelihood :math:`\log p(y_{1:T})` only; arguments as :func:`kalman_filter`.
+
+    On CPU without a gradient wanted (numba installed), the compiled filter, which keeps no
+    moments (``block_size`` is then not used). Otherwise:
 
     Much faster than ``kalman_filter(...).log_likelihood`` for static matrices: ``B``
     consecutive steps are grouped into one block whose observation vector (``B * obs_dim``
