@@ -85,18 +85,20 @@ def viterbi(log_init, log_trans, obs):
 class _LogLikelihood(torch.autograd.Function):
     """``log p(x)`` with its gradient as the expected counts: for the log-partition of the
     chain's exponential family, ``d/d log_init = gamma_1``, ``d/d log_trans[t] = xi_t`` and
-    ``d/d obs[t] = gamma_t``. A second derivative (``create_graph=True``) is taken through
-    ``differentiable``, the torch scans on the same inputs."""
+    ``d/d obs[t] = gamma_t``. The forward call runs the whole forward-backward pass once,
+    since a gradient is wanted, and keeps the counts for ``backward``. A second derivative
+    (``create_graph=True``) is taken through ``differentiable``, the torch scans on the same
+    inputs."""
 
     @staticmethod
-    def forward(log_init, log_trans, obs, differentiable):
-        return _log_likelihood_values(log_init, log_trans, obs)
-
-    @staticmethod
-    def setup_context(ctx, inputs, output):
-        log_init, log_trans, obs, differentiable = inputs
+    def forward(ctx, log_init, log_trans, obs, differentiable):
+        # An impossible sequence (log p = -inf) gets NaN counts, so NaN gradients, as from
+        # the scans.
+        posterior, pairs, log_norm = expected_statistics(log_init, log_trans, obs)
         ctx.save_for_backward(log_init, log_trans, obs)
+        ctx.counts = posterior, pairs
         ctx.differentiable = differentiable
+        return log_norm.to(obs.dtype)
 
     @staticmethod
     def backward(ctx, grad):
@@ -109,8 +111,7 @@ class _LogLikelihood(torch.autograd.Function):
             value = ctx.differentiable(*inputs)
             grads = iter(torch.autograd.grad(value, wanted, grad, create_graph=True))
             return (*(next(grads) if need else None for need in ctx.needs_input_grad[:3]), None)
-        # An impossible sequence (log p = -inf) gets NaN gradients, as from the scans.
-        posterior, pairs, _ = expected_statistics(log_init, log_trans, obs)
+        posterior, pairs = ctx.counts
         scale = grad.to(torch.float64)
         grad_init = posterior[:, 0] * scale[:, None]
         grad_trans = pairs * scale[:, None, None, None]

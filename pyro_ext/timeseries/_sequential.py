@@ -23,21 +23,28 @@ __all__ = ["available", "float64_arrays", "kernels", "sequential_kernels"]
 _enabled = True
 
 
-@contextlib.contextmanager
-def sequential_kernels(enabled: bool = True) -> Iterator[None]:
+def sequential_kernels(enabled: bool = True) -> contextlib.AbstractContextManager[None]:
     """
     Within the block, whether the HMM and Kalman functions of :mod:`pyro_ext.timeseries`
     may run the compiled sequential kernels on CPU tensors (numba, the ``fast`` extra; on by
     default). Turned off, they use the torch scans, as on CUDA and under
     ``torch.func``/``torch.compile``: to compare the two, or to keep float32 arithmetic in
-    float32 (the kernels compute in float64 whatever the dtype).
+    float32 (the kernels compute in float64 whatever the dtype)::
+
+        with sequential_kernels(False):
+            log_lik = hmm_log_likelihood(init_logits, trans_logits, obs_log_probs)
 
     :param bool enabled: ``False`` for the scans.
-    :raises TypeError: if ``enabled`` is not a bool.
+    :raises TypeError: at the call, if ``enabled`` is not a bool.
     """
-    global _enabled
     if not isinstance(enabled, bool):
         raise TypeError(f"enabled must be a bool, got {type(enabled).__name__}")
+    return _switched(enabled)
+
+
+@contextlib.contextmanager
+def _switched(enabled: bool) -> Iterator[None]:
+    global _enabled
     previous = _enabled
     _enabled = enabled
     try:

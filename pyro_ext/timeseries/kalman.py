@@ -1046,51 +1046,55 @@ def _sequential_inputs(args):
     )
 
 
-def _sequential_filter(args, moments=True):
-    """``(ll, m, P, mp, Pp)`` time-first (``(ll,)`` without ``moments``) by the compiled
-    filter, or ``None`` where it meets a covariance that is not positive definite (the
-    scans then name it, or give NaN with validation off)."""
+def _compiled_filter(args, moments):
+    """Run the compiled filter: ``(arrays, ll, [m, P, mp, Pp])`` as numpy (the moments with
+    ``T`` steps, or none), or ``None`` where it meets a covariance that is not positive
+    definite (the scans then name it, or give NaN with validation off)."""
     arrays = _sequential_inputs(args)
     size, T, _ = arrays[0].shape
     S = arrays[5].shape[-1]
     steps = T if moments else 0
     ll = np.empty(size)
     outputs = [np.empty((size, steps) + core) for core in ((S,), (S, S), (S,), (S, S))]
-    kernels = _sequential.kernels("_kalman_kernels")
-    if kernels.filter(*arrays, ll, *outputs) >= 0:
+    if _sequential.kernels("_kalman_kernels").filter(*arrays, ll, *outputs) >= 0:
         return None
+    return arrays, ll, outputs
+
+
+def _from_kernels(args, arrays):
+    """The kernels' ``(B, ...)`` numpy outputs as time-first tensors of the batch shape and
+    dtype of ``args``; a ``(B,)`` one as ``(*batch)``."""
     dtype, batch = args.y.dtype, args.batch
-    ll = torch.from_numpy(ll).to(dtype).reshape(batch)
-    if not moments:
-        return (ll,)
-    m, P, mp, Pp = (
-        torch.from_numpy(x).to(dtype).reshape(*batch, *x.shape[1:]).movedim(len(batch), 0)
-        for x in outputs
-    )
-    return ll, m, P, mp, Pp
+    out = []
+    for x in arrays:
+        x = torch.from_numpy(x).to(dtype).reshape(tuple(batch) + x.shape[1:])
+        out.append(x.movedim(len(batch), 0) if x.dim() > len(batch) else x)
+    return out
+
+
+def _sequential_filter(args, moments=True):
+    """``(ll, m, P, mp, Pp)`` time-first (``(ll,)`` without ``moments``) by the compiled
+    filter, or ``None`` (see :func:`_compiled_filter`)."""
+    run = _compiled_filter(args, moments)
+    if run is None:
+        return None
+    _, ll, outputs = run
+    return tuple(_from_kernels(args, [ll] + (outputs if moments else [])))
 
 
 def _sequential_smoother(args):
     """``(ll, ms, Ps, gains)`` time-first by the compiled filter and RTS smoother, or
-    ``None`` (see :func:`_sequential_filter`)."""
-    arrays = _sequential_inputs(args)
-    size, T, _ = arrays[0].shape
-    S = arrays[5].shape[-1]
-    ll = np.empty(size)
-    moments = [np.empty((size, T) + core) for core in ((S,), (S, S), (S,), (S, S))]
-    kernels = _sequential.kernels("_kalman_kernels")
-    if kernels.filter(*arrays, ll, *moments) >= 0:
+    ``None`` (see :func:`_compiled_filter`)."""
+    run = _compiled_filter(args, moments=True)
+    if run is None:
         return None
+    arrays, ll, moments = run
+    size, T, S = moments[0].shape
     smoothed = [np.empty((size, T, S)), np.empty((size, T, S, S))]
     gains = np.empty((size, max(T - 1, 0), S, S))
-    if kernels.smoother(arrays[1], *moments, *smoothed, gains) >= 0:
+    if _sequential.kernels("_kalman_kernels").smoother(arrays[1], *moments, *smoothed, gains) >= 0:
         return None
-    dtype, batch = args.y.dtype, args.batch
-    ms, Ps, gains = (
-        torch.from_numpy(x).to(dtype).reshape(*batch, *x.shape[1:]).movedim(len(batch), 0)
-        for x in (*smoothed, gains)
-    )
-    return torch.from_numpy(ll).to(dtype).reshape(batch), ms, Ps, gains
+    return tuple(_from_kernels(args, [ll, *smoothed, gains]))
 
 
 def _filter_moments(args):

@@ -207,8 +207,7 @@ def test_available_only_on_cpu_untraced_and_switched_on():
         assert not _hmm_sequential.available(cpu)
     assert _hmm_sequential.available(cpu)
     with pytest.raises(TypeError, match="enabled must be a bool"):
-        with sequential_kernels(0):
-            pass
+        sequential_kernels(0)
     assert not _hmm_sequential.available(torch.zeros(2, device="meta"))
     assert not torch.func.vmap(lambda x: x * 0 + float(_hmm_sequential.available(x)))(
         torch.zeros(3, 1)
