@@ -1,7 +1,9 @@
 """The numba kernels of :mod:`._hmm_sequential` (imported only when numba is installed).
 
 Module-level functions, so that numba's on-disk cache (``cache=True``) serves every later
-process: compiling them takes seconds, loading them milliseconds.
+process. Everything is written as explicit loops: numba's array expressions and slice
+assignments cost seconds each to compile (a process's first call, and every fresh install,
+waits for them) and run no faster here.
 
 Shapes: ``B`` series, ``T`` steps, ``K`` states, ``n = 1`` (homogeneous) or ``T - 1``
 transition matrices. ``log_trans``/``trans`` are ``(B, n, K, K)`` indexed ``[from, to]``,
@@ -25,6 +27,65 @@ _FOLD = 1e-50
 # Reassociation lets LLVM vectorise the inner products; no flag assumes finite values, so
 # the -inf of impossible states keeps its meaning.
 _jit = numba.njit(cache=True, nogil=True, fastmath={"reassoc", "contract"})
+# Without fast-math: :func:`_exp_into`'s range reduction is exact only as written.
+_exact_jit = numba.njit(cache=True, nogil=True)
+
+# exp(x) = 2^k exp(r), k = round(x / ln 2), r = x - k ln 2 in [-ln 2 / 2, ln 2 / 2]
+# (Cody & Waite 1980: ln 2 split in two so that k ln2_hi is exact).
+_LOG2E = 1.4426950408889634
+_LN2_HI = 6.93147180369123816490e-01
+_LN2_LO = 1.90821492927058770002e-10
+# Adding 1.5 * 2^52 rounds to an integer and leaves it in the low bits of the mantissa.
+_ROUND = 6755399441055744.0
+_ROUND_BITS = 0x4338000000000000
+# Below this exp(x) < 2^-1021 (near the smallest normal float), returned as 0: a term that
+# small only matters where a normaliser falls below _UNDERFLOW, and every such step is
+# redone in log space from the log emissions themselves.
+_EXP_FLOOR = -708.0
+_EXP_CEIL = 709.0
+
+
+@_exact_jit
+def _exp_in_place(x):
+    """``x = exp(x)`` over a 1-d array, to 1 ulp, with 0 below ``exp(-708)`` and NaN
+    kept. Branch-free loops over blocks that LLVM vectorises: numba's ``math.exp`` is a
+    scalar libm call per element, 2-3x slower, and the forward pass of a small-K chain is
+    mostly these exponentials."""
+    block = 256
+    scale = np.empty(block)
+    bits = scale.view(np.int64)
+    for start in range(0, x.shape[0], block):
+        chunk = x[start : start + block]
+        size = chunk.shape[0]
+        for i in range(size):
+            v = chunk[i]
+            clamped = min(max(v, _EXP_FLOOR), _EXP_CEIL)
+            rounded = clamped * _LOG2E + _ROUND
+            k = rounded - _ROUND
+            r = clamped - k * _LN2_HI
+            r = r - k * _LN2_LO
+            # Taylor to degree 13: the remainder is below 4e-18 on |r| <= ln 2 / 2.
+            p = 1.0 / 6227020800.0
+            p = p * r + 1.0 / 479001600.0
+            p = p * r + 1.0 / 39916800.0
+            p = p * r + 1.0 / 3628800.0
+            p = p * r + 1.0 / 362880.0
+            p = p * r + 1.0 / 40320.0
+            p = p * r + 1.0 / 5040.0
+            p = p * r + 1.0 / 720.0
+            p = p * r + 1.0 / 120.0
+            p = p * r + 1.0 / 24.0
+            p = p * r + 1.0 / 6.0
+            p = p * r + 0.5
+            p = p * r + 1.0
+            p = p * r + 1.0
+            chunk[i] = p if v > _EXP_FLOOR else (0.0 if v == v else v)
+            scale[i] = rounded
+        # 2^k assembled from its bits: exponent field k + 1023.
+        for i in range(size):
+            bits[i] = (bits[i] - _ROUND_BITS + 1023) << 52
+        for i in range(size):
+            chunk[i] *= scale[i]
 
 
 @_jit
@@ -39,14 +100,33 @@ def _log_sum_exp(v):
 
 
 @_jit
+def _transposed(log_trans):
+    """``log_trans`` with its last two axes swapped, C-ordered."""
+    num_batch, count, k_states, _ = log_trans.shape
+    out = np.empty(log_trans.shape)
+    for b in range(num_batch):
+        for a in range(count):
+            for i in range(k_states):
+                for j in range(k_states):
+                    out[b, a, j, i] = log_trans[b, a, i, j]
+    return out
+
+
+@_jit
+def _exp(x):
+    """``exp`` of a C-ordered array of any rank, by :func:`_exp_in_place`."""
+    out = x.copy()
+    _exp_in_place(out.reshape(out.size))
+    return out
+
+
+@_jit
 def prepare(log_trans, obs):
     """``(log_trans_t, trans, trans_t, emit, shift)`` from ``log_trans`` and ``obs``."""
     num_batch, duration, k_states = obs.shape
-    log_trans_t = np.ascontiguousarray(log_trans.transpose(0, 1, 3, 2))
-    trans = np.exp(log_trans)
-    trans_t = np.exp(log_trans_t)
-    emit = np.empty(obs.shape)
+    log_trans_t = _transposed(log_trans)
     shift = np.empty((num_batch, duration))
+    emit = np.empty(obs.shape)
     for b in range(num_batch):
         for t in range(duration):
             top = obs[b, t, 0]
@@ -57,16 +137,36 @@ def prepare(log_trans, obs):
                 top = 0.0
             shift[b, t] = top
             for k in range(k_states):
-                emit[b, t, k] = math.exp(obs[b, t, k] - top)
-    return log_trans_t, trans, trans_t, emit, shift
+                emit[b, t, k] = obs[b, t, k] - top
+    _exp_in_place(emit.reshape(emit.size))
+    return log_trans_t, _exp(log_trans), _exp(log_trans_t), emit, shift
+
+
+@_jit
+def _fill(x, value):
+    """Set every entry of the C-ordered array ``x`` to ``value``."""
+    flat = x.reshape(x.size)
+    for i in range(flat.shape[0]):
+        flat[i] = value
 
 
 @_jit
 def log_likelihood(log_init, log_trans, obs, out):
     """``out[b] = log p(x_{1:T})``."""
     log_trans_t, _, trans_t, emit, shift = prepare(log_trans, obs)
-    none = np.empty((obs.shape[0], 0, obs.shape[2]))
-    forward(log_init, log_trans_t, trans_t, obs, emit, shift, none, none[:, :, 0], out)
+    # Empty placeholders, C-ordered like :func:`filtered`'s outputs, so that both callers
+    # share one compiled ``forward``.
+    forward(
+        log_init,
+        log_trans_t,
+        trans_t,
+        obs,
+        emit,
+        shift,
+        np.empty((obs.shape[0], 0, obs.shape[2])),
+        np.empty((obs.shape[0], 0)),
+        out,
+    )
 
 
 @_jit
@@ -100,7 +200,8 @@ def forward(log_init, log_trans_t, trans_t, obs, emit, shift, filtered, log_norm
             for i in range(k_states):
                 alpha[i] = math.exp(new[i] - log_total)
             if store:
-                filtered[b, 0, :] = alpha
+                for i in range(k_states):
+                    filtered[b, 0, i] = alpha[i]
                 log_norms[b, 0] = log_total
         scale = 1.0
         for t in range(1, dead_from):
@@ -137,13 +238,16 @@ def forward(log_init, log_trans_t, trans_t, obs, emit, shift, filtered, log_norm
                     alpha[i] = math.exp(new[i] - step)
                 log_total += shift[b, t] + step
             if store:
-                filtered[b, t, :] = alpha
+                for i in range(k_states):
+                    filtered[b, t, i] = alpha[i]
                 log_norms[b, t] = log_total + math.log(scale)
         if dead_from < duration:
             out[b] = -np.inf
             if store:
-                filtered[b, dead_from:, :] = 0.0
-                log_norms[b, dead_from:] = -np.inf
+                for t in range(dead_from, duration):
+                    for i in range(k_states):
+                        filtered[b, t, i] = 0.0
+                    log_norms[b, t] = -np.inf
         else:
             out[b] = log_total + math.log(scale)
 
@@ -158,7 +262,8 @@ def backward(log_trans, trans, obs, emit, shift, beta):
     new = np.empty(k_states)
     terms = np.empty(k_states)
     for b in range(num_batch):
-        beta[b, duration - 1, :] = 1.0
+        for k in range(k_states):
+            beta[b, duration - 1, k] = 1.0
         for t in range(duration - 2, -1, -1):
             a = t if time_varying else 0
             for k in range(k_states):
@@ -183,7 +288,9 @@ def backward(log_trans, trans, obs, emit, shift, beta):
                     new[j] = _log_sum_exp(terms)
                 top_log = new.max()
                 if top_log == -np.inf:
-                    beta[b, : t + 1, :] = np.nan
+                    for s in range(t + 1):
+                        for j in range(k_states):
+                            beta[b, s, j] = np.nan
                     break
                 for j in range(k_states):
                     beta[b, t, j] = math.exp(new[j] - top_log)
@@ -192,8 +299,9 @@ def backward(log_trans, trans, obs, emit, shift, beta):
 @_jit
 def expected_statistics(log_init, log_trans, obs, posterior, pairs, out):
     """Posterior marginals ``(B, T, K)``, two-slice marginals ``pairs`` shaped as
-    ``log_trans`` (per step, or summed over the steps of a homogeneous chain) and ``log
-    p(x)`` in ``out`` ``(B,)``, by one forward and one backward pass.
+    ``log_trans`` (per step, or summed over the steps of a homogeneous chain; a ``(B, 0, K,
+    K)`` placeholder skips them) and ``log p(x)`` in ``out`` ``(B,)``, by one forward and
+    one backward pass.
 
     The two messages are each normalised, so a state can underflow in one of them (a
     weight below ~1e-308 of its best) and still carry the posterior once multiplied by the
@@ -203,17 +311,20 @@ def expected_statistics(log_init, log_trans, obs, posterior, pairs, out):
     num_batch, duration, k_states = obs.shape
     log_trans_t, trans, trans_t, emit, shift = prepare(log_trans, obs)
     time_varying = trans.shape[1] > 1
+    want_pairs = pairs.shape[1] > 0
     per_step = pairs.shape[1] > 1
     filtered = np.empty((num_batch, duration, k_states))
     log_norms = np.empty((num_batch, duration))
     forward(log_init, log_trans_t, trans_t, obs, emit, shift, filtered, log_norms, out)
     beta = np.empty((num_batch, duration, k_states))
     backward(log_trans, trans, obs, emit, shift, beta)
-    pairs[:] = 0.0
+    weights = np.empty(k_states)
+    summed = np.empty((k_states, k_states))
     for b in range(num_batch):
+        _fill(pairs[b], 0.0)
         if out[b] == -np.inf:
-            posterior[b] = np.nan
-            pairs[b] = np.nan
+            _fill(posterior[b], np.nan)
+            _fill(pairs[b], np.nan)
             continue
         exact = True
         for t in range(duration):
@@ -227,31 +338,42 @@ def expected_statistics(log_init, log_trans, obs, posterior, pairs, out):
             inv = 1.0 / total
             for k in range(k_states):
                 posterior[b, t, k] *= inv
-        for t in range(duration - 1 if exact else 0):
+        _fill(summed, 0.0)
+        # xi_t[j, k] = filtered_t[j] A[j, k] emit_{t+1}[k] beta_{t+1}[k] / normaliser.
+        for t in range(duration - 1 if exact and want_pairs else 0):
             a = t if time_varying else 0
-            row = t if per_step else 0
+            for k in range(k_states):
+                weights[k] = emit[b, t + 1, k] * beta[b, t + 1, k]
             total = 0.0
             for j in range(k_states):
+                acc = 0.0
                 for k in range(k_states):
-                    total += (
-                        filtered[b, t, j]
-                        * trans[b, a, j, k]
-                        * emit[b, t + 1, k]
-                        * beta[b, t + 1, k]
-                    )
+                    acc += trans[b, a, j, k] * weights[k]
+                total += filtered[b, t, j] * acc
             if not total > _UNDERFLOW:
                 exact = False
                 break
             inv = 1.0 / total
             for j in range(k_states):
                 f = filtered[b, t, j] * inv
-                for k in range(k_states):
-                    pairs[b, row, j, k] += (
-                        f * trans[b, a, j, k] * emit[b, t + 1, k] * beta[b, t + 1, k]
-                    )
+                if per_step:
+                    for k in range(k_states):
+                        pairs[b, t, j, k] = f * trans[b, a, j, k] * weights[k]
+                else:
+                    for k in range(k_states):
+                        summed[j, k] += f * trans[b, a, j, k] * weights[k]
         if not exact:
-            pairs[b] = 0.0
+            _fill(pairs[b], 0.0)
             _log_space_statistics(log_init, log_trans, obs, b, posterior, pairs)
+        elif want_pairs and not per_step:
+            _copy_matrix(summed, pairs[b, 0])
+
+
+@_jit
+def _copy_matrix(src, dst):
+    for i in range(src.shape[0]):
+        for j in range(src.shape[1]):
+            dst[i, j] = src[i, j]
 
 
 @_jit
@@ -272,7 +394,8 @@ def _log_space_statistics(log_init, log_trans, obs, b, posterior, pairs):
             for j in range(k_states):
                 terms[j] = log_alpha[t - 1, j] + log_trans[b, a, j, k]
             log_alpha[t, k] = _log_sum_exp(terms) + obs[b, t, k]
-    log_beta[duration - 1, :] = 0.0
+    for k in range(k_states):
+        log_beta[duration - 1, k] = 0.0
     for t in range(duration - 2, -1, -1):
         a = t if time_varying else 0
         for j in range(k_states):
@@ -283,7 +406,7 @@ def _log_space_statistics(log_init, log_trans, obs, b, posterior, pairs):
     for t in range(duration):
         for k in range(k_states):
             posterior[b, t, k] = math.exp(log_alpha[t, k] + log_beta[t, k] - log_norm)
-    for t in range(duration - 1):
+    for t in range(duration - 1 if pairs.shape[1] > 0 else 0):
         a = t if time_varying else 0
         row = t if per_step else 0
         for j in range(k_states):
@@ -297,7 +420,7 @@ def viterbi(log_init, log_trans, obs, path, log_score):
     """Most probable path ``(B, T)`` (first index on ties, as ``argmax``) and its log joint
     ``(B,)``; messages shifted to max 0 per step."""
     num_batch, duration, k_states = obs.shape
-    log_trans_t = np.ascontiguousarray(log_trans.transpose(0, 1, 3, 2))
+    log_trans_t = _transposed(log_trans)
     time_varying = log_trans_t.shape[1] > 1
     delta = np.empty(k_states)
     new = np.empty(k_states)
@@ -307,7 +430,8 @@ def viterbi(log_init, log_trans, obs, path, log_score):
             delta[k] = log_init[b, k] + obs[b, 0, k]
         offset = delta.max()
         if offset == -np.inf:
-            path[b, :] = 0
+            for t in range(duration):
+                path[b, t] = 0
             log_score[b] = -np.inf
             continue
         for k in range(k_states):
@@ -336,7 +460,8 @@ def viterbi(log_init, log_trans, obs, path, log_score):
             offset += top
         log_score[b] = offset
         if offset == -np.inf:
-            path[b, :] = 0
+            for t in range(duration):
+                path[b, t] = 0
             continue
         state = 0
         for k in range(1, k_states):

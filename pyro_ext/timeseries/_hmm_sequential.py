@@ -49,13 +49,15 @@ def _log_likelihood_values(log_init, log_trans, obs):
     return torch.from_numpy(out).to(obs.dtype)
 
 
-def expected_statistics(log_init, log_trans, obs):
+def expected_statistics(log_init, log_trans, obs, pairs=True):
     """``(posterior (B, T, K), pairs, log_norm (B,))`` as float64 torch tensors; ``pairs``
     is shaped as ``log_trans``: ``(B, 1, K, K)`` summed over the steps of a homogeneous
-    chain, ``(B, T-1, K, K)`` per step of a time-varying one."""
+    chain, ``(B, T-1, K, K)`` per step of a time-varying one; with ``pairs=False``, not
+    computed (``(B, 0, K, K)``)."""
     num_batch, duration, k_states = obs.shape
     posterior = np.empty((num_batch, duration, k_states))
-    pairs = np.empty((num_batch, log_trans.shape[1], k_states, k_states))
+    steps = log_trans.shape[1] if pairs else 0
+    pairs = np.empty((num_batch, steps, k_states, k_states))
     log_norm = np.empty(num_batch)
     _kernels().expected_statistics(
         *float64_arrays(log_init, log_trans, obs), posterior, pairs, log_norm

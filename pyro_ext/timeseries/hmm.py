@@ -589,20 +589,29 @@ def hmm_smooth(
     """
     problem = _Problem(init_logits, trans_logits, obs_log_probs, mask)
     if problem.sequential():
-        return _sequential_statistics(problem, trans_logits).posterior
+        posterior, _, log_norm = sequential.expected_statistics(*problem.flat(), pairs=False)
+        _check_sequential_evidence(problem, log_norm)
+        return posterior.to(problem.obs.dtype).reshape(problem.batch_shape + posterior.shape[1:])
     filtered, beta, _ = _forward_backward(problem)
     post = filtered * beta
     post = post / post.sum(-1, keepdim=True)
     return post.movedim(0, -2)
 
 
+def _check_sequential_evidence(problem, log_norm):
+    """The kernels' ``log p(x)`` ``(B,)`` as a tensor of the problem's batch shape and dtype,
+    after :func:`_check_evidence`."""
+    log_norm = log_norm.to(problem.obs.dtype).reshape(problem.batch_shape)
+    if values_checked() and bool(torch.isneginf(log_norm).any()):
+        _check_evidence(problem, log_norm)
+    return log_norm
+
+
 def _sequential_statistics(problem, trans_logits):
     """:class:`HMMExpectedStatistics` by the compiled forward-backward pass."""
     posterior, pairs, log_norm = sequential.expected_statistics(*problem.flat())
     dtype, batch = problem.obs.dtype, problem.batch_shape
-    log_norm = log_norm.to(dtype).reshape(batch)
-    if values_checked() and bool(torch.isneginf(log_norm).any()):
-        _check_evidence(problem, log_norm)
+    log_norm = _check_sequential_evidence(problem, log_norm)
     posterior = posterior.to(dtype).reshape(batch + posterior.shape[1:])
     num_states = problem.num_states
     if problem.time_varying:

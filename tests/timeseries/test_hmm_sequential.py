@@ -212,3 +212,24 @@ def test_available_only_on_cpu_untraced_and_switched_on():
     assert not torch.func.vmap(lambda x: x * 0 + float(_hmm_sequential.available(x)))(
         torch.zeros(3, 1)
     ).any()
+
+
+def test_the_kernels_exponential_is_exact_to_one_ulp():
+    """The vectorised ``exp`` of the kernels against numpy's: within 2 ulp wherever
+    ``exp(x)`` is a normal float above ``exp(-708)``, 0 below that (the underflow the log
+    space steps handle), ``exp(-inf) = 0``, NaN kept, at any length (the blocks' tails)."""
+    np = pytest.importorskip("numpy")
+    kernels = pytest.importorskip("pyro_ext.timeseries._hmm_kernels")
+    rng = np.random.default_rng(0)
+    edges = [0.0, -0.0, -1e-300, -math.log(2) / 2, math.log(2) / 2, -1.0, -707.99, -708.0]
+    edges += [-708.01, -745.2, -1e6, -math.inf, math.nan, 1.0, 700.0]
+    for size in (0, 1, 255, 256, 257, 10_000):
+        x = np.concatenate([edges, -np.abs(rng.standard_cauchy(size)) * 10])
+        got = x.copy()
+        kernels._exp_in_place(got)
+        want = np.exp(x)
+        normal = (x > -708) & np.isfinite(x)
+        ulps = np.abs(got[normal] - want[normal]) / np.spacing(want[normal])
+        assert ulps.max() <= 2, f"{ulps.max()} ulp at x = {x[normal][ulps.argmax()]}"
+        assert (got[x <= -708] == 0).all()
+        assert np.isnan(got[np.isnan(x)]).all()
