@@ -126,6 +126,30 @@ def test_low_rank_projection_keeps_top_directions_and_the_diagonal(float64):
     )
 
 
+# float32 keeps the dominant column small: its round-off grows with the conditioning.
+@pytest.mark.parametrize("dtype, dominant", [(torch.float64, 30.0), (torch.float32, 2.0)])
+def test_low_rank_draws_have_the_belief_covariance_exactly(dtype, dominant):
+    """The draw is linear in the noise: fed the identity's rows, it gives the rows of a
+    matrix ``T^T`` with ``T T^T`` the belief's covariance ``(diag + W W^T)^-1`` exactly, a
+    zero column of ``W`` (a rank not yet filled) and a dominant one included."""
+    g = torch.Generator().manual_seed(4)
+    dim = 9
+    diagonal = (torch.rand(dim, generator=g) + 0.2).to(dtype)
+    W = torch.randn(dim, 4, generator=g).to(dtype)
+    W[:, 2] = 0
+    W[:, 0] *= dominant
+    mean = torch.randn(dim, generator=g).to(dtype)
+    belief = updates.DLRBelief(mean, diagonal, W)
+    eye = torch.eye(dim, dtype=dtype)
+    draws = updates.sample(belief, dim, noise=eye)
+    T = (draws - mean).T.double()
+    precision = torch.diag(diagonal.double()) + W.double() @ W.double().T
+    tol = 1e-10 if dtype == torch.float64 else 1e-4
+    torch.testing.assert_close(
+        T @ T.T @ precision, torch.eye(dim, dtype=torch.float64), atol=tol, rtol=0
+    )
+
+
 def test_lofi_update_matches_svd_of_the_full_update(float64):
     dim, noise, rank = 6, 0.4, 2
     x, y, _ = linear_data(5, dim, noise)
