@@ -30,10 +30,13 @@ def small(**kwargs):
 
 @pytest.fixture(scope="module")
 def fitted(data):
-    # SSVS has no indicator sites: the fit is one SG-MCMC run of a few steps.
+    # SSVS has no indicator sites: the fit is one SG-MCMC run of a few steps. A fixed lag:
+    # spend_lag="auto" would first fit an AutoNormal per lag (about 10 s), which
+    # tests/models/test_bsts.py covers; the checks here are the fitted model's inputs.
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return small(selection="ssvs").fit(data.sales, data.spend, data.covariates, **FAST)
+        model = small(selection="ssvs", spend_lag=1)
+        return model.fit(data.sales, data.spend, data.covariates, **FAST)
 
 
 # ----------------------------------------------------------------- the cases
