@@ -926,22 +926,20 @@ class HiddenMarkovDistribution(TorchDistribution):
             raise ValueError(
                 f"value must have shape (..., T, *event_shape), got {tuple(value.shape)}"
             )
+        missing, filled = None, value
         if value.is_floating_point():
-            missing = torch.isnan(value)
-        else:
-            missing = torch.zeros_like(value, dtype=torch.bool)
-        if event_dim:
-            missing = missing.flatten(-event_dim).any(-1)
-        filled = value
-        if value.is_floating_point():
-            # Missing rows get a point of the support so emission log-probs stay finite
-            # (and gradients NaN-free) before they are masked out.
-            with torch.no_grad():
-                try:
-                    fill = transform_to(self.observation_dist.support)(torch.zeros_like(value))
-                except NotImplementedError:
-                    fill = torch.zeros_like(value)
-            filled = torch.where(torch.isnan(value), fill, value)
+            nan = torch.isnan(value)
+            if bool(nan.any()):  # else no mask at all: the common case, and the cheaper one
+                # Missing rows get a point of the support so emission log-probs stay finite
+                # (and gradients NaN-free) before they are masked out.
+                with torch.no_grad():
+                    try:
+                        support = transform_to(self.observation_dist.support)
+                        fill = support(torch.zeros_like(value))
+                    except NotImplementedError:
+                        fill = torch.zeros_like(value)
+                filled = torch.where(nan, fill, value)
+                missing = nan.flatten(-event_dim).any(-1) if event_dim else nan
         if self._validate_args:
             self._validate_sample(filled)
         if self._obs_time_varying:
@@ -956,9 +954,11 @@ class HiddenMarkovDistribution(TorchDistribution):
             obs_lp = self.observation_dist.log_prob(filled).movedim(0, -2)
         duration = obs_lp.shape[-2]
         # Pad obs_lp to the full batch rank so the floor reads trans_logits' rank correctly.
-        batch = torch.broadcast_shapes(obs_lp.shape[:-2], self.batch_shape)
-        obs_lp = obs_lp.expand(batch + obs_lp.shape[-2:])
-        mask = ~missing.expand(batch + (duration,))
+        batch = obs_lp.shape[:-2]
+        if batch != self.batch_shape:
+            batch = torch.broadcast_shapes(batch, self.batch_shape)
+            obs_lp = obs_lp.expand(batch + obs_lp.shape[-2:])
+        mask = None if missing is None else ~missing.expand(batch + (duration,))
         trans = self.trans_logits
         if self._trans_time_varying:
             trans = trans.reshape((1,) * (obs_lp.dim() + 1 - trans.dim()) + trans.shape)
