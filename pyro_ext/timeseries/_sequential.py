@@ -68,10 +68,13 @@ def kernels(name):
 def available(name, *tensors):
     """Whether the kernels ``name`` can evaluate these tensors: enabled, numba installed,
     the tensors on the CPU, and nothing tracing them (``torch.compile``, ``torch.func``
-    transforms), since the kernels read their values as numpy arrays."""
+    transforms, ``make_fx`` and fake tensors: any torch dispatch mode), since the kernels
+    read their values as numpy arrays (a trace would keep the result as a constant)."""
     if not _enabled:
         return False
     if torch.compiler.is_compiling() or torch._C._functorch.peek_interpreter_stack() is not None:
+        return False
+    if torch._C._len_torch_dispatch_stack() > 0:
         return False
     if any(t.device.type != "cpu" for t in tensors):
         return False

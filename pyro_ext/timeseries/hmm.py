@@ -929,7 +929,10 @@ class HiddenMarkovDistribution(TorchDistribution):
         missing, filled = None, value
         if value.is_floating_point():
             nan = torch.isnan(value)
-            if bool(nan.any()):  # else no mask at all: the common case, and the cheaper one
+            # Without missing values, no mask at all: the common case, and the cheaper one.
+            # Reading the data on the host follows the validation switch, off in samplers
+            # (torch.func.vmap, traced steps), which keep the general path.
+            if not values_checked() or bool(nan.any()):
                 # Missing rows get a point of the support so emission log-probs stay finite
                 # (and gradients NaN-free) before they are masked out.
                 with torch.no_grad():

@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
+from pyro_ext.infer.tracing import trace_pure
 from pyro_ext.timeseries.hmm import (
     HiddenMarkovDistribution,
     check_stochastic_matrix,
@@ -503,3 +504,37 @@ def _check_chunked_paths(sparsity):
     assert (batched[0] == path).all() and torch.allclose(batched[1], score.expand(2))
     loglik = hmm_log_likelihood(init, steps, obs)
     assert abs(loglik.item() - expected) < 1e-8 * abs(expected)
+
+
+def test_distribution_log_prob_vmaps_with_validation_off_missing_values_included():
+    """What the samplers do: validation off, ``torch.func.vmap`` over the parameters, or
+    the step traced into a graph. ``log_prob`` then reads no data on the host (the
+    missing-value check included) and equals the per-parameter loop, with and without NaN
+    observations, whatever data the graph was traced with."""
+    g = torch.Generator().manual_seed(0)
+    init = torch.randn(3, generator=g).log_softmax(-1)
+    trans = torch.randn(3, 3, generator=g).log_softmax(-1)
+    locs = torch.randn(4, 3, generator=g)
+    x = torch.randn(40, generator=g)
+    with_gaps = x.clone()
+    with_gaps[[3, 17]] = float("nan")
+
+    def log_prob(loc, value):
+        emission = dist.Normal(loc, 1.0)
+        return HiddenMarkovDistribution(init, trans, emission, validate_args=False).log_prob(value)
+
+    for value in (x, with_gaps):
+        with pyro.validation_enabled(False):
+            batched = torch.func.vmap(log_prob, in_dims=(0, None))(locs, value)
+        looped = torch.stack([log_prob(loc, value) for loc in locs])
+        torch.testing.assert_close(batched, looped)
+    # A traced (compiled) step's graph: traced on complete data, it still masks gaps.
+    traced = trace_pure(lambda loc, value: (log_prob(loc, value),), [locs[0], x])
+    for value in (x, with_gaps):
+        torch.testing.assert_close(traced(locs[0], value)[0], log_prob(locs[0], value))
+    # The gaps are skipped: the same as the series without those steps' emissions.
+    observed = torch.ones(40, dtype=torch.bool)
+    observed[[3, 17]] = False
+    emissions = dist.Normal(locs[0], 1.0).log_prob(x.nan_to_num()[:, None])
+    expected = hmm_log_likelihood(init, trans, emissions, mask=observed)
+    torch.testing.assert_close(log_prob(locs[0], with_gaps), expected)

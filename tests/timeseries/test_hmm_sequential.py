@@ -13,6 +13,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from torch.fx.experimental.proxy_tensor import make_fx
 
 from pyro_ext.timeseries import _hmm_sequential, sequential_kernels
 from pyro_ext.timeseries.hmm import (
@@ -212,6 +213,11 @@ def test_available_only_on_cpu_untraced_and_switched_on():
     assert not torch.func.vmap(lambda x: x * 0 + float(_hmm_sequential.available(x)))(
         torch.zeros(3, 1)
     ).any()
+    # make_fx (the compiled SG-MCMC step's and online update's tracer) would keep the
+    # kernels' result as a constant of the graph.
+    seen = []
+    make_fx(lambda x: seen.append(_hmm_sequential.available(x)) or x * 2)(cpu)
+    assert seen == [False]
 
 
 def test_the_kernels_exponential_is_exact_to_one_ulp():
