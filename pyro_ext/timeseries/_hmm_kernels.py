@@ -47,10 +47,11 @@ _EXP_CEIL = 709.0
 
 @_exact_jit
 def _exp_in_place(x):
-    """``x = exp(x)`` over a 1-d array, to 1 ulp, with 0 below ``exp(-708)`` and NaN
-    kept. Branch-free loops over blocks that LLVM vectorises: numba's ``math.exp`` is a
-    scalar libm call per element, 2-3x slower, and the forward pass of a small-K chain is
-    mostly these exponentials."""
+    """``x = exp(x)`` over a 1-d array, to 1 ulp for ``x <= 709`` (the kernels' arguments
+    are log-probabilities shifted to at most 0), with 0 below ``exp(-708)`` and NaN kept.
+    Branch-free loops over blocks that LLVM vectorises: numba's ``math.exp`` is a scalar
+    libm call per element, 2-3x slower, and the forward pass of a small-K chain is mostly
+    these exponentials."""
     block = 256
     scale = np.empty(block)
     bits = scale.view(np.int64)
