@@ -17,6 +17,9 @@ import math
 import numba
 import numpy as np
 
+from ._kernel_loops import copy_matrix, fill
+from ._kernel_loops import jit as _jit
+
 # Below this, a probability-space step's normaliser may have lost digits to underflow (its
 # terms below ~1e-308 flushed to zero), so the step is redone in log space.
 _UNDERFLOW = 1e-250
@@ -24,9 +27,6 @@ _UNDERFLOW = 1e-250
 # leaves [1e-50, 1e50]: one log per many steps instead of one per step.
 _FOLD = 1e-50
 
-# Reassociation lets LLVM vectorise the inner products; no flag assumes finite values, so
-# the -inf of impossible states keeps its meaning.
-_jit = numba.njit(cache=True, nogil=True, fastmath={"reassoc", "contract"})
 # Without fast-math: :func:`_exp_into`'s range reduction is exact only as written.
 _exact_jit = numba.njit(cache=True, nogil=True)
 
@@ -141,14 +141,6 @@ def prepare(log_trans, obs):
                 emit[b, t, k] = obs[b, t, k] - top
     _exp_in_place(emit.reshape(emit.size))
     return log_trans_t, _exp(log_trans), _exp(log_trans_t), emit, shift
-
-
-@_jit
-def _fill(x, value):
-    """Set every entry of the C-ordered array ``x`` to ``value``."""
-    flat = x.reshape(x.size)
-    for i in range(flat.shape[0]):
-        flat[i] = value
 
 
 @_jit
@@ -322,10 +314,10 @@ def expected_statistics(log_init, log_trans, obs, posterior, pairs, out):
     weights = np.empty(k_states)
     summed = np.empty((k_states, k_states))
     for b in range(num_batch):
-        _fill(pairs[b], 0.0)
+        fill(pairs[b], 0.0)
         if out[b] == -np.inf:
-            _fill(posterior[b], np.nan)
-            _fill(pairs[b], np.nan)
+            fill(posterior[b], np.nan)
+            fill(pairs[b], np.nan)
             continue
         exact = True
         for t in range(duration):
@@ -339,7 +331,7 @@ def expected_statistics(log_init, log_trans, obs, posterior, pairs, out):
             inv = 1.0 / total
             for k in range(k_states):
                 posterior[b, t, k] *= inv
-        _fill(summed, 0.0)
+        fill(summed, 0.0)
         # xi_t[j, k] = filtered_t[j] A[j, k] emit_{t+1}[k] beta_{t+1}[k] / normaliser.
         for t in range(duration - 1 if exact and want_pairs else 0):
             a = t if time_varying else 0
@@ -364,17 +356,10 @@ def expected_statistics(log_init, log_trans, obs, posterior, pairs, out):
                     for k in range(k_states):
                         summed[j, k] += f * trans[b, a, j, k] * weights[k]
         if not exact:
-            _fill(pairs[b], 0.0)
+            fill(pairs[b], 0.0)
             _log_space_statistics(log_init, log_trans, obs, b, posterior, pairs)
         elif want_pairs and not per_step:
-            _copy_matrix(summed, pairs[b, 0])
-
-
-@_jit
-def _copy_matrix(src, dst):
-    for i in range(src.shape[0]):
-        for j in range(src.shape[1]):
-            dst[i, j] = src[i, j]
+            copy_matrix(summed, pairs[b, 0])
 
 
 @_jit

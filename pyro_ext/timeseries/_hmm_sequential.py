@@ -96,7 +96,10 @@ class _LogLikelihood(torch.autograd.Function):
     def forward(ctx, log_init, log_trans, obs, differentiable):
         # An impossible sequence (log p = -inf) gets NaN counts, so NaN gradients, as from
         # the scans.
-        posterior, pairs, log_norm = expected_statistics(log_init, log_trans, obs)
+        # The two-slice counts only when the transitions want a gradient.
+        posterior, pairs, log_norm = expected_statistics(
+            log_init, log_trans, obs, pairs=ctx.needs_input_grad[1]
+        )
         ctx.save_for_backward(log_init, log_trans, obs)
         ctx.counts = posterior, pairs
         ctx.differentiable = differentiable
@@ -116,10 +119,12 @@ class _LogLikelihood(torch.autograd.Function):
         posterior, pairs = ctx.counts
         scale = grad.to(torch.float64)
         grad_init = posterior[:, 0] * scale[:, None]
-        grad_trans = pairs * scale[:, None, None, None]
         grad_obs = posterior * scale[:, None, None]
         dtype = obs.dtype
-        return grad_init.to(dtype), grad_trans.to(dtype), grad_obs.to(dtype), None
+        grad_trans = None
+        if ctx.needs_input_grad[1]:
+            grad_trans = (pairs * scale[:, None, None, None]).to(dtype)
+        return grad_init.to(dtype), grad_trans, grad_obs.to(dtype), None
 
 
 def sequential_log_likelihood(log_init, log_trans, obs, differentiable):

@@ -14,26 +14,12 @@ step ``t`` (entry 0 is unused: the first state comes from the prior).
 
 import math
 
-import numba
 import numpy as np
 
+from ._kernel_loops import copy_matrix, copy_vector
+from ._kernel_loops import jit as _jit
+
 _LOG_2PI = math.log(2.0 * math.pi)
-
-# Reassociation lets LLVM vectorise the inner products; no flag assumes finite values.
-_jit = numba.njit(cache=True, nogil=True, fastmath={"reassoc", "contract"})
-
-
-@_jit
-def _copy_vector(src, dst):
-    for i in range(src.shape[0]):
-        dst[i] = src[i]
-
-
-@_jit
-def _copy_matrix(src, dst):
-    for i in range(src.shape[0]):
-        for j in range(src.shape[1]):
-            dst[i, j] = src[i, j]
 
 
 @_jit
@@ -97,8 +83,8 @@ def filter(y, G, F, W, V, m0, P0, ll, m_out, P_out, mp_out, Pp_out):
         total = 0.0
         for t in range(duration):
             if t == 0:
-                _copy_vector(m0[b], mp)
-                _copy_matrix(P0[b], Pp)
+                copy_vector(m0[b], mp)
+                copy_matrix(P0[b], Pp)
             else:
                 g = G[b, t if G.shape[1] > 1 else 0]
                 w = W[b, t if W.shape[1] > 1 else 0]
@@ -109,15 +95,15 @@ def filter(y, G, F, W, V, m0, P0, ll, m_out, P_out, mp_out, Pp_out):
                     mp[i] = acc
                 _sandwich(g, P, w, GP, Pp)
             if store:
-                _copy_vector(mp, mp_out[b, t])
-                _copy_matrix(Pp, Pp_out[b, t])
+                copy_vector(mp, mp_out[b, t])
+                copy_matrix(Pp, Pp_out[b, t])
             n = 0
             for i in range(p):
                 if not math.isnan(y[b, t, i]):
                     observed[n] = i
                     n += 1
-            _copy_vector(mp, m)
-            _copy_matrix(Pp, P)
+            copy_vector(mp, m)
+            copy_matrix(Pp, P)
             if n > 0:
                 f = F[b, t if F.shape[1] > 1 else 0]
                 v = V[b, t if V.shape[1] > 1 else 0]
@@ -166,8 +152,8 @@ def filter(y, G, F, W, V, m0, P0, ll, m_out, P_out, mp_out, Pp_out):
                         P[i, j] -= acc
                         P[j, i] = P[i, j]
             if store:
-                _copy_vector(m, m_out[b, t])
-                _copy_matrix(P, P_out[b, t])
+                copy_vector(m, m_out[b, t])
+                copy_matrix(P, P_out[b, t])
         ll[b] = total
     return -1
 
@@ -185,11 +171,11 @@ def smoother(G, m, P, mp, Pp, ms, Ps, gains):
     D = np.empty((S, S))
     ED = np.empty((S, S))
     for b in range(num_batch):
-        _copy_vector(m[b, duration - 1], ms[b, duration - 1])
-        _copy_matrix(P[b, duration - 1], Ps[b, duration - 1])
+        copy_vector(m[b, duration - 1], ms[b, duration - 1])
+        copy_matrix(P[b, duration - 1], Ps[b, duration - 1])
         for t in range(duration - 2, -1, -1):
             g = G[b, t + 1 if G.shape[1] > 1 else 0]
-            _copy_matrix(Pp[b, t + 1], L)
+            copy_matrix(Pp[b, t + 1], L)
             if not _cholesky(L, S):
                 return b * duration + t + 1
             # X = G P_t (S x S); solve P^-_{t+1} E^T = X, so E = X^T P^-_{t+1}^{-1}.
