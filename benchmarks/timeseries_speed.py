@@ -30,8 +30,10 @@ noise):
    ``UnobservedComponents.loglike`` (Cython; by default it switches to the steady-state filter
    once the covariance converges, an approximation we do not make), and ``kalman_filter`` (all
    filtered moments, parallel scan) vs ``UnobservedComponents.filter``; with gradient:
-   log-likelihood + ``backward()`` w.r.t. the four variances vs
-   ``UnobservedComponents.score`` (numerical derivatives: what a statsmodels user gets).
+   log-likelihood + ``backward()`` w.r.t. the four variances (on CPU the kernels' closed-form
+   score at T = 1e3 and the blocked scan's autograd at T = 1e4, as the default picks by size:
+   ``benchmarks/kalman_gradient.py``) vs ``UnobservedComponents.score`` (numerical
+   derivatives: what a statsmodels user gets).
    dynamax's jitted ``lgssm_filter`` (its log-likelihood; all its filtered moments) and
    ``lgssm_smoother`` against ``kalman_log_likelihood``, ``kalman_filter`` and
    ``kalman_smoother`` on the same model and series, checked to agree. On CPU, rows of the

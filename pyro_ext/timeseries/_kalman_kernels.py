@@ -46,12 +46,13 @@ def _sandwich(a, b, c, work, out):
     """``out = a b a^T + (c + c^T) / 2`` for square matrices, exactly symmetric (the lower
     triangle computed and mirrored); ``work`` receives ``a b``."""
     S = a.shape[0]
-    for i in range(S):
+    for i in range(S):  # row i of a b, along contiguous rows of b
         for j in range(S):
-            acc = 0.0
-            for k in range(S):
-                acc += a[i, k] * b[k, j]
-            work[i, j] = acc
+            work[i, j] = 0.0
+        for k in range(S):
+            aik = a[i, k]
+            for j in range(S):
+                work[i, j] += aik * b[k, j]
     for i in range(S):
         for j in range(i + 1):
             acc = 0.0
@@ -59,6 +60,29 @@ def _sandwich(a, b, c, work, out):
                 acc += work[i, k] * a[j, k]
             out[i, j] = acc + 0.5 * (c[i, j] + c[j, i])
             out[j, i] = out[i, j]
+
+
+@_jit
+def _cholesky_solve(L, X, n, m):
+    """Solve ``(L L^T) Z = X`` in place for the ``m`` columns of ``X[:n, :m]``, ``L`` the
+    lower Cholesky factor in ``L[:n, :n]``: row by row, every column at once, so that the
+    innermost loop runs along a contiguous row."""
+    for i in range(n):
+        for k in range(i):
+            lik = L[i, k]
+            for j in range(m):
+                X[i, j] -= lik * X[k, j]
+        inverse = 1.0 / L[i, i]
+        for j in range(m):
+            X[i, j] *= inverse
+    for i in range(n - 1, -1, -1):
+        for k in range(i + 1, n):
+            lki = L[k, i]
+            for j in range(m):
+                X[i, j] -= lki * X[k, j]
+        inverse = 1.0 / L[i, i]
+        for j in range(m):
+            X[i, j] *= inverse
 
 
 @_jit
@@ -181,21 +205,12 @@ def smoother(G, m, P, mp, Pp, ms, Ps, gains):
             # X = G P_t (S x S); solve P^-_{t+1} E^T = X, so E = X^T P^-_{t+1}^{-1}.
             for i in range(S):
                 for j in range(S):
-                    acc = 0.0
-                    for k in range(S):
-                        acc += g[i, k] * P[b, t, k, j]
-                    X[i, j] = acc
-            for j in range(S):  # forward then back substitution, column j of X
-                for i in range(S):
-                    s = X[i, j]
-                    for k in range(i):
-                        s -= L[i, k] * X[k, j]
-                    X[i, j] = s / L[i, i]
-                for i in range(S - 1, -1, -1):
-                    s = X[i, j]
-                    for k in range(i + 1, S):
-                        s -= L[k, i] * X[k, j]
-                    X[i, j] = s / L[i, i]
+                    X[i, j] = 0.0
+                for k in range(S):
+                    gik = g[i, k]
+                    for j in range(S):
+                        X[i, j] += gik * P[b, t, k, j]
+            _cholesky_solve(L, X, S, S)
             for i in range(S):  # E = X^T
                 for j in range(S):
                     gains[b, t, i, j] = X[j, i]
@@ -210,4 +225,110 @@ def smoother(G, m, P, mp, Pp, ms, Ps, gains):
                     acc += E[i, k] * d[k]
                 ms[b, t, i] = m[b, t, i] + acc
             _sandwich(E, D, P[b, t], ED, Ps[b, t])
+    return -1
+
+
+@_jit
+def score(y, G, F, V, P, mp, Pp, ms, Ps, gains, g_y, g_G, g_F, g_W, g_V, g_m0, g_P0):
+    r"""The gradient of :math:`\log p(y)` by Fisher's identity, from the filter's filtered
+    (``P``) and predicted (``mp, Pp``) moments and the smoother's (``ms, Ps, gains``): see
+    :func:`~pyro_ext.timeseries.kalman._score_terms` for the formulas. Adds into the
+    zero-filled outputs, each shaped as its input (a static matrix's gradient is summed over
+    the steps); ``g_m0 (B, S)``, ``g_P0 (B, S, S)``. Returns ``-1`` on success, else the flat
+    index ``b * T + t`` of the first predicted or observation covariance (over the step's
+    observed coordinates) that is not positive definite."""
+    num_batch, duration, p = y.shape
+    S = ms.shape[2]
+    L = np.empty((S, S))
+    r = np.empty((S, 1))
+    X = np.empty((S, S))
+    N = np.empty((S, S))
+    A = np.empty((S, S))
+    observed = np.empty(p, dtype=np.int64)
+    Lv = np.empty((p, p))
+    u = np.empty((p, 1))
+    VF = np.empty((p, S))
+    VFP = np.empty((p, S))
+    Vi = np.empty((p, p))
+    for b in range(num_batch):
+        for t in range(duration):
+            copy_matrix(Pp[b, t], L)
+            if not _cholesky(L, S):
+                return b * duration + t
+            # r = P^-1 (x_hat - a); X = P^-1 (P - P_hat); N = X P^-1 (symmetric).
+            for i in range(S):
+                r[i, 0] = ms[b, t, i] - mp[b, t, i]
+                for j in range(S):
+                    X[i, j] = Pp[b, t, i, j] - Ps[b, t, i, j]
+            _cholesky_solve(L, r, S, 1)
+            _cholesky_solve(L, X, S, S)
+            for i in range(S):
+                for j in range(S):
+                    N[i, j] = X[j, i]
+            _cholesky_solve(L, N, S, S)
+            for i in range(S):
+                for j in range(i + 1):
+                    A[i, j] = r[i, 0] * r[j, 0] - 0.5 * (N[i, j] + N[j, i])
+                    A[j, i] = A[i, j]
+            if t == 0:
+                for i in range(S):
+                    g_m0[b, i] = r[i, 0]
+                    for j in range(S):
+                        g_P0[b, i, j] = 0.5 * A[i, j]
+            else:
+                gw = g_W[b, t if g_W.shape[1] > 1 else 0]
+                gg = g_G[b, t if g_G.shape[1] > 1 else 0]
+                E = gains[b, t - 1]
+                # d/dG_t = r_t x_hat_{t-1}^T - N_t G_t P_{t-1|t-1}, and N_t G_t P_{t-1|t-1}
+                # = X_t E_{t-1}^T (the smoother's gain E_{t-1} = P_{t-1|t-1} G_t^T P_t^-1).
+                for i in range(S):
+                    for j in range(S):
+                        gw[i, j] += 0.5 * A[i, j]
+                        acc = 0.0
+                        for k in range(S):
+                            acc += X[i, k] * E[j, k]
+                        gg[i, j] += r[i, 0] * ms[b, t - 1, j] - acc
+            n = 0
+            for i in range(p):
+                if not math.isnan(y[b, t, i]):
+                    observed[n] = i
+                    n += 1
+            if n == 0:
+                continue
+            f = F[b, t if F.shape[1] > 1 else 0]
+            v = V[b, t if V.shape[1] > 1 else 0]
+            gf = g_F[b, t if g_F.shape[1] > 1 else 0]
+            gv = g_V[b, t if g_V.shape[1] > 1 else 0]
+            for a in range(n):
+                row = observed[a]
+                acc = 0.0
+                for k in range(S):
+                    acc += f[row, k] * ms[b, t, k]
+                    VF[a, k] = f[row, k]
+                u[a, 0] = y[b, t, row] - acc
+                for c in range(n):
+                    Lv[a, c] = 0.5 * (v[row, observed[c]] + v[observed[c], row])
+                    Vi[a, c] = 1.0 if a == c else 0.0
+            if not _cholesky(Lv, n):
+                return b * duration + t
+            _cholesky_solve(Lv, u, n, 1)
+            _cholesky_solve(Lv, VF, n, S)
+            _cholesky_solve(Lv, Vi, n, n)
+            for a in range(n):
+                for k in range(S):
+                    VFP[a, k] = 0.0
+                for j in range(S):
+                    vf = VF[a, j]
+                    for k in range(S):
+                        VFP[a, k] += vf * Ps[b, t, j, k]
+            for a in range(n):
+                row = observed[a]
+                g_y[b, t, row] = -u[a, 0]
+                for k in range(S):
+                    gf[row, k] += u[a, 0] * ms[b, t, k] - VFP[a, k]
+                for c in range(n):
+                    acc = 0.0
+                    for k in range(S):
+                        acc += VFP[a, k] * VF[c, k]
+                    gv[row, observed[c]] += 0.5 * (u[a, 0] * u[c, 0] - Vi[a, c] + acc)
     return -1

@@ -27,7 +27,13 @@ import torch
 from pyro.distributions import constraints
 from torch.distributions import Distribution
 
-from ..ops.validation import check_choice, check_int, check_real_tensor, first_nonfinite
+from ..ops.validation import (
+    broadcast_shapes,
+    check_choice,
+    check_int,
+    check_real_tensor,
+    first_nonfinite,
+)
 from .kalman import (
     KalmanFilterResult,
     KalmanForecast,
@@ -121,7 +127,7 @@ def _integer(value, name):
 
 def _diag(scales):
     """``diag(scales**2)`` with broadcasting batch dims; ``scales`` is a list of tensors."""
-    batch = torch.broadcast_shapes(*[s.shape for s in scales])
+    batch = broadcast_shapes(*[s.shape for s in scales])
     return torch.diag_embed(torch.stack([s.expand(batch) for s in scales], -1).pow(2))
 
 
@@ -424,7 +430,7 @@ def _stack(blocks, inits, num_steps):
     Fs = [timed(b.F, b.time_varying) for b in blocks]
     Ws = [timed(b.W, b.time_varying) for b in blocks]
     S = sum(G.shape[-1] for G in Gs)
-    batch = torch.broadcast_shapes(*[x.shape[:-2] for x in Gs + Fs + Ws])
+    batch = broadcast_shapes(*[x.shape[:-2] for x in Gs + Fs + Ws])
     dtype = Gs[0].dtype
     for x in Gs + Fs + Ws:
         dtype = torch.promote_types(dtype, x.dtype)
@@ -437,7 +443,7 @@ def _stack(blocks, inits, num_steps):
         start += Gc.shape[-1]
     F = torch.cat([f.to(dtype).expand(*batch, 1, f.shape[-1]) for f in Fs], -1)
     means, covs = zip(*inits)
-    ibatch = torch.broadcast_shapes(*[m.shape[:-1] for m in means], *[c.shape[:-2] for c in covs])
+    ibatch = broadcast_shapes(*[m.shape[:-1] for m in means], *[c.shape[:-2] for c in covs])
     m0 = torch.cat([m.to(dtype).expand(*ibatch, m.shape[-1]) for m in means], -1)
     P0 = G.new_zeros(*ibatch, S, S)
     start = 0
@@ -527,7 +533,7 @@ class DLM:
             # one too, or a batched observation scale would read as one.
             V = V.unsqueeze(-3).expand(*V.shape[:-2], num_steps, 1, 1)
         k = 3 if tv else 2
-        batch = torch.broadcast_shapes(
+        batch = broadcast_shapes(
             *[x.shape[:-k] for x in (G, F, W, V)], m0.shape[:-1], P0.shape[:-2]
         )
         return StateSpaceMatrices(G, F, W, V, m0, P0), tv, batch
@@ -557,7 +563,7 @@ class DLM:
             )
         T = y.shape[-1]
         mats, tv, batch = self._assemble(T, observation_precision)
-        if strict_batch and torch.broadcast_shapes(batch, y.shape[:-1]) != batch:
+        if strict_batch and broadcast_shapes(batch, y.shape[:-1]) != batch:
             # A univariate series is (T,): a 2-D y is read as a batch of series, which is
             # almost always a (T, k) table passed by mistake unless the parameters are
             # batched the same way.
@@ -570,7 +576,7 @@ class DLM:
             )
         # kalman_* read the batch shape from y, so y is expanded over the parameters' batch
         # and time-varying matrices over y's batch.
-        batch = torch.broadcast_shapes(batch, y.shape[:-1])
+        batch = broadcast_shapes(batch, y.shape[:-1])
         G, F, W, V, m0, P0 = mats
         if tv:
             G, F, W, V = [x.expand(*batch, *x.shape[-3:]) for x in (G, F, W, V)]
@@ -616,10 +622,10 @@ class DLM:
             raise ValueError("series must be a tensor of shape (..., T, num_series)")
         T = series.shape[-2]
         (G, F, W, V, m0, P0), tv, batch = self._assemble(T)
-        batch = torch.broadcast_shapes(batch, series.shape[:-2])
+        batch = broadcast_shapes(batch, series.shape[:-2])
         if observation_precision is not None:
             # V / lambda_t on a time axis; G, F and W stay static (the blocked filter).
-            batch = torch.broadcast_shapes(batch, observation_precision.shape[:-1])
+            batch = broadcast_shapes(batch, observation_precision.shape[:-1])
             V = (V if tv else V.unsqueeze(-3)) / observation_precision[..., None, None]
             V = V.expand(*batch, *V.shape[-3:])
         if tv:
@@ -766,7 +772,7 @@ class DLMDistribution(dist.TorchDistribution):
             self._validate_sample(value)
         # value may carry sample dims beyond the batch shape: the lenient _args.
         ll = kalman_log_likelihood(*self.dlm._args(value, self.observation_precision))
-        return ll.expand(torch.broadcast_shapes(ll.shape, self.batch_shape))
+        return ll.expand(broadcast_shapes(ll.shape, self.batch_shape))
 
     def sample(self, sample_shape=torch.Size()):
         n = int(torch.Size(sample_shape).numel())

@@ -7,7 +7,9 @@ tying of scales between them) fits: ``make_dlm(scales) -> DLM`` with ``scales`` 
 positive 0-dim tensors. The scales are optimised on the log scale, from ``init`` and from
 ``num_restarts - 1`` further starts around it; the best start by log-likelihood is kept.
 This is the estimator of statsmodels' ``UnobservedComponents.fit`` (there by BFGS with
-numerical or approximate derivatives; here with the exact gradient of the Kalman filter).
+numerical or approximate derivatives; here with the exact gradient of the Kalman filter,
+which on CPU comes in closed form from one filter and smoother pass of the compiled kernels:
+see :func:`~pyro_ext.timeseries.kalman_log_likelihood`).
 
 ``method="em"`` runs the EM algorithm of Shumway & Stoffer (1982) instead: the E-step is one
 Kalman filter and smoother pass (with the lag-one covariances
@@ -40,6 +42,7 @@ import math
 from collections.abc import Callable
 from typing import NamedTuple
 
+import pyro
 import torch
 
 from ..ops.validation import check_choice, check_int, check_positive
@@ -96,9 +99,11 @@ def fit_dlm(
     :returns: :class:`DLMFit`.
     :raises TypeError: if ``make_dlm`` is not callable, ``y`` not a floating-point tensor,
         ``init`` not a non-empty dict, or ``make_dlm`` does not return a :class:`DLM`.
-    :raises ValueError: if a starting scale is not positive and finite, no start reaches a
-        finite log-likelihood, or ``method="em"`` meets a model EM does not apply to (the
-        message says why; ``method="lbfgs"`` fits it).
+    :raises ValueError: if a starting scale is not positive and finite, the model at
+        ``init`` fails the Kalman functions' value checks (checked once, at set-up; later
+        evaluations run unchecked and an invalid point gets a NaN log-likelihood), no start
+        reaches a finite log-likelihood, or ``method="em"`` meets a model EM does not apply
+        to (the message says why; ``method="lbfgs"`` fits it).
     """
     if not callable(make_dlm):
         raise TypeError(f"make_dlm must be callable (scales -> DLM), got {make_dlm!r}")
@@ -139,6 +144,11 @@ def fit_dlm(
             init,
             num_restarts,
         )
+    # The model's values are checked once, at the first start (a covariance that is not
+    # positive semi-definite is named there); the optimiser's evaluations then run unchecked,
+    # as samplers evaluate potentials: a step into an invalid region gets a NaN
+    # log-likelihood, which the line search backs away from.
+    build(base.to(**options)).log_likelihood(y)
     best, finals = None, []
     for start in [base] + list(base + jitter):
         log_scales = start.to(**options).requires_grad_()
@@ -157,9 +167,10 @@ def fit_dlm(
                 loss.backward()
             return loss
 
-        optimizer.step(closure)
-        with torch.no_grad():
-            value = float(build(log_scales).log_likelihood(y))
+        with pyro.validation_enabled(False):
+            optimizer.step(closure)
+            with torch.no_grad():
+                value = float(build(log_scales).log_likelihood(y))
         iterations = optimizer.state[log_scales].get("n_iter", 0)
         finals.append(value if math.isfinite(value) else -math.inf)
         if math.isfinite(value) and (best is None or value > best[0]):
@@ -310,12 +321,15 @@ def _fit_em(build, names, y, starts, options, max_iterations, tolerance, init, n
     present = ~torch.isnan(y)
     num_observed = int(present.sum())
     patterns, G, F = _em_patterns(build, starts[0].to(**options), y.shape[0])
+    build(starts[0].to(**options)).log_likelihood(y)  # the values checked once (see lbfgs)
 
     def em_map(log_s):
         """One EM step from ``log_s`` (half log squared scales): the next point and the
         log-likelihood at ``log_s`` (``-inf`` where the pass fails)."""
         try:
-            squared, value = _em_step(y, build(log_s).matrices(y.shape[0]), patterns, G, F, present)
+            with pyro.validation_enabled(False):
+                matrices = build(log_s).matrices(y.shape[0])
+                squared, value = _em_step(y, matrices, patterns, G, F, present)
         except (torch.linalg.LinAlgError, ValueError):
             return log_s, -math.inf
         if not math.isfinite(value):

@@ -55,7 +55,7 @@ from torch.distributions import transform_to
 
 from ..ops import scan, semiring
 from ..ops.semiring import finite_min
-from ..ops.validation import check_int, values_checked
+from ..ops.validation import broadcast_shapes, check_int, values_checked
 from . import _hmm_sequential as sequential
 
 __all__ = [
@@ -259,7 +259,7 @@ class _Problem:
             batch = torch.Size()  # the common unbatched call, without the general rule's cost
         else:
             try:
-                batch = torch.broadcast_shapes(*shapes)
+                batch = broadcast_shapes(*shapes)
             except RuntimeError as e:
                 raise ValueError(f"batch shapes of the arguments do not broadcast: {e}") from None
         dtype = functools.reduce(
@@ -887,7 +887,7 @@ class HiddenMarkovDistribution(TorchDistribution):
                 f"got {tuple(observation_dist.batch_shape)}"
             )
         try:
-            batch_shape = torch.broadcast_shapes(init_logits.shape[:-1], trans_batch, obs_batch)
+            batch_shape = broadcast_shapes(init_logits.shape[:-1], trans_batch, obs_batch)
         except RuntimeError as e:
             raise ValueError(f"batch shapes of the arguments do not broadcast: {e}") from None
         self.init_logits = init_logits
@@ -959,7 +959,7 @@ class HiddenMarkovDistribution(TorchDistribution):
         # Pad obs_lp to the full batch rank so the floor reads trans_logits' rank correctly.
         batch = obs_lp.shape[:-2]
         if batch != self.batch_shape:
-            batch = torch.broadcast_shapes(batch, self.batch_shape)
+            batch = broadcast_shapes(batch, self.batch_shape)
             obs_lp = obs_lp.expand(batch + obs_lp.shape[-2:])
         mask = None if missing is None else ~missing.expand(batch + (duration,))
         trans = self.trans_logits

@@ -11,7 +11,10 @@ Two engines evaluate the filter and smoother. On CPU tensors, for calls that wan
 gradient and with numba installed (the ``fast`` extra), compiled sequential kernels
 (:mod:`._kalman_kernels`) run the textbook covariance-form filter and the Rauch-Tung-Striebel
 smoother as one machine-code loop over time: the faster engine on one CPU thread at every
-size measured (``benchmarks/results/timeseries_speed.md``). Everywhere else (gradients,
+size measured (``benchmarks/results/timeseries_speed.md``). :func:`kalman_log_likelihood`
+also takes its gradient from the kernels: one filter and smoother pass gives the exact score
+by Fisher's identity (``_score_terms``), for time-varying matrices and for static ones
+up to a measured size (``_SCORE_WORK_LIMIT``). Everywhere else (other gradients,
 CUDA, ``torch.func``, ``torch.compile``, no numba, or inside
 :func:`~pyro_ext.timeseries.sequential_kernels` ``(False)``) filtering and smoothing are
 *parallel in time*: associative scans (:func:`~pyro_ext.ops.associative_scan`) over
@@ -52,7 +55,13 @@ import numpy as np
 import torch
 
 from ..ops.scan import associative_scan
-from ..ops.validation import check_int, check_real, check_real_tensor, values_checked
+from ..ops.validation import (
+    broadcast_shapes,
+    check_int,
+    check_real,
+    check_real_tensor,
+    values_checked,
+)
 from . import _sequential
 
 __all__ = [
@@ -302,7 +311,7 @@ def _validate(y, matrices, state_dim_from="init_mean"):
         if not bool(torch.isfinite(G).all()) or not bool(torch.isfinite(F).all()):
             raise ValueError("transition_matrix and observation_matrix must be finite")
     try:
-        batch = torch.broadcast_shapes(
+        batch = broadcast_shapes(
             y.shape[:-2],
             *[
                 x.shape[: x.dim() - (3 if t else 2)]
@@ -456,7 +465,7 @@ def _predicted_covs(ssm, P):
 def _run_filter(ssm):
     """Filtered and one-step predicted moments plus the log-likelihood (internal layout)."""
     A, b, C, eta, J = _filter_elements(ssm)
-    batch = torch.broadcast_shapes(b.shape[1:-1], A.shape[1:-2])
+    batch = broadcast_shapes(b.shape[1:-1], A.shape[1:-2])
     b = b.expand(b.shape[0], *batch, b.shape[-1])
     eta = eta.expand(b.shape)
     _, m, P, _, _ = associative_scan(_filter_combine, (A, b, C, eta, J))
@@ -488,7 +497,7 @@ def _run_whiten(ssm, Y):
     K, SinvFG, A, C, J = _filter_gains(ssm)
     b = K @ Y
     eta = SinvFG.mT @ Y
-    batch = torch.broadcast_shapes(b.shape[1:-2], A.shape[1:-2])
+    batch = broadcast_shapes(b.shape[1:-2], A.shape[1:-2])
     b = b.expand(b.shape[0], *batch, *b.shape[-2:])
     eta = eta.expand(b.shape)
     A, C, J = [x.expand(x.shape[0], *batch, *x.shape[-2:]) for x in (A, C, J)]
@@ -753,7 +762,7 @@ def _block_model(G, F, W, V, B):
     Everything is batched over the matrices' own batch dims; ``O(log B)`` doubling steps.
     """
     S, p = G.shape[-1], F.shape[-2]
-    batch = torch.broadcast_shapes(G.shape[:-2], F.shape[:-2], W.shape[:-2], V.shape[:-2])
+    batch = broadcast_shapes(G.shape[:-2], F.shape[:-2], W.shape[:-2], V.shape[:-2])
     G, W = G.expand(*batch, S, S), W.expand(*batch, S, S)
     F, V = F.expand(*batch, p, S), V.expand(*batch, p, p)
     eye = torch.eye(S, dtype=G.dtype, device=G.device)
@@ -1013,13 +1022,17 @@ def _blocked_filter(args, B):
     return ll, m, P, mp, Pp
 
 
+def _gradient_wanted(args):
+    return torch.is_grad_enabled() and any(x.requires_grad for x in args[:7])
+
+
 def _sequential_ok(args):
     """Whether the compiled sequential kernels (:mod:`._sequential`) run this call: CPU
-    tensors, untraced, numba installed, and no gradient wanted (they have none)."""
-    tensors = args[:7]
-    if torch.is_grad_enabled() and any(x.requires_grad for x in tensors):
+    tensors, untraced, numba installed, and no gradient wanted (the filter and smoother
+    have none; :func:`kalman_log_likelihood` differentiates through :func:`_scored`)."""
+    if _gradient_wanted(args):
         return False
-    return _sequential.available("_kalman_kernels", *tensors)
+    return _sequential.available("_kalman_kernels", *args[:7])
 
 
 def _sequential_inputs(args):
@@ -1097,6 +1110,108 @@ def _sequential_smoother(args):
     return tuple(_from_kernels(args, [ll, *smoothed, gains]))
 
 
+def _score_terms(args):
+    r"""``(ll, grads)``: :math:`\log p(y)` per series ``(B,)`` and its gradient with respect to
+    ``y, G, F, W, V, m0, P0``, each shaped as the kernels' input (:func:`_sequential_inputs`:
+    per series, and per step where the input has a time axis), float64, from one pass of the
+    compiled filter, smoother and score kernels; or ``None`` where they stop (a covariance
+    not positive definite, or an observation covariance singular).
+
+    Fisher's identity, :math:`\nabla \log p(y) = E[\nabla \log p(x, y) \mid y]`, gives the
+    score in closed form from the smoothed moments (the E-step of EM). With the predicted
+    moments :math:`(a_t, P_t)` of :math:`x_t \mid y_{1:t-1}` (:math:`a_1 = m_0`, :math:`P_1 =
+    P_0`) and the smoothed ones :math:`(\hat x_t, \hat P_t)`, let :math:`r_t = P_t^{-1}
+    (\hat x_t - a_t)` and :math:`N_t = P_t^{-1} (P_t - \hat P_t) P_t^{-1}`; then
+    :math:`W_t^{-1} E[w_t \mid y] = r_t` and :math:`W_t^{-1} \mathrm{Cov}(w_t, x_{t-1} \mid
+    y) = -N_t G_t P_{t-1|t-1}`, so that, with no inverse of :math:`W_t` (singular process
+    noise is fine) and :math:`u_t = V_t^{-1} (y_t - F_t \hat x_t)`,
+
+    .. math::
+
+        \partial_{m_0} = r_1, \quad \partial_{P_0} = \tfrac12 (r_1 r_1^\top - N_1), \quad
+        \partial_{W_t} = \tfrac12 (r_t r_t^\top - N_t), \quad
+        \partial_{G_t} = r_t \hat x_{t-1}^\top - N_t G_t P_{t-1|t-1},
+
+        \partial_{V_t} = \tfrac12 (u_t u_t^\top - V_t^{-1} + V_t^{-1} F_t \hat P_t F_t^\top
+        V_t^{-1}), \quad \partial_{F_t} = u_t \hat x_t^\top - V_t^{-1} F_t \hat P_t, \quad
+        \partial_{y_t} = -u_t
+
+    (the disturbance smoother's :math:`r_t, N_t` of Durbin & Koopman 2012, section 4.5, and
+    Koopman & Shephard 1992's exact score), over the observed coordinates of each step.
+    """
+    run = _compiled_filter(args, moments=True)
+    if run is None:
+        return None
+    arrays, ll, (m, P, mp, Pp) = run
+    y, G, F, W, V, m0, P0 = arrays
+    size, T, S = m.shape
+    ms, Ps = np.empty((size, T, S)), np.empty((size, T, S, S))
+    gains = np.empty((size, max(T - 1, 0), S, S))
+    kernels = _sequential.kernels("_kalman_kernels")
+    if kernels.smoother(G, m, P, mp, Pp, ms, Ps, gains) >= 0:
+        return None
+    grads = [np.zeros_like(x) for x in arrays]
+    if kernels.score(y, G, F, V, P, mp, Pp, ms, Ps, gains, *grads) >= 0:
+        return None
+    return torch.from_numpy(ll), tuple(torch.from_numpy(g) for g in grads)
+
+
+class _ScoredLogLikelihood(torch.autograd.Function):
+    """``log p(y)`` from the kernels with the gradient of :func:`_score_terms` (computed
+    with the value, since a gradient is wanted). A second derivative (``create_graph=True``)
+    is taken through ``differentiable``, the torch scans on the same inputs, whose backward
+    is itself differentiable."""
+
+    @staticmethod
+    def forward(ctx, terms, differentiable, batch, *inputs):
+        ll, grads = terms
+        ctx.grads, ctx.differentiable, ctx.batch = grads, differentiable, batch
+        ctx.save_for_backward(*inputs)
+        return ll.to(inputs[0].dtype).reshape(batch)
+
+    @staticmethod
+    def backward(ctx, grad):
+        inputs = ctx.saved_tensors
+        needs = ctx.needs_input_grad[3:]
+        if torch.is_grad_enabled():
+            wanted = [x for x, need in zip(inputs, needs) if need]
+            value = ctx.differentiable(*inputs)
+            grads = iter(torch.autograd.grad(value, wanted, grad, create_graph=True))
+            return (None, None, None, *(next(grads) if need else None for need in needs))
+        batch, num_batch = ctx.batch, len(ctx.batch)
+        scale = grad.to(torch.float64).reshape(-1)
+        out = [None, None, None]
+        for x, g, need, core in zip(inputs, ctx.grads, needs, (1, 2, 2, 2, 2, 1, 2)):
+            if not need:
+                out.append(None)
+                continue
+            # Per series (B, [T | 1,] *core): a static matrix's steps are already summed.
+            g = g * scale.reshape((-1,) + (1,) * (g.dim() - 1))
+            g = g.reshape(*batch, *g.shape[1:])
+            if g.dim() > num_batch + core and x.dim() != num_batch + core + 1:
+                g = g.squeeze(num_batch)
+            out.append(g.sum_to_size(x.shape).to(x.dtype))
+        return tuple(out)
+
+
+def _scored(args, differentiable):
+    """``log p(y)`` by the kernels, differentiable through Fisher's identity
+    (:func:`_score_terms`); ``None`` where the kernels cannot run it, for the scans."""
+    if not _sequential.available("_kalman_kernels", *args[:7]):
+        return None
+    with torch.no_grad():
+        terms = _score_terms(args)
+    if terms is None:
+        return None
+
+    def torch_log_likelihood(*inputs):
+        return differentiable(
+            args._replace(**dict(zip(("y", "G", "F", "W", "V", "m0", "P0"), inputs)))
+        )
+
+    return _ScoredLogLikelihood.apply(terms, torch_log_likelihood, args.batch, *args[:7])
+
+
 def _filter_moments(args):
     """``(ll, m, P, mp, Pp)`` time-first: the compiled kernels on CPU, else blocked for
     static matrices, else the scan."""
@@ -1155,7 +1270,11 @@ def kalman_log_likelihood(
     r"""Exact log-likelihood :math:`\log p(y_{1:T})` only; arguments as :func:`kalman_filter`.
 
     On CPU without a gradient wanted (numba installed), the compiled filter, which keeps no
-    moments (``block_size`` is then not used). Otherwise:
+    moments (``block_size`` is then not used). On CPU with a gradient wanted, for
+    time-varying matrices and for static ones while ``batch x T x state_dim^3 <= 4e6`` (the
+    measured break-even with the blocked scan's autograd), the compiled filter and smoother
+    and the gradient in closed form from their moments (Fisher's identity; exact, no
+    autograd tape; a second derivative goes through the scans). Otherwise:
 
     Much faster than ``kalman_filter(...).log_likelihood`` for static matrices: ``B``
     consecutive steps are grouped into one block whose observation vector (``B * obs_dim``
@@ -1184,6 +1303,30 @@ def kalman_log_likelihood(
         out = _sequential_filter(args, moments=False)
         if out is not None:
             return out[0]
+    elif _gradient_wanted(args) and (args.time_varying or _score_is_cheaper(args)):
+        ll = _scored(args, functools.partial(_scanned_log_likelihood, B=B))
+        if ll is not None:
+            return ll
+    return _scanned_log_likelihood(args, B)
+
+
+#: Above this many ``series x steps x states^3``, static matrices' gradient goes through the
+#: blocked scan's autograd rather than the kernels' score: the kernels' cost grows as ``T
+#: S^3``, the blocked scan's much more slowly in ``T``. Measured on one CPU thread
+#: (``benchmarks/results/kalman_gradient.md``, dense static models): the two break even
+#: between 5e6 (``S = 8``, ``T = 1e4``: score / scans 1.06) and 8e6 (``S = 20``, ``T = 1e3``:
+#: 0.82); below, the score takes 0.09-0.57x the scans' time. Time-varying matrices, which
+#: the per-step scan handles, take the score at every size (0.05-0.10x, ``S <= 20``).
+_SCORE_WORK_LIMIT = 4e6
+
+
+def _score_is_cheaper(args):
+    S = args.m0.shape[-1]
+    return args.batch.numel() * args.y.shape[-2] * S**3 <= _SCORE_WORK_LIMIT
+
+
+def _scanned_log_likelihood(args, B):
+    """``log p(y)`` by the torch scans: blocked for static matrices, else per step."""
     ll = None
     if not args.time_varying:
         ll = _blocked_log_likelihood(args, B)
@@ -1370,7 +1513,7 @@ def forecast_interval(
             f"got {tuple(covs.shape)}"
         )
     try:
-        torch.broadcast_shapes(means.shape[:-1], covs.shape[:-2])
+        broadcast_shapes(means.shape[:-1], covs.shape[:-2])
     except RuntimeError:
         raise ValueError(
             f"covs' leading shape {tuple(covs.shape[:-2])} does not broadcast with means' "

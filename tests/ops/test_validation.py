@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from pyro_ext.ops.validation import (
     as_real_tensor,
+    broadcast_shapes,
     check_choice,
     check_int,
     check_positive,
@@ -265,3 +266,24 @@ def test_same_device_reads_cuda_as_the_current_one():
         not torch.cuda.is_available() or torch.cuda.current_device() == 0
     )
     assert not same_device("cuda:0", "cuda:1")
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.one_of(
+            st.integers(0, 3),
+            st.lists(st.sampled_from([0, 1, 1, 2, 3]), max_size=4).map(tuple),
+        ),
+        max_size=4,
+    )
+)
+def test_broadcast_shapes_is_torchs(shapes):
+    try:
+        expected = torch.broadcast_shapes(*shapes)
+    except RuntimeError:
+        with pytest.raises(RuntimeError, match="cannot be broadcast"):
+            broadcast_shapes(*shapes)
+        return
+    assert broadcast_shapes(*shapes) == expected
+    assert isinstance(broadcast_shapes(*shapes), torch.Size)

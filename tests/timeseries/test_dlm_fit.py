@@ -93,6 +93,13 @@ def test_a_local_linear_trend_on_the_data_device(device):
         (dict(max_iterations=1.5), TypeError, "max_iterations"),
         (dict(make_dlm=lambda s: 3), TypeError, "make_dlm must return a DLM, got int"),
         (dict(method="newton"), ValueError, "method"),
+        # The model's values are checked once, at set-up, by either method.
+        (dict(y=torch.tensor([1.0, math.inf, 2.0], dtype=torch.float64)), ValueError, "infinite"),
+        (
+            dict(y=torch.tensor([1.0, math.inf, 2.0], dtype=torch.float64), method="em"),
+            ValueError,
+            "infinite",
+        ),
     ],
 )
 def test_bad_arguments_name_themselves(nile, kwargs, error, match):

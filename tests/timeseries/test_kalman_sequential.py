@@ -1,7 +1,9 @@
 """
 The compiled Kalman filter and RTS smoother (:mod:`pyro_ext.timeseries._kalman_kernels`, the
-CPU default for calls without gradients) against the per-step scan, and the cases that go
-back to the scans: a gradient wanted, a covariance that is not positive definite.
+CPU default for calls without gradients) against the per-step scan; the log-likelihood's
+gradient from the kernels' score (Fisher's identity) against autograd through the scan; and
+the cases that go back to the scans: a covariance that is not positive definite, a singular
+observation covariance under a gradient, long static models with many states.
 """
 
 import math
@@ -88,21 +90,108 @@ def test_float32_in_float32_out():
         torch.testing.assert_close(a.double(), b, rtol=1e-5, atol=1e-4)
 
 
-def test_a_wanted_gradient_goes_to_the_scans():
-    y, matrices = _model(2, 30, 3, 1, False, (), [])
-    scale = torch.tensor(1.5, dtype=D, requires_grad=True)
-    matrices = matrices._replace(transition_cov=matrices.transition_cov * scale)
-    ll = kalman_log_likelihood(y, matrices)
-    (grad,) = torch.autograd.grad(ll, scale)
-    with torch.no_grad():
-        eps = 1e-6
-        up = kalman_log_likelihood(
-            y, matrices._replace(transition_cov=matrices.transition_cov * (1 + eps / 1.5))
+def _per_step_scan_log_likelihood(y, matrices):
+    """The reference: the per-step associative scan, differentiated by autograd."""
+    args = kalman_module._validate(y, matrices)
+    return kalman_module._run_filter(kalman_module._build(args))[0]
+
+
+def _gradients(fn, y, matrices, weights):
+    inputs = [x.detach().clone().requires_grad_() for x in (y, *matrices)]
+    value = fn(inputs[0], StateSpaceMatrices(*inputs[1:]))
+    grads = torch.autograd.grad((value * weights).sum(), inputs)
+    # W, V and P0 enter only through their symmetric part: compare that.
+    return value, [g + g.mT if k in (3, 4, 6) else g for k, g in enumerate(grads)]
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    seed=st.integers(0, 10**6),
+    T=st.sampled_from([1, 2, 9, 60]),
+    S=st.integers(1, 4),
+    p=st.integers(1, 3),
+    time_varying=st.booleans(),
+    batch=st.sampled_from([(), (3,), (2, 2)]),
+    missing=st.lists(st.integers(0, 10**4), max_size=6),
+)
+def test_the_kernels_score_is_the_gradient(seed, T, S, p, time_varying, batch, missing):
+    # A gradient wanted: the kernels' filter and smoother give it by Fisher's identity
+    # (_score_terms). Against autograd through the per-step scan, for y and all six
+    # matrices, with missing rows and single coordinates, batches and time-varying ones.
+    y, matrices = _model(seed, T, S, p, time_varying, batch, missing)
+    args = kalman_module._validate(y, matrices)
+    assert kalman_module._score_terms(args) is not None  # the kernels ran
+    weights = torch.rand(batch, generator=torch.Generator().manual_seed(seed), dtype=D) + 0.5
+    ours, ours_grads = _gradients(kalman_log_likelihood, y, matrices, weights)
+    assert ours.grad_fn.name() == "_ScoredLogLikelihoodBackward"
+    reference, reference_grads = _gradients(_per_step_scan_log_likelihood, y, matrices, weights)
+    torch.testing.assert_close(ours, reference, rtol=1e-9, atol=1e-9)
+    for a, b in zip(ours_grads, reference_grads):
+        torch.testing.assert_close(torch.nan_to_num(a), torch.nan_to_num(b), rtol=1e-7, atol=1e-8)
+
+
+def test_the_score_reduces_to_broadcast_and_static_inputs():
+    # y batched (2, 3); G static and unbatched, F and W batched (3,), V time-varying with a
+    # singleton batch dim, init_mean unbatched: each gradient summed back to its shape.
+    y, matrices = _model(5, 25, 3, 2, False, (3,), [4, 9, 30])
+    y = torch.stack([y, y + 0.3])
+    G, F, W, V, m0, P0 = matrices
+    matrices = StateSpaceMatrices(G[0], F, W, V[None, :, None].expand(1, 3, 25, 2, 2), m0[0], P0)
+    weights = torch.arange(1.0, 7.0, dtype=D).reshape(2, 3)
+    ours, ours_grads = _gradients(kalman_log_likelihood, y, matrices, weights)
+    assert ours.grad_fn.name() == "_ScoredLogLikelihoodBackward"
+    reference, reference_grads = _gradients(_per_step_scan_log_likelihood, y, matrices, weights)
+    for a, b, x in zip(ours_grads, reference_grads, (y, *matrices)):
+        assert a.shape == x.shape
+        torch.testing.assert_close(torch.nan_to_num(a), torch.nan_to_num(b), rtol=1e-8, atol=1e-8)
+
+
+def test_the_score_matches_finite_differences_and_has_second_derivatives():
+    y, matrices = _model(2, 40, 2, 1, False, (), [5, 6])
+
+    def log_likelihood(x):
+        return kalman_log_likelihood(
+            y,
+            matrices._replace(
+                transition_cov=torch.diag(x[:2].exp()), observation_cov=x[2:].exp().reshape(1, 1)
+            ),
         )
-        down = kalman_log_likelihood(
-            y, matrices._replace(transition_cov=matrices.transition_cov * (1 - eps / 1.5))
-        )
-    assert abs(float(grad) - float(up - down) / (2 * eps)) < 1e-5 * max(1.0, abs(float(grad)))
+
+    x = torch.tensor([0.1, -0.5, 0.3], dtype=D, requires_grad=True)
+    assert log_likelihood(x).grad_fn.name() == "_ScoredLogLikelihoodBackward"
+    assert torch.autograd.gradcheck(log_likelihood, (x,))
+    # create_graph=True differentiates the scans on the same inputs.
+    assert torch.autograd.gradgradcheck(log_likelihood, (x,))
+
+
+def test_a_singular_observation_covariance_goes_to_the_scans():
+    # V = 0 with F of full rank: the filter runs (the innovation covariance is F P F^T), but
+    # the score needs V^-1; the scans then give the gradient.
+    y, matrices = _model(4, 12, 2, 1, False, (), [])
+    matrices = matrices._replace(observation_cov=torch.zeros_like(matrices.observation_cov))
+    args = kalman_module._validate(y, matrices)
+    assert kalman_module._sequential_filter(args) is not None
+    assert kalman_module._score_terms(args) is None
+    weights = torch.ones(())
+    ours, ours_grads = _gradients(kalman_log_likelihood, y, matrices, weights)
+    assert ours.grad_fn.name() != "_ScoredLogLikelihoodBackward"
+    _, reference_grads = _gradients(_per_step_scan_log_likelihood, y, matrices, weights)
+    for a, b in zip(ours_grads, reference_grads):
+        torch.testing.assert_close(a, b, rtol=1e-7, atol=1e-8)
+
+
+def test_long_static_models_with_many_states_keep_the_blocked_scan():
+    # Where the kernels' T S^3 work exceeds the blocked scan's (the measured break-even,
+    # _SCORE_WORK_LIMIT), a static model's gradient stays with the blocked scan; a
+    # time-varying one takes the score at any size.
+    y, matrices = _model(6, 600, 20, 1, False, (), [])
+    leaf = matrices.transition_cov.clone().requires_grad_()
+    ll = kalman_log_likelihood(y, matrices._replace(transition_cov=leaf))
+    assert ll.grad_fn.name() != "_ScoredLogLikelihoodBackward"
+    y, matrices = _model(6, 600, 20, 1, True, (), [])
+    leaf = matrices.transition_cov.clone().requires_grad_()
+    ll = kalman_log_likelihood(y, matrices._replace(transition_cov=leaf))
+    assert ll.grad_fn.name() == "_ScoredLogLikelihoodBackward"
 
 
 def test_a_covariance_not_positive_definite_goes_to_the_scans():

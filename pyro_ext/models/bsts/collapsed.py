@@ -11,6 +11,8 @@ import math
 
 import torch
 
+from ...ops.validation import broadcast_shapes
+
 
 class CollapsedLikelihood:
     """The collapsed point-mass likelihood and indicator moves of
@@ -27,7 +29,7 @@ class CollapsedLikelihood:
         dense ``O(T^3)``). Missing weeks drop out. For one draw of the parameters:
         ``resid`` ``(T,)``, ``X`` ``(T, p)``.
         """
-        batch = torch.broadcast_shapes(resid.shape[:-1], X.shape[:-2])
+        batch = broadcast_shapes(resid.shape[:-1], X.shape[:-2])
         T, p = X.shape[-2:]
         series = torch.cat([resid.expand(*batch, T).unsqueeze(-1), X.expand(*batch, T, p)], -1)
         white = dlm.whiten(series, precision)
