@@ -46,13 +46,7 @@ def _sandwich(a, b, c, work, out):
     """``out = a b a^T + (c + c^T) / 2`` for square matrices, exactly symmetric (the lower
     triangle computed and mirrored); ``work`` receives ``a b``."""
     S = a.shape[0]
-    for i in range(S):  # row i of a b, along contiguous rows of b
-        for j in range(S):
-            work[i, j] = 0.0
-        for k in range(S):
-            aik = a[i, k]
-            for j in range(S):
-                work[i, j] += aik * b[k, j]
+    _product(a, b, work, S, S, S)
     for i in range(S):
         for j in range(i + 1):
             acc = 0.0
@@ -60,6 +54,19 @@ def _sandwich(a, b, c, work, out):
                 acc += work[i, k] * a[j, k]
             out[i, j] = acc + 0.5 * (c[i, j] + c[j, i])
             out[j, i] = out[i, j]
+
+
+@_jit
+def _product(a, b, out, rows, inner, cols):
+    """``out[:rows, :cols] = a[:rows, :inner] b[:inner, :cols]``, row by row along
+    contiguous rows of ``b``."""
+    for i in range(rows):
+        for j in range(cols):
+            out[i, j] = 0.0
+        for k in range(inner):
+            aik = a[i, k]
+            for j in range(cols):
+                out[i, j] += aik * b[k, j]
 
 
 @_jit
@@ -203,13 +210,7 @@ def smoother(G, m, P, mp, Pp, ms, Ps, gains):
             if not _cholesky(L, S):
                 return b * duration + t + 1
             # X = G P_t (S x S); solve P^-_{t+1} E^T = X, so E = X^T P^-_{t+1}^{-1}.
-            for i in range(S):
-                for j in range(S):
-                    X[i, j] = 0.0
-                for k in range(S):
-                    gik = g[i, k]
-                    for j in range(S):
-                        X[i, j] += gik * P[b, t, k, j]
+            _product(g, P[b, t], X, S, S, S)
             _cholesky_solve(L, X, S, S)
             for i in range(S):  # E = X^T
                 for j in range(S):
@@ -314,13 +315,7 @@ def score(y, G, F, V, P, mp, Pp, ms, Ps, gains, g_y, g_G, g_F, g_W, g_V, g_m0, g
             _cholesky_solve(Lv, u, n, 1)
             _cholesky_solve(Lv, VF, n, S)
             _cholesky_solve(Lv, Vi, n, n)
-            for a in range(n):
-                for k in range(S):
-                    VFP[a, k] = 0.0
-                for j in range(S):
-                    vf = VF[a, j]
-                    for k in range(S):
-                        VFP[a, k] += vf * Ps[b, t, j, k]
+            _product(VF, Ps[b, t], VFP, n, S, S)
             for a in range(n):
                 row = observed[a]
                 g_y[b, t, row] = -u[a, 0]

@@ -47,16 +47,21 @@ def _model(seed, T, S, p, time_varying, batch, missing, dtype=D):
     return args[0], StateSpaceMatrices(*args[1:])
 
 
+def _models(lengths, max_states):
+    """Hypothesis strategies of :func:`_model`'s arguments."""
+    return dict(
+        seed=st.integers(0, 10**6),
+        T=st.sampled_from(lengths),
+        S=st.integers(1, max_states),
+        p=st.integers(1, 3),
+        time_varying=st.booleans(),
+        batch=st.sampled_from([(), (3,), (2, 2)]),
+        missing=st.lists(st.integers(0, 10**4), max_size=6),
+    )
+
+
 @settings(max_examples=30, deadline=None)
-@given(
-    seed=st.integers(0, 10**6),
-    T=st.sampled_from([1, 2, 9, 120]),
-    S=st.integers(1, 5),
-    p=st.integers(1, 3),
-    time_varying=st.booleans(),
-    batch=st.sampled_from([(), (3,), (2, 2)]),
-    missing=st.lists(st.integers(0, 10**4), max_size=6),
-)
+@given(**_models([1, 2, 9, 120], 5))
 def test_compiled_filter_and_smoother_equal_the_scan(seed, T, S, p, time_varying, batch, missing):
     y, matrices = _model(seed, T, S, p, time_varying, batch, missing)
     args = kalman_module._validate(y, matrices)
@@ -105,15 +110,7 @@ def _gradients(fn, y, matrices, weights):
 
 
 @settings(max_examples=25, deadline=None)
-@given(
-    seed=st.integers(0, 10**6),
-    T=st.sampled_from([1, 2, 9, 60]),
-    S=st.integers(1, 4),
-    p=st.integers(1, 3),
-    time_varying=st.booleans(),
-    batch=st.sampled_from([(), (3,), (2, 2)]),
-    missing=st.lists(st.integers(0, 10**4), max_size=6),
-)
+@given(**_models([1, 2, 9, 60], 4))
 def test_the_kernels_score_is_the_gradient(seed, T, S, p, time_varying, batch, missing):
     # A gradient wanted: the kernels' filter and smoother give it by Fisher's identity
     # (_score_terms). Against autograd through the per-step scan, for y and all six

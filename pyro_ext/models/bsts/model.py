@@ -34,9 +34,9 @@ average, and the 90 % interval covered the truth in 5 of them; with the start be
 and 7 of 10 (on three of the seeds it still misses, starting from the simulator's own mean
 spend gives the same intervals: the rest of the bias is not the start's; in the model's own form,
 sales rebuilt from the simulator's spend and truth without its holiday bumps and level drift,
-the intervals hold ``delta`` on 9 of 10 seeds, mean error +0.025 +- 0.012:
-``benchmarks/bsts_delta_bias.py``; with the level's prior below, on 8 of 10 of the
-simulator's own series, ``results/bsts_selection.md``).  By default
+the intervals held ``delta`` on 9 of 10 seeds, mean error +0.025 +- 0.012; with the
+level's prior below, 8 of 10 and -0.010 +- 0.014, and 8 of 10 of the simulator's own series,
++0.036 +- 0.025: ``benchmarks/bsts_delta_bias.py``, ``results/bsts_selection.md``).  By default
 (``goodwill_start="steady"``) each channel is taken to have spent, in each of the
 ``START_WEEKS = 52`` weeks before the data, its mean spend ``ubar_i`` over the first
 ``min(T, 52)`` weeks of the data (the training spend): the goodwill then starts at
