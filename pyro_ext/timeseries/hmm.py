@@ -940,6 +940,8 @@ class HiddenMarkovDistribution(TorchDistribution):
                         support = transform_to(self.observation_dist.support)
                         fill = support(torch.zeros_like(value))
                     except NotImplementedError:
+                        # A discrete support has no transform: 0 lies in the usual ones
+                        # (counts, categories, {0, 1}); the masked rows' densities are dropped.
                         fill = torch.zeros_like(value)
                 filled = torch.where(nan, fill, value)
                 missing = nan.flatten(-event_dim).any(-1) if event_dim else nan

@@ -1095,9 +1095,10 @@ def _sequential_filter(args, moments=True):
     return tuple(_from_kernels(args, [ll] + (outputs if moments else [])))
 
 
-def _sequential_smoother(args):
-    """``(ll, ms, Ps, gains)`` time-first by the compiled filter and RTS smoother, or
-    ``None`` (see :func:`_compiled_filter`)."""
+def _compiled_smoother(args):
+    """Run the compiled filter and RTS smoother: ``(arrays, ll, [m, P, mp, Pp], [ms, Ps,
+    gains])`` as numpy, or ``None`` where a covariance is not positive definite (see
+    :func:`_compiled_filter`)."""
     run = _compiled_filter(args, moments=True)
     if run is None:
         return None
@@ -1107,7 +1108,17 @@ def _sequential_smoother(args):
     gains = np.empty((size, max(T - 1, 0), S, S))
     if _sequential.kernels("_kalman_kernels").smoother(arrays[1], *moments, *smoothed, gains) >= 0:
         return None
-    return tuple(_from_kernels(args, [ll, *smoothed, gains]))
+    return arrays, ll, moments, [*smoothed, gains]
+
+
+def _sequential_smoother(args):
+    """``(ll, ms, Ps, gains)`` time-first by the compiled filter and RTS smoother, or
+    ``None`` (see :func:`_compiled_filter`)."""
+    run = _compiled_smoother(args)
+    if run is None:
+        return None
+    _, ll, _, smoothed = run
+    return tuple(_from_kernels(args, [ll, *smoothed]))
 
 
 def _score_terms(args):
@@ -1139,19 +1150,16 @@ def _score_terms(args):
     (the disturbance smoother's :math:`r_t, N_t` of Durbin & Koopman 2012, section 4.5, and
     Koopman & Shephard 1992's exact score), over the observed coordinates of each step.
     """
-    run = _compiled_filter(args, moments=True)
+    run = _compiled_smoother(args)
     if run is None:
         return None
-    arrays, ll, (m, P, mp, Pp) = run
-    y, G, F, W, V, m0, P0 = arrays
-    size, T, S = m.shape
-    ms, Ps = np.empty((size, T, S)), np.empty((size, T, S, S))
-    gains = np.empty((size, max(T - 1, 0), S, S))
-    kernels = _sequential.kernels("_kalman_kernels")
-    if kernels.smoother(G, m, P, mp, Pp, ms, Ps, gains) >= 0:
-        return None
+    arrays, ll, (_, P, mp, Pp), (ms, Ps, gains) = run
+    y, G, F, _, V, _, _ = arrays
     grads = [np.zeros_like(x) for x in arrays]
-    if kernels.score(y, G, F, V, P, mp, Pp, ms, Ps, gains, *grads) >= 0:
+    if (
+        _sequential.kernels("_kalman_kernels").score(y, G, F, V, P, mp, Pp, ms, Ps, gains, *grads)
+        >= 0
+    ):
         return None
     return torch.from_numpy(ll), tuple(torch.from_numpy(g) for g in grads)
 
