@@ -12,6 +12,8 @@ Reusable numerics, as :mod:`pyro.ops` is for Pyro.
 * :mod:`pyro_ext.ops.validation` — the package's argument checks.
 * :mod:`pyro_ext.ops.random` — :func:`rng_preserved`: a side computation that leaves every
   generator (CUDA's too) as it found it.
+* :mod:`pyro_ext.ops.tracing` — :func:`is_traced`: whether tensors are being traced
+  (``torch.compile``, ``torch.func``, ``make_fx``) rather than computed on.
 
 Example: a parallel prefix scan with addition is the cumulative sum:
 
@@ -25,10 +27,12 @@ from .curvature import hessian_diagonal
 from .random import rng_preserved
 from .scan import associative_scan, vector_reduce, vector_scan
 from .stats import kernel_stein_discrepancy, rank_uniformity_test, sbc_ranks, split_rhat
+from .tracing import is_traced
 
 __all__ = [
     "associative_scan",
     "hessian_diagonal",
+    "is_traced",
     "kernel_stein_discrepancy",
     "rank_uniformity_test",
     "rng_preserved",

@@ -17,6 +17,8 @@ from collections.abc import Iterator
 import numpy as np
 import torch
 
+from ..ops.tracing import is_traced
+
 __all__ = ["available", "float64_arrays", "kernels", "sequential_kernels"]
 
 # Switched by :func:`sequential_kernels`.
@@ -72,9 +74,7 @@ def available(name, *tensors):
     read their values as numpy arrays (a trace would keep the result as a constant)."""
     if not _enabled:
         return False
-    if torch.compiler.is_compiling() or torch._C._functorch.peek_interpreter_stack() is not None:
-        return False
-    if torch._C._len_torch_dispatch_stack() > 0:
+    if is_traced():
         return False
     if any(t.device.type != "cpu" for t in tensors):
         return False

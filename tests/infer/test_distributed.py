@@ -273,6 +273,21 @@ def scenario_bad_input(rank):
     }
 
 
+def scenario_pieces(rank):
+    """Eager gloo gathers sent in pieces smaller than a row's bytes, and in uneven ones."""
+    from pyro_ext.infer.sgmcmc import distributed
+
+    distributed.GLOO_PIECE_BYTES = 40  # rows of 5 float32 numbers: pieces of 2 rows, then 1
+    shard = distributed.Shard("particles", 6)
+    mine = 100.0 * rank + torch.arange(15.0).reshape(3, 5)
+    pending = shard.start_gather(mine)
+    pieces = len(pending.works)
+    gathered = shard.wait(pending).numpy()
+    distributed.GLOO_PIECE_BYTES = 1  # the chain's rows (z, grad, velocity) one at a time
+    mcmc = run_chain("sghmc", "particles", "rbf", False, 16)
+    return pieces, gathered, as_numpy(mcmc.get_samples(group_by_chain=True))
+
+
 def scenario_kill(rank):
     def die(kernel, params, stage, index):
         if rank == 1 and index == 3:
@@ -407,6 +422,17 @@ def test_checkpoint_resume_on_two_ranks_gives_the_same_draws(tmp_path):
         assert {"run.pt.rank0", "run.pt.rank1"} <= set(files)
     for name in expected:
         np.testing.assert_array_equal(results[0][0][name], results[1][0][name])
+
+
+def test_eager_gloo_gathers_in_pieces_give_the_gather_and_the_single_process_chain(tmp_path):
+    results = spawn(tmp_path, "scenario_pieces")
+    rows = np.arange(15.0).reshape(3, 5)
+    expected = reference("sghmc", "particles", "rbf", False)
+    for rank in range(WORLD_SIZE):
+        pieces, gathered, draws = results[rank]
+        assert pieces == 2
+        np.testing.assert_array_equal(gathered, np.concatenate([rows, 100.0 + rows]))
+        assert_close(draws, expected)
 
 
 def test_bad_sharded_input_gets_the_same_clear_error_on_every_rank(tmp_path):

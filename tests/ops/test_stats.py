@@ -43,6 +43,7 @@ def test_reexported():
     assert pyro_ext.ops.__all__ == [
         "associative_scan",
         "hessian_diagonal",
+        "is_traced",
         "kernel_stein_discrepancy",
         "rank_uniformity_test",
         "rng_preserved",
