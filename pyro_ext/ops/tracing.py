@@ -13,6 +13,8 @@ def is_traced() -> bool:
     eager-only APIs (:mod:`torch.distributed`'s work handles) must stand aside then: a
     trace would keep its result as a constant, or fail.
 
+    >>> import torch
+    >>> from pyro_ext.ops import is_traced
     >>> is_traced()
     False
     >>> torch.func.vmap(lambda x: torch.tensor(is_traced()))(torch.zeros(2)).tolist()
