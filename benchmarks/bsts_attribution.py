@@ -309,6 +309,61 @@ def divergences(runs):
     return f" ({sum(counts):,} divergences; in {hit} of {len(counts)} fits)"
 
 
+def large_channels(run):
+    """``(truth, posterior mean)`` of one fit's channels whose true contribution is at
+    least ``SHARE`` of media's total (those the targets are about)."""
+    total = sum(abs(t) for t in run["truth"])
+    return [
+        (t, m)
+        for t, m in zip(run["truth"], run["mean"])
+        if t != 0 and total > 0 and abs(t) >= SHARE * total
+    ]
+
+
+def seed_spread_rows(results, resamples=2000):
+    """Per simulator x model with at least 10 seeds: the median absolute relative error
+    (the target's statistic) over the first and the second half of the seeds and over all,
+    and a 90 % bootstrap interval of the median that resamples whole seeds (a seed's
+    channels share its fit), with a fixed generator."""
+    import random
+
+    rows = []
+    for simulator in SIMULATORS:
+        for model in MODELS:
+            runs = sorted(
+                (r for r in results if r["simulator"] == simulator and r["model"] == model),
+                key=lambda r: r["seed"],
+            )
+            if len(runs) < 10:
+                continue
+            per_seed = [[abs(m - t) / abs(t) for t, m in large_channels(r)] for r in runs]
+            half = len(runs) // 2
+            generator = random.Random(0)
+            medians = sorted(
+                statistics.median(
+                    [
+                        e
+                        for i in generator.choices(range(len(runs)), k=len(runs))
+                        for e in per_seed[i]
+                    ]
+                )
+                for _ in range(resamples)
+            )
+            low, high = medians[int(0.05 * resamples)], medians[int(0.95 * resamples) - 1]
+            rows.append(
+                [
+                    simulator,
+                    model,
+                    len(runs),
+                    f"{statistics.median([e for p in per_seed[:half] for e in p]):.0%}",
+                    f"{statistics.median([e for p in per_seed[half:] for e in p]):.0%}",
+                    f"{statistics.median([e for p in per_seed for e in p]):.0%}",
+                    f"{low:.0%} - {high:.0%}",
+                ]
+            )
+    return rows
+
+
 def summarise(results, missing=()):
     """The report's sections from the fits ``results``; ``missing`` lists the models whose
     package is not installed (a row each says so)."""
@@ -323,7 +378,6 @@ def summarise(results, missing=()):
                 continue
             errors, signs, big, covered, channels, nulls = [], 0, 0, 0, 0, []
             for r in runs:
-                total = sum(abs(t) for t in r["truth"])
                 for t, m, lo, hi in zip(r["truth"], r["mean"], r["low"], r["high"]):
                     if t == 0:
                         # A channel without effect: a central interval of a non-negative
@@ -332,10 +386,10 @@ def summarise(results, missing=()):
                         continue
                     channels += 1
                     covered += lo <= t <= hi
-                    if total > 0 and abs(t) >= SHARE * total:
-                        big += 1
-                        errors.append(abs(m - t) / abs(t))
-                        signs += (m > 0) != (t > 0)
+                large = large_channels(r)
+                big += len(large)
+                errors += [abs(m - t) / abs(t) for t, m in large]
+                signs += sum((m > 0) != (t > 0) for t, m in large)
             lags = [r["lag"] for r in runs]
             right = sum(lag == SIMULATED_LAG[simulator] for lag in lags)
             seconds = [r["seconds"] for r in runs]
@@ -396,6 +450,27 @@ def summarise(results, missing=()):
             detail,
         ),
     ]
+    spread_rows = seed_spread_rows(results)
+    if spread_rows:
+        sections.append(
+            "## The median error's spread over seeds\n\n"
+            "The target's statistic, the median absolute relative error of the channels "
+            f"above {SHARE:.0%} of media, over each half of the seeds and over all of them, "
+            "and a 90 % bootstrap interval of it that resamples whole seeds (2,000 "
+            "resamples): how far the median of this many seeds is from the model's own.\n\n"
+            + markdown(
+                [
+                    "simulator",
+                    "model",
+                    "seeds",
+                    "first half of the seeds",
+                    "second half",
+                    "all",
+                    "90 % bootstrap interval over seeds",
+                ],
+                spread_rows,
+            )
+        )
     evidence = evidence_rows(results)
     if evidence:
         sections.append(

@@ -199,7 +199,7 @@ def rao_blackwell_delta(model, num_draws=40, grid_size=91):
     model's log joint (see the docstring)."""
     import pyro
 
-    y, u, X = model._data
+    y, u, X = model.model_data
     draws = model.samples
     others = [n for n in draws if n not in ("delta", "sigma_obs", "sigma_goodwill", "q", "beta")]
     grid = torch.linspace(0.05, 0.95, grid_size, dtype=torch.float64)

@@ -301,6 +301,8 @@ def main():
         base = statistics.fmean(results[baseline_key][0])
         mean = statistics.fmean(step_ms)
         ratio = base / mean
+        # The job's time per particle (all L) over the single-process run's (its L).
+        per_particle = (mean / num_particles) / (base / per_rank)
         timed_comm = shard is not None and world_size > 1 and not jit
         rows.append(
             [
@@ -315,6 +317,7 @@ def main():
                 "compile" if jit else "eager",
                 spread(step_ms, fmt="{:,.1f}"),
                 f"{ratio:.2f}×",
+                f"{per_particle:.2f}×",
                 spread(comm_ms, fmt="{:,.2f}") if timed_comm else "n/a",
                 f"{100 * statistics.fmean(comm_ms) / mean:.0f} %" if timed_comm else "n/a",
             ]
@@ -329,6 +332,7 @@ def main():
         "step",
         "ms per step (median / mean / p90 / max)",
         "speed-up vs 1 process",
+        "time per particle ÷ 1 process's",
         "comm ms (median / mean / p90 / max)",
         "comm share (of the mean step)",
     ]
@@ -342,7 +346,10 @@ def main():
         "or of the same L per rank (weak, control: 1.00× is perfect weak scaling) / the "
         "sharded run's. Control: two unrelated single-process runs of L / 2 particles at "
         "once, no process group: what this machine's two cores give two processes that "
-        "never communicate, the ceiling of the weak-scaling rows. Comm: rank 0's time in "
+        "never communicate, the ceiling of the weak-scaling rows. Time per particle: the "
+        "step time over the L particles of the whole run, divided by the single-process "
+        "run's over its L (strong: 1 / speed-up; weak: L / R per rank, so 0.50× is perfect "
+        "and 1.00× is no faster per particle than one process). Comm: rank 0's time in "
         "the collectives per step, waiting for the other rank included (eager only). The "
         "repulsive rows are sharded by rows of the kernel matrix. No GPU was available for "
         "this run: there are no NCCL rows."

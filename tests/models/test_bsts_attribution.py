@@ -1,6 +1,7 @@
 """Channel contributions and ROAS of a fitted RetailBSTS against the goodwill recursion of
 thesis eq. (1.4) written out by hand."""
 
+import pyro
 import pytest
 import torch
 
@@ -254,3 +255,13 @@ def test_sales_components_of_the_default_student_t_noise(data):
     del model.samples["obs_precision"]
     with pytest.raises(ValueError, match="weekly precisions"):
         model.sales_components()
+
+
+def test_model_data_runs_the_fitted_model(fitted, data):
+    assert RetailBSTS().model_data is None
+    sales, spend, covariates = fitted.model_data
+    assert sales.dtype == torch.float64 and spend.shape == data.spend.shape
+    draw = {name: value[0] for name, value in fitted.samples.items()}
+    conditioned = pyro.poutine.condition(fitted.model, data=draw)
+    trace = pyro.poutine.trace(conditioned).get_trace(*fitted.model_data)
+    assert torch.isfinite(trace.log_prob_sum())
