@@ -411,7 +411,7 @@ def oracle_section(results, truth_data, names, ems):
             rows.append(
                 ["fit: point_mass", variant, f"{pi:.2f}"]
                 + [_fmt(*g[k]) for k in ("true", "null", "null w/o hols", "rw null")]
-                + [f"{gap:.2f}"]
+                + [f"{gap:.3f}"]
             )
     header = [
         "what",
