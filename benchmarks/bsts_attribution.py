@@ -88,6 +88,7 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
 
 import json  # noqa: E402
 import math  # noqa: E402
+import random  # noqa: E402
 import statistics  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
@@ -325,8 +326,6 @@ def seed_spread_rows(results, resamples=2000):
     (the target's statistic) over the first and the second half of the seeds and over all,
     and a 90 % bootstrap interval of the median that resamples whole seeds (a seed's
     channels share its fit), with a fixed generator."""
-    import random
-
     rows = []
     for simulator in SIMULATORS:
         for model in MODELS:

@@ -251,7 +251,7 @@ class Shard:
         collective against 18-25 ms in pieces on this project's 2-core machine
         (one-off measurement).
         """
-        if not self.gathers_in_pieces or is_traced():
+        if not self._in_pieces():
             return _all_gather_single(tensor, 0, self.group)
         tensor = tensor.contiguous()
         rows = tensor.shape[0]
@@ -266,6 +266,10 @@ class Shard:
                 dist.all_gather(outputs, tensor[start:stop], group=self.group, async_op=True)
             )
         return _Gathering(out, works)
+
+    def _in_pieces(self) -> bool:
+        """Whether a gather now goes in pieces: eager, on gloo."""
+        return self.gathers_in_pieces and not is_traced()
 
     def wait(self, pending) -> torch.Tensor:
         """The result of :meth:`start_gather`, once it has arrived."""
@@ -302,7 +306,7 @@ class Shard:
         Cholesky factor. ``noise`` is the whole run's ``(L, D)``.
         """
         if positions is None:
-            if self.gathers_in_pieces and not is_traced():
+            if self._in_pieces():
                 # Both in flight at once, each in pieces: no copy into one tensor first.
                 positions, gradients = self.start_gather(z), self.start_gather(grad)
                 every_z, every_grad = self.wait(positions), self.wait(gradients)
