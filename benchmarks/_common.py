@@ -93,11 +93,19 @@ def accuracy(predict, x, y, batch_size=None):
 
 def fresh_inductor_cache(prefix):
     """
-    Point TorchInductor at an empty cache folder (removed at exit) unless
-    ``$TORCHINDUCTOR_CACHE_DIR`` is set, so that the run's first compilation of a graph is
-    a cold one, as on a user's first run. Call before anything compiles.
+    Point TorchInductor at an empty cache folder (removed at exit) unless the user set
+    ``$TORCHINDUCTOR_CACHE_DIR`` to another folder, so that the run's first compilation of
+    a graph is a cold one, as on a user's first run. Call before anything compiles.
+
+    Inductor writes its default folder into ``$TORCHINDUCTOR_CACHE_DIR`` the first time
+    anything asks for it (importing ``posteriors`` does), so the default there does not
+    count as the user's choice: without this, a run that imported such a peer first timed
+    its compiles against the warm shared cache while reporting them as cold.
     """
-    if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    chosen = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if chosen is None or os.path.abspath(chosen) == os.path.abspath(default_cache_dir()):
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix=prefix)
         atexit.register(shutil.rmtree, os.environ["TORCHINDUCTOR_CACHE_DIR"], ignore_errors=True)
 

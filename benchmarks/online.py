@@ -284,6 +284,11 @@ def ms(times):
     return spread(times, 1e3, "{:.2f}")
 
 
+def ms3(times):
+    """Section 5's milliseconds, to the microsecond (its compiled updates take tens of µs)."""
+    return spread(times, 1e3, "{:.3f}")
+
+
 def ratio(a, b):
     return f"{statistics.median(a) / statistics.median(b):.2f}"
 
@@ -811,35 +816,53 @@ def regression_stream(widths, steps, prior, noise):
     return x, y, dim, model, init_to_value(values=start)
 
 
+#: update_many's unrolls in section 5 and the observations per timed call (a multiple of each;
+#: the quick run's, in its 12-observation stream)
+UNROLLS = (1, 4)
+MANY_BLOCK, MANY_BLOCK_QUICK = 20, 4
+
+
 def compiled_section(args, quick):
     """Section 5: eager and compiled updates (one at a time and update_many) against
     dynamax's jitted EKF, on 2-H-1 tanh MLP regression streams."""
     prior, noise = 1.0, 0.3
     sizes = [16] if quick else [16, 100, 300]
+    block = MANY_BLOCK_QUICK if quick else MANY_BLOCK
     rows, notes = [], []
     for hidden in sizes:
         widths = [2, hidden, 1]
         steps = 12 if quick else (300 if hidden < 300 else 150)
         x, y, dim, model, init = regression_stream(widths, steps, prior, noise)
         methods = [
-            ("BONG full (EKF)", lambda jit: BONG(model, init_strategy=init, jit_compile=jit)),
+            (
+                "BONG full (EKF)",
+                lambda jit, unroll=1: BONG(
+                    model, init_strategy=init, jit_compile=jit, unroll=unroll
+                ),
+            ),
             (
                 "BONG diag",
-                lambda jit: BONG(model, family="diag", init_strategy=init, jit_compile=jit),
+                lambda jit, unroll=1: BONG(
+                    model, family="diag", init_strategy=init, jit_compile=jit, unroll=unroll
+                ),
             ),
         ]
         for rank in (5,) if quick else (5, 10, 20):
             methods.append(
                 (
                     f"LoFi rank {rank}",
-                    lambda jit, rank=rank: LoFi(model, rank, init_strategy=init, jit_compile=jit),
+                    lambda jit, unroll=1, rank=rank: LoFi(
+                        model, rank, init_strategy=init, jit_compile=jit, unroll=unroll
+                    ),
                 )
             )
         if not quick:
             methods.append(
                 (
                     "WoLF full (c = 2 noise)",
-                    lambda jit: WoLF(model, 2 * noise, init_strategy=init, jit_compile=jit),
+                    lambda jit, unroll=1: WoLF(
+                        model, 2 * noise, init_strategy=init, jit_compile=jit, unroll=unroll
+                    ),
                 )
             )
         baseline = _dynamax_ekf(widths, flat_start(model, x, y, init), prior, noise, x, y, 5)
@@ -864,33 +887,47 @@ def compiled_section(args, quick):
                         f"{dim:,}",
                         label,
                         mode + ", one at a time",
-                        ms(times),
+                        ms3(times),
                         ratio(times, baseline[1]) if baseline else "-",
                         f"{compile_s:.1f}" if jit else "-",
                     ]
                 )
-                print(f"  compiled D={dim} {label} {mode}: {ms(times)} ms", flush=True)
+                print(f"  compiled D={dim} {label} {mode}: {ms3(times)} ms", flush=True)
             if any("diverged" in row[2] for row in rows[-2:]):
                 continue
-            pyro.set_rng_seed(0)
-            f = make(True)
-            f.update(x[:1], y[:1])
-            began = time.perf_counter()
-            f.update_many(x[1:2], y[1:2])  # traces and compiles its graph (with predictions)
-            many_compile_s = time.perf_counter() - began
-            began = time.perf_counter()
-            f.update_many(x[2:], y[2:])
-            per_step = [(time.perf_counter() - began) / (steps - 2)]
-            rows.append(
-                [
-                    f"{dim:,}",
-                    label,
-                    "compiled, update_many (with predictions)",
-                    f"{1e3 * per_step[0]:.3f} (mean)",
-                    ratio(per_step, baseline[1]) if baseline else "-",
-                    f"{many_compile_s:.1f}",
-                ]
-            )
+            for unroll in UNROLLS:
+                pyro.set_rng_seed(0)
+                f = make(True, unroll)
+                f.update(x[:1], y[:1])
+                # The first call traces and compiles the graphs (with predictions) of one
+                # observation and, unrolled, of a chunk.
+                first = 1 + unroll if unroll > 1 else 1
+                began = time.perf_counter()
+                f.update_many(x[1 : 1 + first], y[1 : 1 + first])
+                many_compile_s = time.perf_counter() - began
+                # Then whole blocks of `block` observations (a multiple of every unroll),
+                # each one call: the seconds per observation of each block.
+                per_step, t = [], 1 + first
+                while t + block <= steps:
+                    began = time.perf_counter()
+                    f.update_many(x[t : t + block], y[t : t + block])
+                    per_step.append((time.perf_counter() - began) / block)
+                    t += block
+                rows.append(
+                    [
+                        f"{dim:,}",
+                        label,
+                        f"compiled, update_many (with predictions), unroll {unroll}",
+                        spread(per_step, 1e3, "{:.3f}") + f" ({len(per_step)} blocks)",
+                        ratio(per_step, baseline[1]) if baseline else "-",
+                        f"{many_compile_s:.1f}",
+                    ]
+                )
+                print(
+                    f"  compiled D={dim} {label} update_many unroll {unroll}: "
+                    f"{spread(per_step, 1e3, '{:.3f}')} ms",
+                    flush=True,
+                )
         if baseline:
             compile_s, per_update, final = baseline
             rows.append(
@@ -923,9 +960,9 @@ def compiled_section(args, quick):
             if diverged is not None:
                 mode += f" (diverged at obs. {diverged})"
             rows.append(
-                [f"{dim:,}", "LoFi rank 10", mode + ", one at a time", ms(times), "-", compile_s]
+                [f"{dim:,}", "LoFi rank 10", mode + ", one at a time", ms3(times), "-", compile_s]
             )
-            print(f"  compiled D={dim} LoFi 10 {mode}: {ms(times)} ms", flush=True)
+            print(f"  compiled D={dim} LoFi 10 {mode}: {ms3(times)} ms", flush=True)
     peer = "dynamax not installed: no baseline" if not notes else _dynamax_version()
     return (
         "## 5. Compiled updates against dynamax's EKF (2-H-1 tanh MLP regression, one "
@@ -934,12 +971,14 @@ def compiled_section(args, quick):
         "prior draw shared by every filter and dynamax. ms per update: median / mean / p90 / "
         "max over the stream's updates after the first two (the first reads the model "
         "eagerly, the second traces and compiles); `update_many`: its wall time over the "
-        "stream after its first call (which compiles its graph), per observation; dynamax: its jitted filter over the whole stream (a "
+        f"stream in calls of {block} observations after its first call (which compiles its "
+        "graphs), per observation, median / mean / p90 / max over the calls, `unroll` "
+        "observations per compiled call; dynamax: its jitted filter over the whole stream (a "
         "`lax.scan`), divided by the stream's length, median / mean / p90 / max over 5 "
         "repeats, compile excluded. ÷ dynamax: ratio of the medians. compile s: the wall "
         "time of the call that traces, compiles and first runs the graph, from a cold "
-        "inductor cache (ours: the second update; `update_many`'s first call, its own graph "
-        "with the predictions) or of the first jitted call (dynamax).\n\n"
+        "inductor cache (ours: the second update; `update_many`'s first call, its own graphs "
+        "with the predictions: of one observation and, unrolled, of a chunk) or of the first jitted call (dynamax).\n\n"
         + markdown(
             ["D", "method", "mode", "ms per update", "÷ dynamax EKF (median)", "compile s"],
             rows,

@@ -21,7 +21,8 @@ noise):
    dynamax (when installed; float64 via ``jax_enable_x64``): ``hmm_filter``'s
    ``marginal_loglik``, ``hmm_posterior_mode`` and ``hmm_smoother``, jitted with the emission
    log-densities computed inside the call as ours computes them (compile excluded), checked
-   to give our log-likelihood, our path and our marginals. Smoothing also against hmmlearn's
+   to give our log-likelihood, our path and our marginals; and the engines alone ("log-densities
+   given": the same precomputed emission log-densities handed to both). Smoothing also against hmmlearn's
    ``predict_proba``. On CPU, each of the log-likelihood, Viterbi and smoothing tables has a
    row of the engine a CPU call gets (the compiled sequential kernels, numba) against the
    torch scans that CUDA, ``torch.func`` and ``torch.compile`` calls get, on the same call.
@@ -375,6 +376,43 @@ def hmm_tables(sizes, repeats, device):
                     timed_pair(ours_viterbi, their_mode, repeats, device),
                 )
             )
+            # The engines alone: the same emission log-densities handed to both, so that
+            # neither row carries its framework's elementwise cost (torch's eager
+            # Normal.log_prob against XLA's fused logpdf).
+            obs64 = dist.Normal(locs64, 1.0).log_prob(x64[:, None])
+            given = jnp.asarray(obs64.numpy())
+            for rows, name, ours_fn, theirs_fn in (
+                (
+                    loglik_rows,
+                    "hmm_log_likelihood vs dynamax hmm_filter",
+                    hmm_log_likelihood,
+                    lambda *a: hmm_filter(*a).marginal_loglik,
+                ),
+                (
+                    viterbi_rows,
+                    "hmm_viterbi vs dynamax hmm_posterior_mode",
+                    hmm_viterbi,
+                    hmm_posterior_mode,
+                ),
+                (
+                    smooth_rows,
+                    "hmm_smooth vs dynamax hmm_smoother",
+                    hmm_smooth,
+                    lambda *a: hmm_smoother(*a).smoothed_probs,
+                ),
+            ):
+                rows.append(
+                    _row(
+                        f"{name}, log-densities given (f64, jit)",
+                        setting,
+                        timed_pair(
+                            lambda fn=ours_fn: fn(init64, trans64, obs64),
+                            _jax_timed(theirs_fn, p0, A, given),
+                            repeats,
+                            device,
+                        ),
+                    )
+                )
     return loglik_rows, grad_rows, viterbi_rows, smooth_rows
 
 

@@ -65,7 +65,12 @@ def check_online(text):
     # Section 5: each filter eager, compiled and through update_many; dynamax's EKF (when
     # installed) agreeing with our compiled full-covariance filter.
     for label in ("BONG full (EKF)", "BONG diag", "LoFi rank 5"):
-        for mode in ("eager, one at a time", "compiled, one at a time", "compiled, update_many"):
+        for mode in (
+            "eager, one at a time",
+            "compiled, one at a time",
+            "compiled, update_many (with predictions), unroll 1",
+            "compiled, update_many (with predictions), unroll 4",
+        ):
             assert f"| 65 | {label} | {mode}" in compiled, (label, mode)
     if "dynamax not installed" not in compiled:
         assert "| 65 | dynamax `extended_kalman_filter` (jit) |" in compiled

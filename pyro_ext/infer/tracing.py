@@ -236,9 +236,10 @@ def data_spec(args, kwargs):
         # The common call of a compiled update or step (tensors only), once per update:
         # without the general flattening, which costs tens of microseconds.
         args = tuple(args)
-        spec = _tensors_spec(len(args))
         key = tuple((tuple(a.shape), a.dtype, a.device, a.requires_grad) for a in args)
-        return list(args), spec, (spec, key)
+        # The number of tensors stands for the spec in the key: hashing a spec costs
+        # microseconds (pytree hashes it node by node), and no general key equals it.
+        return list(args), _tensors_spec(len(args)), (len(args), key)
     leaves, spec = pytree.tree_flatten((tuple(args), dict(kwargs)))
     key = []
     for leaf in leaves:

@@ -39,6 +39,9 @@ from . import updates
 from .updates import DiagBelief, DLRBelief, FullBelief, NotPositiveDefiniteError
 
 FAMILIES = ("full", "diag", "dlr")
+#: observations per compiled call of ``update_many`` when ``unroll`` is not given (as
+#: ``lax.scan``: one; a longer unroll repays its compile only on long streams)
+UNROLL = 1
 METHODS = ("bong", "blr", "bog", "bbb")
 HESSIANS = ("lin", "mc", "ef")
 #: (learning_rate, num_iters) when not given: BONG's and BOG's single step; BLR's and
@@ -603,6 +606,13 @@ class BONG:
     :param str compile_mode: :func:`torch.compile`'s mode with ``jit_compile=True``
         (``None``: the default on the CPU, ``"reduce-overhead"``, one CUDA graph per
         update, on CUDA).
+    :param int unroll: with ``jit_compile``, the observations :meth:`update_many` filters
+        per compiled call, one after the other in one graph (``lax.scan``'s ``unroll``;
+        default 1). A longer unroll saves part of each call's fixed cost (at D = 65,
+        ``unroll=4`` takes the full filter from 51 to 41 µs per observation) but compiles a
+        graph that many times larger (9-18 s from a cold cache, against 2-4 s): it pays on
+        streams of some hundreds of thousands of observations, and not at all once the
+        arithmetic dominates (D in the hundreds); ``benchmarks/online.py`` measures both.
     """
 
     def __init__(
@@ -623,6 +633,7 @@ class BONG:
         jacobian_chunk_size: int | None = None,
         jit_compile: bool | str = False,
         compile_mode: str | None = None,
+        unroll: int | None = None,
     ):
         if not callable(model):
             raise TypeError(f"model must be a callable Pyro model, got {type(model).__name__}")
@@ -724,6 +735,9 @@ class BONG:
         self.jacobian_chunk_size = jacobian_chunk_size
         self.jit_compile = check_jit_compile(jit_compile, compile_mode)
         self.compile_mode = compile_mode
+        if unroll is not None:
+            _check_int("unroll", unroll, 1)
+        self.unroll = UNROLL if unroll is None else unroll
         #: the traced (compiled) updates, by the batch's shapes: ``_Graph`` entries
         self._graphs = {}
         #: seconds spent tracing and compiling updates (compile time, not update time)
@@ -1412,22 +1426,28 @@ class BONG:
         first update (which reads the model, and warns about a saddle start) is done."""
         return bool(self.jit_compile) and self.potential is not None and self.num_updates > 0
 
-    def _compiled_update(self, args, kwargs, predict=False):
+    def _compiled_update(self, args, kwargs, predict=False, steps=1):
         """
         One update through the traced graph of the batch's shapes (traced, and compiled, at
         the first batch of those shapes, after the batch's full eager checks). Returns the
         step's predictions (``()`` without ``predict``), or ``None`` when the update must run
         eagerly: the graph flagged it (its checks or arithmetic failed; the random state is
         put back, so the eager update draws the same), or the model cannot be traced.
+        ``steps > 1``: ``args`` and ``kwargs`` hold that many observations along their
+        tensors' first dimension, filtered one at a time in one graph call (``update_many``'s
+        chunks; the predictions come stacked); ``None`` leaves the belief as it was.
         """
         leaves, spec, key = data_spec(args, kwargs)
-        key = (key, predict)
+        key = (key, predict, steps)
         graph = self._graphs.get(key)
         if graph is None:
-            storages = self._check_batch(args, kwargs)  # the eager contract, once per shape
-            self.potential.set_data(*args, **kwargs)
+            first = (args, kwargs) if steps == 1 else _stream_slice(leaves, spec, 0, 1)
+            storages = self._check_batch(*first)  # the eager contract, once per shape
+            self.potential.set_data(*first[0], **first[1])
             try:
-                graph = self._graphs[key] = self._trace_update(leaves, spec, storages, predict)
+                graph = self._graphs[key] = self._trace_update(
+                    leaves, spec, storages, predict, steps
+                )
             except ModelNotTraceableError as error:
                 warnings.warn(
                     f"{error} This filter runs its updates eagerly from now on.",
@@ -1445,7 +1465,7 @@ class BONG:
             half = (self.num_samples // 2,) + belief.mean.shape
             noises = [
                 torch.randn(half, dtype=belief.mean.dtype, device=belief.mean.device)
-                for _ in range(self.num_iters)
+                for _ in range(self.num_iters * steps)
             ]
         if graph.cudagraphs:
             torch.compiler.cudagraph_mark_step_begin()
@@ -1459,8 +1479,10 @@ class BONG:
                 set_device_random_state(belief.mean.device, random_state)
             return None
         self.belief = type(belief)(*outputs[:size])
-        self.num_updates += 1
+        self.num_updates += steps
         # What the eager update's set_data would leave (predictive() and the checks read it).
+        if steps > 1:
+            args, kwargs = _stream_slice(leaves, spec, steps - 1, steps)
         self.potential.model_args, self.potential.model_kwargs = tuple(args), dict(kwargs)
         predictions = outputs[size + 1 :]
         if not predict:
@@ -1469,9 +1491,12 @@ class BONG:
         moments = {n: (predictions[2 * i], predictions[2 * i + 1]) for i, n in enumerate(names)}
         return moments, predictions[-1]
 
-    def _trace_update(self, leaves, spec, observation_storages, predict):
+    def _trace_update(self, leaves, spec, observation_storages, predict, steps=1):
         """Trace :meth:`_step` (and the batch's value checks, and with ``predict`` the
-        step's predictions) as a function of the belief, the noise and the data's tensors."""
+        step's predictions) as a function of the belief, the noise and the data's tensors.
+        ``steps > 1``: the tensors hold ``steps`` observations along their first dimension,
+        filtered one after the other in the one graph (unrolled, as ``lax.scan``'s
+        ``unroll``); the predictions come stacked."""
         belief = self.belief
         belief_type, num_belief = type(belief), len(belief)
         num_noise = 0 if self.linearize else self.num_iters
@@ -1485,47 +1510,62 @@ class BONG:
             }
         potential = self.potential
 
-        def update(*inputs):
-            belief = belief_type(*inputs[:num_belief])
-            noises = inputs[num_belief : num_belief + num_noise] or None
-            data = inputs[num_belief + num_noise :]
+        def one_step(belief, noises, data, flags):
             given = iter(data)
             args, kwargs = pytree.tree_unflatten(
                 [next(given) if isinstance(leaf, torch.Tensor) else leaf for leaf in leaves],
                 spec,
             )
-            saved = potential.model_args, potential.model_kwargs
             potential.model_args, potential.model_kwargs = tuple(args), dict(kwargs)
+            # The batch's values, as _check_batch reads them.
+            for tensor, nan_ok in zip(data, nan_allowed):
+                if tensor.is_floating_point():
+                    flags.append((~tensor.isinf() if nan_ok else tensor.isfinite()).all())
+            for name, site in self._run(belief.mean).items():
+                value, missing = site["value"], site["infer"].get("_missing")
+                if value.is_floating_point():
+                    flags.append((~value.isinf()).all())
+                if missing is not None:
+                    value = torch.where(missing, torch.full_like(value, fills[name]), value)
+                flags.append(site["fn"].support.check(value).all())
+            prior, current = self._step(belief, noises)
+            extras = ()
+            if predict:
+                moments, log_likelihood = self._step_predictions(prior)
+                extras = (*(x for n in self.observed_sites for x in moments[n]), log_likelihood)
+            flags.extend(torch.isfinite(x).all() for x in current)
+            return current, extras
+
+        def update(*inputs):
+            belief = belief_type(*inputs[:num_belief])
+            noises = inputs[num_belief : num_belief + num_noise * steps]
+            data = inputs[num_belief + num_noise * steps :]
+            saved = potential.model_args, potential.model_kwargs
+            per_step = []
             try:
                 with updates.deferred_checks() as flags:
-                    # The batch's values, as _check_batch reads them.
-                    for tensor, nan_ok in zip(data, nan_allowed):
-                        if tensor.is_floating_point():
-                            flags.append((~tensor.isinf() if nan_ok else tensor.isfinite()).all())
-                    for name, site in self._run(belief.mean).items():
-                        value, missing = site["value"], site["infer"].get("_missing")
-                        if value.is_floating_point():
-                            flags.append((~value.isinf()).all())
-                        if missing is not None:
-                            value = torch.where(missing, torch.full_like(value, fills[name]), value)
-                        flags.append(site["fn"].support.check(value).all())
-                    prior, current = self._step(belief, noises)
-                    extras = ()
-                    if predict:
-                        moments, log_likelihood = self._step_predictions(prior)
-                        extras = (
-                            *(x for n in self.observed_sites for x in moments[n]),
-                            log_likelihood,
-                        )
+                    for k in range(steps):
+                        step_data = data if steps == 1 else [t[k : k + 1] for t in data]
+                        step_noises = noises[k * num_noise : (k + 1) * num_noise] or None
+                        belief, extras = one_step(belief, step_noises, step_data, flags)
+                        per_step.append(extras)
             finally:
                 potential.model_args, potential.model_kwargs = saved
-            flags.extend(torch.isfinite(x).all() for x in current)
-            return (*current, torch.stack(flags).all(), *extras)
+            if steps == 1:
+                (extras,) = per_step
+            else:
+                # Each step's moments have its batch of one first; its log-likelihood is a
+                # scalar: stacked along the steps.
+                extras = tuple(
+                    torch.stack(column) if column[0].dim() == 0 else torch.cat(column)
+                    for column in zip(*per_step)
+                )
+            return (*belief, torch.stack(flags).all(), *extras)
 
         inputs = [*belief]
         if num_noise:
             half = (self.num_samples // 2,) + belief.mean.shape
-            inputs += [belief.mean.new_zeros(half) for _ in range(num_noise)]
+            inputs += [belief.mean.new_zeros(half) for _ in range(num_noise * steps)]
         inputs += tensors
         started = time.perf_counter()
         graph = trace_pure(update, inputs, "build the filter with jit_compile=False")
@@ -1542,8 +1582,10 @@ class BONG:
         first dimension (``T`` observations, e.g. ``update_many(X, Y)`` with ``X`` ``(T,
         d)`` and ``Y`` ``(T,)``), and the belief is updated with one observation at a time,
         exactly as ``T`` calls ``update(X[t : t + 1], Y[t : t + 1])`` would (the same
-        beliefs and checks). With ``jit_compile=True`` each of them is one call of the
-        compiled update, which also computes the predictions below in the same graph.
+        beliefs and checks). With ``jit_compile=True`` each ``unroll`` of them (one by
+        default) are one call of a compiled graph, which also computes the predictions
+        below; the stream's last ``T mod unroll`` observations, and a chunk in which a
+        check fails, run one at a time.
 
         Returns :class:`OnlinePredictions`: for each step, the one-step-ahead prediction of
         its observation from the belief before it (what a Kalman filter reports): the
@@ -1569,22 +1611,43 @@ class BONG:
         length = next(iter(lengths.values()))
         if length == 0:
             raise ValueError("update_many() got an empty stream (0 observations)")
-        per_step = []
-        for t in range(length):
-            step_args, step_kwargs = pytree.tree_unflatten(
-                [leaf[t : t + 1] if isinstance(leaf, torch.Tensor) else leaf for leaf in leaves],
-                spec,
-            )
-            result = None
-            if self._compiles():
-                result = self._compiled_update(step_args, step_kwargs, predict=True)
-            if result is None:
-                result = self._eager_update(step_args, step_kwargs, predict=True)
-            per_step.append(result)
+        if not kwargs and all(isinstance(arg, torch.Tensor) for arg in args):
+            # Tensors only (the common stream): cut them without the general unflattening,
+            # which costs microseconds per observation.
+            def cut(start, stop):
+                return tuple(arg[start:stop] for arg in args), {}
+
+        else:
+
+            def cut(start, stop):
+                return _stream_slice(leaves, spec, start, stop)
+
+        pieces = []  # (moments, log-likelihoods) of one step or of a chunk of `unroll`
+        t, unroll = 0, self.unroll
+        while t < length:
+            if unroll > 1 and length - t >= unroll and self._compiles():
+                chunk_args, chunk_kwargs = cut(t, t + unroll)
+                result = self._compiled_update(chunk_args, chunk_kwargs, True, unroll)
+                if result is not None:
+                    pieces.append(result)
+                    t += unroll
+                    continue
+            # One at a time: the remainder after the chunks, or a chunk whose graph flagged
+            # a step (its refusal or divergence then comes from that step's own update).
+            for _ in range(min(max(unroll, 1), length - t)):
+                step_args, step_kwargs = cut(t, t + 1)
+                result = None
+                if self._compiles():
+                    result = self._compiled_update(step_args, step_kwargs, predict=True)
+                if result is None:
+                    result = self._eager_update(step_args, step_kwargs, predict=True)
+                moments, total = result
+                pieces.append((moments, total.reshape(1)))
+                t += 1
         names = self.observed_sites
-        means = {n: torch.cat([moments[n][0] for moments, _ in per_step]) for n in names}
-        variances = {n: torch.cat([moments[n][1] for moments, _ in per_step]) for n in names}
-        log_likelihood = torch.stack([total for _, total in per_step])
+        means = {n: torch.cat([moments[n][0] for moments, _ in pieces]) for n in names}
+        variances = {n: torch.cat([moments[n][1] for moments, _ in pieces]) for n in names}
+        log_likelihood = torch.cat([totals for _, totals in pieces])
         if len(names) == 1:
             (name,) = names
             return OnlinePredictions(means[name], variances[name], log_likelihood)
@@ -1816,6 +1879,14 @@ class BONG:
             name: (m.detach(), v.detach())
             for name, (m, v) in self._linearised_moments(belief, outputs, noise).items()
         }
+
+
+def _stream_slice(leaves, spec, start, stop):
+    """The model's ``(args, kwargs)`` with every tensor leaf cut to ``[start:stop]``."""
+    args, kwargs = pytree.tree_unflatten(
+        [leaf[start:stop] if isinstance(leaf, torch.Tensor) else leaf for leaf in leaves], spec
+    )
+    return args, kwargs
 
 
 def _check_choice(name, value, choices):

@@ -230,3 +230,85 @@ def test_update_many_keeps_the_updates_before_a_refused_row(float64):
     mean, _ = exact_posterior(x[:5], y[:5], 1.0, 0.5)
     torch.testing.assert_close(f.mean, mean, atol=1e-8, rtol=0)
     assert math.isfinite(float(f.mean.sum()))
+
+
+@pytest.mark.parametrize(
+    "family, kwargs",
+    [
+        ("full", {}),
+        ("dlr", {"rank": 2, "dynamics": ("random_walk", 0.01)}),
+        ("full", {"robust": IMQ(1.0)}),
+        ("full", {"linearize": False}),
+        ("diag", {"method": "blr", "num_iters": 2}),
+    ],
+)
+def test_unrolled_update_many_is_the_loop(float64, device, family, kwargs):
+    # unroll=4 over 11 observations: the first four one at a time (the first reads the
+    # model eagerly), a chunk of four in one graph call, the last three one at a time: the
+    # loop's beliefs, predictions and (Monte Carlo rules) draws.
+    dim, n = 3, 11
+    x, y, _ = linear_data(n, dim, 0.5, device)
+    model = linear_model(dim, 1.5, 0.5)
+    pyro.set_rng_seed(0)
+    unrolled = BONG(model, family=family, jit_compile="trace", unroll=4, **kwargs)
+    chunks = []
+    compiled_update = unrolled._compiled_update
+
+    def recorded(args, kwargs, predict=False, steps=1):
+        result = compiled_update(args, kwargs, predict, steps)
+        if steps > 1:
+            chunks.append(result is not None)
+        return result
+
+    unrolled._compiled_update = recorded
+    predictions = unrolled.update_many(x, y)
+    assert chunks == [True], "the chunk of rows 4-7 did not go through its graph"
+    pyro.set_rng_seed(0)
+    looped = BONG(model, family=family, jit_compile="trace", **kwargs)
+    expected = looped.update_many(x, y)
+    assert unrolled.num_updates == looped.num_updates == n
+    for mine, theirs in zip(unrolled.belief, looped.belief):
+        torch.testing.assert_close(mine, theirs, atol=1e-10, rtol=0)
+    for field in ("mean", "variance", "log_likelihood"):
+        torch.testing.assert_close(
+            getattr(predictions, field), getattr(expected, field), atol=1e-10, rtol=0
+        )
+    torch.testing.assert_close(
+        unrolled.potential.model_args[0], x[-1:]
+    )  # what predictive() reads: the last observation's inputs
+
+
+def test_unrolled_update_many_keeps_the_updates_before_a_refused_row_in_a_chunk(float64):
+    # Row 5 lies inside the chunk of rows 4-7: that chunk runs again one row at a time, so
+    # row 4 stands and row 5 is refused by its own update, as without unroll.
+    x, y, _ = linear_data(9, 2, 0.5)
+    x[5, 0] = float("inf")
+    f = BONG(linear_model(2, 1.0, 0.5), init_strategy=init_to_mean, jit_compile="trace", unroll=4)
+    with pytest.raises(OnlineInputError, match="update 5 refused"):
+        f.update_many(x, y)
+    assert f.num_updates == 5
+    mean, _ = exact_posterior(x[:5], y[:5], 1.0, 0.5)
+    torch.testing.assert_close(f.mean, mean, atol=1e-8, rtol=0)
+
+
+def test_unroll_is_checked():
+    model = linear_model(2, 1.0, 0.5)
+    with pytest.raises(ValueError, match="unroll"):
+        BONG(model, unroll=0)
+    with pytest.raises(TypeError, match="unroll"):
+        BONG(model, unroll=2.0)
+
+
+def test_unrolled_update_many_takes_the_observations_by_keyword(float64):
+    # A keyword argument goes through the general cut of the stream: the same beliefs.
+    x, y, _ = linear_data(10, 2, 0.5)
+    model = linear_model(2, 1.0, 0.5)
+    by_keyword = BONG(model, jit_compile="trace", unroll=3)
+    predictions = by_keyword.update_many(x, y=y)
+    positional = BONG(model, jit_compile="trace")
+    expected = positional.update_many(x, y)
+    assert any(key[-1] == 3 for key in by_keyword._graphs)
+    torch.testing.assert_close(by_keyword.mean, positional.mean, atol=1e-10, rtol=0)
+    torch.testing.assert_close(
+        predictions.log_likelihood, expected.log_likelihood, atol=1e-10, rtol=0
+    )
