@@ -289,6 +289,15 @@ def ms3(times):
     return spread(times, 1e3, "{:.3f}")
 
 
+def break_even(compile_seconds, slower, faster):
+    """The observations after which ``compile_seconds`` is repaid by the median saving of
+    ``faster`` per observation over ``slower`` (``never`` without a saving)."""
+    saving = statistics.median(slower) - statistics.median(faster)
+    if saving <= 0:
+        return "never"
+    return f"{max(compile_seconds, 0.0) / saving:,.0f}"
+
+
 def ratio(a, b):
     return f"{statistics.median(a) / statistics.median(b):.2f}"
 
@@ -882,6 +891,8 @@ def compiled_section(args, quick):
                     # Timed over the updates before it (the filter's own divergence, eager
                     # and compiled alike: a diagonal belief of a wide tanh layer).
                     mode += f" (diverged at obs. {diverged})"
+                if not jit:
+                    eager_times = times
                 rows.append(
                     [
                         f"{dim:,}",
@@ -890,11 +901,13 @@ def compiled_section(args, quick):
                         ms3(times),
                         ratio(times, baseline[1]) if baseline else "-",
                         f"{compile_s:.1f}" if jit else "-",
+                        break_even(compile_s, eager_times, times) if jit else "-",
                     ]
                 )
                 print(f"  compiled D={dim} {label} {mode}: {ms3(times)} ms", flush=True)
             if any("diverged" in row[2] for row in rows[-2:]):
                 continue
+            unrolled = {}  # unroll -> (compile seconds, seconds per observation)
             for unroll in UNROLLS:
                 pyro.set_rng_seed(0)
                 f = make(True, unroll)
@@ -913,6 +926,12 @@ def compiled_section(args, quick):
                     f.update_many(x[t : t + block], y[t : t + block])
                     per_step.append((time.perf_counter() - began) / block)
                     t += block
+                unrolled[unroll] = (many_compile_s, per_step)
+                # An unroll's extra compile against unroll 1's, repaid by its saving.
+                repaid = "-"
+                if unroll > 1:
+                    (base_compile, base_steps) = unrolled[1]
+                    repaid = break_even(many_compile_s - base_compile, base_steps, per_step)
                 rows.append(
                     [
                         f"{dim:,}",
@@ -921,6 +940,7 @@ def compiled_section(args, quick):
                         spread(per_step, 1e3, "{:.3f}") + f" ({len(per_step)} blocks)",
                         ratio(per_step, baseline[1]) if baseline else "-",
                         f"{many_compile_s:.1f}",
+                        repaid,
                     ]
                 )
                 print(
@@ -938,6 +958,7 @@ def compiled_section(args, quick):
                     spread(per_update, 1e3, "{:.3f}") + " (mean per update, 5 repeats)",
                     "1.00",
                     f"{compile_s:.1f}",
+                    "-",
                 ]
             )
             gap = float((ours[("BONG full (EKF)", True)].mean - final).abs().max())
@@ -954,13 +975,23 @@ def compiled_section(args, quick):
             f, times, _, diverged = run_filter(
                 lambda: LoFi(model, 10, init_strategy=init, jit_compile=jit), x, y, (), None
             )
-            compile_s = f"{times[1]:.1f}" if jit else "-"
+            compile_s = times[1]
             times = times[2:]
             mode = "compiled" if jit else "eager"
             if diverged is not None:
                 mode += f" (diverged at obs. {diverged})"
+            if not jit:
+                eager_times = times
             rows.append(
-                [f"{dim:,}", "LoFi rank 10", mode + ", one at a time", ms3(times), "-", compile_s]
+                [
+                    f"{dim:,}",
+                    "LoFi rank 10",
+                    mode + ", one at a time",
+                    ms3(times),
+                    "-",
+                    f"{compile_s:.1f}" if jit else "-",
+                    break_even(compile_s, eager_times, times) if jit else "-",
+                ]
             )
             print(f"  compiled D={dim} LoFi 10 {mode}: {ms3(times)} ms", flush=True)
     peer = "dynamax not installed: no baseline" if not notes else _dynamax_version()
@@ -978,9 +1009,21 @@ def compiled_section(args, quick):
         "repeats, compile excluded. ÷ dynamax: ratio of the medians. compile s: the wall "
         "time of the call that traces, compiles and first runs the graph, from a cold "
         "inductor cache (ours: the second update; `update_many`'s first call, its own graphs "
-        "with the predictions: of one observation and, unrolled, of a chunk) or of the first jitted call (dynamax).\n\n"
+        "with the predictions: of one observation and, unrolled, of a chunk) or of the first "
+        "jitted call (dynamax). break-even: the observations after which the compile is "
+        "repaid, compile s over the median saving per observation: a compiled update's "
+        "against the eager one's; unroll 4's extra compile against unroll 1's (`never`: no "
+        "saving).\n\n"
         + markdown(
-            ["D", "method", "mode", "ms per update", "÷ dynamax EKF (median)", "compile s"],
+            [
+                "D",
+                "method",
+                "mode",
+                "ms per update",
+                "÷ dynamax EKF (median)",
+                "compile s",
+                "break-even (observations)",
+            ],
             rows,
         )
         + ("\n\n" + "\n".join(f"- {n}" for n in notes) if notes else "")

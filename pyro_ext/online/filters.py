@@ -609,10 +609,10 @@ class BONG:
     :param int unroll: with ``jit_compile``, the observations :meth:`update_many` filters
         per compiled call, one after the other in one graph (``lax.scan``'s ``unroll``;
         default 1). A longer unroll saves part of each call's fixed cost (at D = 65,
-        ``unroll=4`` takes the full filter from 51 to 41 µs per observation) but compiles a
-        graph that many times larger (9-18 s from a cold cache, against 2-4 s): it pays on
-        streams of some hundreds of thousands of observations, and not at all once the
-        arithmetic dominates (D in the hundreds); ``benchmarks/online.py`` measures both.
+        ``unroll=4`` takes the full filter from 54 to 41 µs per observation) but compiles a
+        graph that many times larger (9-18 s from a cold cache, against 2-5 s): it pays
+        after about a million observations, and not at all once the arithmetic dominates
+        (D in the hundreds); ``benchmarks/online.py`` measures both.
     """
 
     def __init__(
@@ -1582,10 +1582,10 @@ class BONG:
         first dimension (``T`` observations, e.g. ``update_many(X, Y)`` with ``X`` ``(T,
         d)`` and ``Y`` ``(T,)``), and the belief is updated with one observation at a time,
         exactly as ``T`` calls ``update(X[t : t + 1], Y[t : t + 1])`` would (the same
-        beliefs and checks). With ``jit_compile=True`` each ``unroll`` of them (one by
-        default) are one call of a compiled graph, which also computes the predictions
-        below; the stream's last ``T mod unroll`` observations, and a chunk in which a
-        check fails, run one at a time.
+        beliefs and checks). With ``jit_compile=True`` they go through a compiled graph
+        ``unroll`` at a time (one by default), which also computes the predictions below;
+        the stream's last ``T mod unroll`` observations, and a chunk in which a check
+        fails, run one at a time.
 
         Returns :class:`OnlinePredictions`: for each step, the one-step-ahead prediction of
         its observation from the belief before it (what a Kalman filter reports): the
@@ -1634,7 +1634,7 @@ class BONG:
                     continue
             # One at a time: the remainder after the chunks, or a chunk whose graph flagged
             # a step (its refusal or divergence then comes from that step's own update).
-            for _ in range(min(max(unroll, 1), length - t)):
+            for _ in range(min(unroll, length - t)):
                 step_args, step_kwargs = cut(t, t + 1)
                 result = None
                 if self._compiles():
