@@ -39,9 +39,6 @@ from . import updates
 from .updates import DiagBelief, DLRBelief, FullBelief, NotPositiveDefiniteError
 
 FAMILIES = ("full", "diag", "dlr")
-#: observations per compiled call of ``update_many`` when ``unroll`` is not given (as
-#: ``lax.scan``: one; a longer unroll repays its compile only on long streams)
-UNROLL = 1
 METHODS = ("bong", "blr", "bog", "bbb")
 HESSIANS = ("lin", "mc", "ef")
 #: (learning_rate, num_iters) when not given: BONG's and BOG's single step; BLR's and
@@ -633,7 +630,7 @@ class BONG:
         jacobian_chunk_size: int | None = None,
         jit_compile: bool | str = False,
         compile_mode: str | None = None,
-        unroll: int | None = None,
+        unroll: int = 1,
     ):
         if not callable(model):
             raise TypeError(f"model must be a callable Pyro model, got {type(model).__name__}")
@@ -735,9 +732,7 @@ class BONG:
         self.jacobian_chunk_size = jacobian_chunk_size
         self.jit_compile = check_jit_compile(jit_compile, compile_mode)
         self.compile_mode = compile_mode
-        if unroll is not None:
-            _check_int("unroll", unroll, 1)
-        self.unroll = UNROLL if unroll is None else unroll
+        self.unroll = _check_int("unroll", unroll, 1)
         #: the traced (compiled) updates, by the batch's shapes: ``_Graph`` entries
         self._graphs = {}
         #: seconds spent tracing and compiling updates (compile time, not update time)
