@@ -92,19 +92,49 @@ def _cholesky_solve(L, X, n, m):
             X[i, j] *= inverse
 
 
+#: The predicted covariance counts as converged (see :func:`filter`) once no entry moved by
+#: more than this fraction of its largest diagonal entry in one step: a few dozen ulps of
+#: float64, so that the steady-state steps differ from the full ones by round-off only.
+STEADY_TOLERANCE = 1e-13
+
+
 @_jit
-def filter(y, G, F, W, V, m0, P0, ll, m_out, P_out, mp_out, Pp_out):
+def _converged(Pp, previous, S):
+    """Whether ``Pp`` equals ``previous`` to :data:`STEADY_TOLERANCE` of its scale."""
+    scale = 0.0
+    for i in range(S):
+        scale = max(scale, abs(Pp[i, i]))
+    bound = STEADY_TOLERANCE * scale
+    for i in range(S):
+        for j in range(S):
+            if not abs(Pp[i, j] - previous[i, j]) <= bound:
+                return False
+    return True
+
+
+@_jit
+def filter(y, G, F, W, V, m0, P0, ll, steady_steps, m_out, P_out, mp_out, Pp_out):
     """Covariance-form Kalman filter. Writes ``ll (B,)`` and, where ``m_out`` has ``T``
     steps (not a ``(B, 0, S)`` placeholder), the filtered and one-step predicted moments
     ``(B, T, S)`` / ``(B, T, S, S)``. Returns ``-1`` on success, else the flat index ``b * T
-    + t`` of the first innovation covariance that is not positive definite."""
+    + t`` of the first innovation covariance that is not positive definite.
+
+    With static matrices, once the predicted covariance stops moving between two fully
+    observed steps (:func:`_converged`), the covariances, the gain and the innovation
+    covariance's factor are those of the Riccati recursion's fixed point, and each later
+    fully observed step updates the mean only: ``O(S^2 + pS)`` instead of ``O(S^3)``, as
+    statsmodels' steady-state switch does. A step with a missing coordinate leaves the
+    steady state (its update runs in full) until the covariance converges again.
+    ``steady_steps (B,)`` receives each series' number of mean-only steps."""
     num_batch, duration, p = y.shape
     S = m0.shape[1]
     store = m_out.shape[1] == duration
+    static = G.shape[1] == 1 and F.shape[1] == 1 and W.shape[1] == 1 and V.shape[1] == 1
     m = np.empty(S)
     P = np.empty((S, S))
     mp = np.empty(S)
     Pp = np.empty((S, S))
+    previous = np.empty((S, S))
     GP = np.empty((S, S))
     observed = np.empty(p, dtype=np.int64)
     FP = np.empty((p, S))
@@ -112,7 +142,19 @@ def filter(y, G, F, W, V, m0, P0, ll, m_out, P_out, mp_out, Pp_out):
     e = np.empty(p)
     for b in range(num_batch):
         total = 0.0
+        # steady: FP holds the gain's factor Z = L^{-1} F P^-, L the innovation covariance's
+        # factor, P and Pp the fixed point; settled: the last step was fully observed.
+        steady = False
+        settled = False
+        half_log_det = 0.0
+        steady_steps[b] = 0
         for t in range(duration):
+            n = 0
+            for i in range(p):
+                if not math.isnan(y[b, t, i]):
+                    observed[n] = i
+                    n += 1
+            switch = False  # whether this step's full update gives the fixed point
             if t == 0:
                 copy_vector(m0[b], mp)
                 copy_matrix(P0[b], Pp)
@@ -124,18 +166,35 @@ def filter(y, G, F, W, V, m0, P0, ll, m_out, P_out, mp_out, Pp_out):
                     for k in range(S):
                         acc += g[i, k] * m[k]
                     mp[i] = acc
-                _sandwich(g, P, w, GP, Pp)
+                if not steady:
+                    copy_matrix(Pp, previous)
+                    _sandwich(g, P, w, GP, Pp)
+                    switch = static and settled and n == p and _converged(Pp, previous, S)
+            if n < p:
+                steady = False  # Pp is still the fixed point's; this step updates in full
             if store:
                 copy_vector(mp, mp_out[b, t])
                 copy_matrix(Pp, Pp_out[b, t])
-            n = 0
-            for i in range(p):
-                if not math.isnan(y[b, t, i]):
-                    observed[n] = i
-                    n += 1
             copy_vector(mp, m)
-            copy_matrix(Pp, P)
-            if n > 0:
+            if steady:
+                steady_steps[b] += 1
+                f = F[b, 0]
+                for a in range(p):
+                    acc = 0.0
+                    for k in range(S):
+                        acc += f[a, k] * mp[k]
+                    e[a] = y[b, t, a] - acc
+                for a in range(p):
+                    for c in range(a):
+                        e[a] -= L[a, c] * e[c]
+                    e[a] /= L[a, a]
+                    total += -0.5 * e[a] * e[a]
+                    for i in range(S):
+                        m[i] += FP[a, i] * e[a]
+                total -= half_log_det + 0.5 * p * _LOG_2PI
+            else:
+                copy_matrix(Pp, P)
+            if n > 0 and not steady:
                 f = F[b, t if F.shape[1] > 1 else 0]
                 v = V[b, t if V.shape[1] > 1 else 0]
                 # FP = F_o P^- (n x S); the innovation covariance F_o P^- F_o^T + V_oo.
@@ -161,6 +220,7 @@ def filter(y, G, F, W, V, m0, P0, ll, m_out, P_out, mp_out, Pp_out):
                 if not _cholesky(L, n):
                     return b * duration + t
                 # Z = L^{-1} F_o P^-, z = L^{-1} e (forward substitution, in place).
+                half_log_det = 0.0
                 for a in range(n):
                     d = L[a, a]
                     for c in range(a):
@@ -170,6 +230,7 @@ def filter(y, G, F, W, V, m0, P0, ll, m_out, P_out, mp_out, Pp_out):
                     e[a] /= d
                     for j in range(S):
                         FP[a, j] /= d
+                    half_log_det += math.log(d)
                     total += -0.5 * e[a] * e[a] - math.log(d) - 0.5 * _LOG_2PI
                 # m = m^- + Z^T z, P = P^- - Z^T Z (exactly symmetric).
                 for a in range(n):
@@ -182,6 +243,8 @@ def filter(y, G, F, W, V, m0, P0, ll, m_out, P_out, mp_out, Pp_out):
                             acc += FP[a, i] * FP[a, j]
                         P[i, j] -= acc
                         P[j, i] = P[i, j]
+            settled = n == p
+            steady = steady or switch
             if store:
                 copy_vector(m, m_out[b, t])
                 copy_matrix(P, P_out[b, t])

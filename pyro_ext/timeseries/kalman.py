@@ -11,7 +11,10 @@ Two engines evaluate the filter and smoother. On CPU tensors, for calls that wan
 gradient and with numba installed (the ``fast`` extra), compiled sequential kernels
 (:mod:`._kalman_kernels`) run the textbook covariance-form filter and the Rauch-Tung-Striebel
 smoother as one machine-code loop over time: the faster engine on one CPU thread at every
-size measured (``benchmarks/results/timeseries_speed.md``). :func:`kalman_log_likelihood`
+size measured (``benchmarks/results/timeseries_speed.md``). With static matrices their
+filter switches to the steady state, as statsmodels' does, once the predicted covariance
+has stopped moving (to 1e-13 of its scale, a few dozen float64 ulps) between fully observed
+steps: later steps update the mean only, and agree with the full recursion to round-off. :func:`kalman_log_likelihood`
 also takes its gradient from the kernels: one filter and smoother pass gives the exact score
 by Fisher's identity (``_score_terms``), for time-varying matrices and for static ones
 up to a measured size (``_SCORE_WORK_LIMIT``). Everywhere else (other gradients,
@@ -1068,8 +1071,9 @@ def _compiled_filter(args, moments):
     S = arrays[5].shape[-1]
     steps = T if moments else 0
     ll = np.empty(size)
+    steady_steps = np.empty(size, dtype=np.int64)
     outputs = [np.empty((size, steps) + core) for core in ((S,), (S, S), (S,), (S, S))]
-    if _sequential.kernels("_kalman_kernels").filter(*arrays, ll, *outputs) >= 0:
+    if _sequential.kernels("_kalman_kernels").filter(*arrays, ll, steady_steps, *outputs) >= 0:
         return None
     return arrays, ll, outputs
 
@@ -1249,7 +1253,8 @@ def kalman_filter(y: torch.Tensor, matrices: StateSpaceMatrices) -> KalmanFilter
     r"""Filtered moments and exact log-likelihood :math:`\log p(y_{1:T})`.
 
     On CPU without a gradient wanted (numba installed), the compiled covariance-form
-    filter. Otherwise, static matrices with three or more states: the blocked scan of
+    filter (with its steady-state switch for static matrices: see the module docstring).
+    Otherwise, static matrices with three or more states: the blocked scan of
     :func:`kalman_log_likelihood` gives the predicted moments at the start of every block of
     ``~sqrt(T)`` steps, and the textbook (covariance-form) filter then runs inside all
     blocks at once.  Otherwise the parallel scan (Sarkka & Garcia-Fernandez 2021).  Both
@@ -1278,7 +1283,8 @@ def kalman_log_likelihood(
     r"""Exact log-likelihood :math:`\log p(y_{1:T})` only; arguments as :func:`kalman_filter`.
 
     On CPU without a gradient wanted (numba installed), the compiled filter, which keeps no
-    moments (``block_size`` is then not used). On CPU with a gradient wanted, for
+    moments and, with static matrices, updates the mean only once the covariance has
+    converged (see the module docstring; ``block_size`` is then not used). On CPU with a gradient wanted, for
     time-varying matrices and for static ones while ``batch x T x state_dim^3 <= 4e6`` (the
     measured break-even with the blocked scan's autograd), the compiled filter and smoother
     and the gradient in closed form from their moments (Fisher's identity; exact, no
@@ -1290,7 +1296,7 @@ def kalman_log_likelihood(
     state, computed once per call; filtering then runs over ``ceil(T / B)`` blocks (an
     associative scan) and each block contributes one ``(B obs_dim)``-variate Gaussian
     log-density.  Missing values (``NaN``) are marginalised exactly per block.  Nothing
-    is approximated (no steady state), so the result equals the scan's up to round-off.
+    is approximated, so the result equals the scan's up to round-off.
     Time-varying matrices, and block noise covariances that are singular (e.g. a singular
     ``observation_cov``), use the per-step scan of :func:`kalman_filter`.
 

@@ -8,6 +8,7 @@ observation covariance under a gradient, long static models with many states.
 
 import math
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
@@ -15,6 +16,7 @@ from hypothesis import strategies as st
 
 from pyro_ext.timeseries import (
     StateSpaceMatrices,
+    _sequential,
     kalman_filter,
     kalman_log_likelihood,
     kalman_smoother,
@@ -203,3 +205,36 @@ def test_a_covariance_not_positive_definite_goes_to_the_scans():
     assert kalman_module._sequential_filter(args) is None
     with pytest.raises(ValueError, match="observation_cov"):
         kalman_filter(y, matrices)
+
+
+def _steady_steps(args):
+    """Run the kernels' filter on validated ``args``: ``(ll, steady steps)`` per series."""
+    arrays = kalman_module._sequential_inputs(args)
+    size, S = arrays[0].shape[0], arrays[5].shape[-1]
+    ll, steady = np.empty(size), np.empty(size, dtype=np.int64)
+    outputs = [np.empty((size, 0) + core) for core in ((S,), (S, S), (S,), (S, S))]
+    assert _sequential.kernels("_kalman_kernels").filter(*arrays, ll, steady, *outputs) < 0
+    return ll, steady
+
+
+@pytest.mark.parametrize("p", [1, 2])
+def test_the_steady_state_switch_equals_the_full_recursion(p):
+    # A static model converges within a few dozen steps; the kernels then update the mean
+    # only. Missing stretches (a whole row, a single coordinate) leave the steady state and
+    # it is found again. Against the per-step scan, which never switches, for the
+    # log-likelihood and every moment; the switch must really have happened.
+    T = 600
+    y, matrices = _model(11, T, 4, p, False, (2,), [])
+    y[0, 200:205] = math.nan
+    y[1, 300, 0] = math.nan
+    args = kalman_module._validate(y, matrices)
+    ll, steady = _steady_steps(args)
+    assert (steady > T - 200).all() and (steady < T - 5).all()
+    ours = kalman_module._sequential_filter(args)
+    scan = kalman_module._run_filter(kalman_module._build(args))
+    for a, b in zip(ours, scan):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-9)
+    torch.testing.assert_close(torch.from_numpy(ll), scan[0], rtol=1e-12, atol=1e-9)
+    # Time-varying matrices never switch.
+    y, matrices = _model(11, T, 4, p, True, (2,), [])
+    assert (_steady_steps(kalman_module._validate(y, matrices))[1] == 0).all()
