@@ -9,7 +9,10 @@ positive 0-dim tensors. The scales are optimised on the log scale, from ``init``
 This is the estimator of statsmodels' ``UnobservedComponents.fit`` (there by BFGS with
 numerical or approximate derivatives; here with the exact gradient of the Kalman filter,
 which on CPU comes in closed form from one filter and smoother pass of the compiled kernels:
-see :func:`~pyro_ext.timeseries.kalman_log_likelihood`).
+see :func:`~pyro_ext.timeseries.kalman_log_likelihood`). Where the model's disturbance and
+observation variances are linear in the squared scales (local levels, trends, seasons, and
+any tying of their scales), ``make_dlm`` is called only at set-up: each evaluation then
+assembles those two matrices from the scales and nothing else.
 
 ``method="em"`` runs the EM algorithm of Shumway & Stoffer (1982) instead: the E-step is one
 Kalman filter and smoother pass (with the lag-one covariances
@@ -46,6 +49,7 @@ import pyro
 import torch
 
 from ..ops.validation import check_choice, check_int, check_positive
+from . import _sequential, kalman
 from .dlm import DLM
 from .kalman import smoothed_second_moments
 
@@ -149,6 +153,7 @@ def fit_dlm(
     # as samplers evaluate potentials: a step into an invalid region gets a NaN
     # log-likelihood, which the line search backs away from.
     build(base.to(**options)).log_likelihood(y)
+    scored = _kernel_score(build, base.to(**options), y)
     best, finals = None, []
     for start in [base] + list(base + jitter):
         log_scales = start.to(**options).requires_grad_()
@@ -159,23 +164,72 @@ def fit_dlm(
             tolerance_change=tolerance,
             line_search_fn="strong_wolfe",
         )
+        seen = {}  # the log-likelihood at each point evaluated, so the last is not redone
 
-        def closure(log_scales=log_scales, optimizer=optimizer):
+        def closure(log_scales=log_scales, optimizer=optimizer, seen=seen):
             optimizer.zero_grad()
-            loss = -build(log_scales).log_likelihood(y)
-            if torch.isfinite(loss):
-                loss.backward()
+            point = log_scales.detach()
+            out = None if scored is None else scored(point)
+            if out is not None:
+                value, gradient = out
+                loss = torch.tensor(-value, dtype=point.dtype, device=point.device)
+                log_scales.grad = -gradient.to(point)
+            else:
+                loss = -build(log_scales).log_likelihood(y)
+                if torch.isfinite(loss):
+                    loss.backward()
+                value = -float(loss.detach())
+            seen[tuple(point.tolist())] = value
             return loss
 
         with pyro.validation_enabled(False):
             optimizer.step(closure)
-            with torch.no_grad():
-                value = float(build(log_scales).log_likelihood(y))
+            value = seen.get(tuple(log_scales.detach().tolist()))
+            if value is None:
+                with torch.no_grad():
+                    value = float(build(log_scales).log_likelihood(y))
         iterations = optimizer.state[log_scales].get("n_iter", 0)
         finals.append(value if math.isfinite(value) else -math.inf)
         if math.isfinite(value) and (best is None or value > best[0]):
             best = (value, log_scales.detach().clone(), iterations < max_iterations)
     return _kept(best, finals, build, names, init, num_restarts)
+
+
+def _kernel_score(build, log_scales, y):
+    """For a model whose ``W`` and ``V`` are linear in the squared scales
+    (:func:`_linear_in_squared_scales`), on tensors the compiled Kalman kernels take: a
+    function ``log_scales -> (log-likelihood, its gradient)`` that assembles only ``W`` and
+    ``V`` (the model is not rebuilt) and takes both from one pass of the kernels' filter,
+    smoother and score (Fisher's identity, as
+    :func:`~pyro_ext.timeseries.kalman_log_likelihood` does), the gradient by the chain
+    rule ``d/d log s_k = 2 s_k^2 (sum_i c_ki dW_ii + d_k dV)``; it returns ``None`` where the
+    kernels stop (a covariance not positive definite), for the model's own path. ``None``
+    for other models."""
+    if y.dim() != 1:
+        return None
+    linear, _ = _linear_in_squared_scales(build, log_scales, y.shape[0])
+    if linear is None:
+        return None
+    args = kalman._validate(y.unsqueeze(-1), linear.matrices)
+    if not _sequential.available("_kalman_kernels", *args[:7]):
+        return None
+    S = linear.state.shape[-1]
+
+    def scored(point):
+        matrices = linear.at(point)
+        terms = kalman._score_terms(
+            args._replace(W=matrices.transition_cov, V=matrices.observation_cov)
+        )
+        if terms is None:
+            return None
+        ll, grads = terms
+        d_w = grads[3].reshape(S, S).diagonal().to(point)
+        d_v = grads[4].reshape(()).to(point)
+        squared = (2 * point).exp()
+        gradient = 2 * squared * (linear.state @ d_w + linear.observation * d_v)
+        return float(ll.sum()), gradient
+
+    return scored
 
 
 def _kept(best, finals, build, names, init, num_restarts):
@@ -196,6 +250,80 @@ def _kept(best, finals, build, names, init, num_restarts):
 
 
 # -- EM (Shumway & Stoffer 1982) --------------------------------------------------------------
+class _Linear(NamedTuple):
+    """How the scales enter a model whose only scale-dependent matrices are ``W =
+    diag(sum_k s_k^2 c_k)`` and ``V = sum_k s_k^2 d_k`` (static, one series, scalar
+    observations), read by :func:`_linear_in_squared_scales`."""
+
+    #: ``(K, S)``: ``c_ki``, the coefficient of ``s_k^2`` in ``W_ii``
+    state: torch.Tensor
+    #: ``(K,)``: ``d_k``, that of ``s_k^2`` in ``V``
+    observation: torch.Tensor
+    #: the model's :class:`StateSpaceMatrices` at the scales read
+    matrices: object
+    #: entries below this are taken for zero coefficients
+    tol: float
+
+    def at(self, log_scales):
+        """The :class:`StateSpaceMatrices` at ``log_scales`` (half log squared scales)."""
+        squared = (2 * log_scales).exp()
+        return self.matrices._replace(
+            transition_cov=torch.diag_embed(squared @ self.state),
+            observation_cov=(squared @ self.observation).reshape(1, 1),
+        )
+
+
+def _linear_in_squared_scales(build, log_scales, num_steps):
+    """``(_Linear, None)`` when ``W`` and ``V`` are, exactly, the linear functions of the
+    squared scales :class:`_Linear` describes, and ``G``, ``F`` and the first state's prior do
+    not depend on the scales (read by doubling each squared scale in turn); else ``(None,
+    why)``. :class:`~pyro_ext.timeseries.LocalLevel`,
+    :class:`~pyro_ext.timeseries.LocalLinearTrend` and :class:`~pyro_ext.timeseries.Seasonal`
+    models are."""
+
+    def read(log_s):
+        return build(log_s).matrices(num_steps)
+
+    base = read(log_scales)
+    G, F, W, V = (
+        base.transition_matrix,
+        base.observation_matrix,
+        base.transition_cov,
+        base.observation_cov,
+    )
+    if W.dim() != 2 or V.dim() != 2 or G.dim() != 2 or F.dim() != 2:
+        return None, "its matrices vary over time or carry a batch (a regression component)"
+    if V.shape != (1, 1):
+        return None, "its observations are not scalar"
+    if bool((W - torch.diag(W.diagonal())).abs().max() > 0):
+        return None, "its disturbance covariance W is not diagonal"
+    scales2 = (2 * log_scales).exp()
+    state, observation = [], []
+    for k in range(log_scales.shape[0]):
+        bumped = log_scales.clone()
+        bumped[k] = bumped[k] + 0.5 * math.log(2.0)  # doubles s_k^2
+        m = read(bumped)
+        if not (
+            torch.equal(m.transition_matrix, G)
+            and torch.equal(m.observation_matrix, F)
+            and torch.equal(m.init_mean, base.init_mean)
+            and torch.equal(m.init_cov, base.init_cov)
+        ):
+            return None, "a scale changes G, F or the first state's prior (only W and V may)"
+        state.append((m.transition_cov.diagonal() - W.diagonal()) / scales2[k])
+        observation.append((m.observation_cov[0, 0] - V[0, 0]) / scales2[k])
+    state, observation = torch.stack(state), torch.stack(observation)
+    rebuilt_w = (scales2.unsqueeze(-1) * state).sum(0)
+    rebuilt_v = (scales2 * observation).sum()
+    tol = 1e-8 * max(1.0, float(W.diagonal().abs().max()), float(V.abs().max()))
+    if not (
+        torch.allclose(rebuilt_w, W.diagonal(), rtol=1e-8, atol=tol)
+        and torch.allclose(rebuilt_v, V[0, 0], rtol=1e-8, atol=tol)
+    ):
+        return None, "W and V are not linear in the squared scales"
+    return _Linear(state, observation, base, tol), None
+
+
 class _Patterns(NamedTuple):
     """How each scale enters the model, ``W = diag(sum_k s_k^2 c_k)`` and ``V = sum_k s_k^2
     d_k``, as the M-step uses it: ``s_k^2`` is the mean of the disturbances' second moments
@@ -212,62 +340,19 @@ class _Patterns(NamedTuple):
 
 
 def _em_patterns(build, log_scales, num_steps):
-    """Read each scale's coefficients by perturbing it, and check that EM's M-step applies:
-    static diagonal ``W`` and scalar ``V`` linear in the squared scales, each state or the
-    observation driven by at most one scale, ``G``, ``F`` and the first state's prior free of
-    the scales."""
-
-    def read(log_s):
-        return build(log_s).matrices(num_steps)
-
-    base = read(log_scales)
-    G, F, W, V = (
-        base.transition_matrix,
-        base.observation_matrix,
-        base.transition_cov,
-        base.observation_cov,
-    )
-    why = None
-    if W.dim() != 2 or V.dim() != 2 or G.dim() != 2 or F.dim() != 2:
-        why = "its matrices vary over time or carry a batch (a regression component)"
-    elif V.shape != (1, 1):
-        why = "its observations are not scalar"
-    elif bool((W - torch.diag(W.diagonal())).abs().max() > 0):
-        why = "its disturbance covariance W is not diagonal"
+    """Read each scale's coefficients (:func:`_linear_in_squared_scales`) and check that
+    EM's M-step applies: each state or the observation driven by at most one scale, none
+    lowered by one. Returns the :class:`_Patterns` and the :class:`_Linear` structure."""
+    linear, why = _linear_in_squared_scales(build, log_scales, num_steps)
     if why is None:
-        scales2 = (2 * log_scales).exp()
-        state, observation = [], []
-        for k in range(log_scales.shape[0]):
-            bumped = log_scales.clone()
-            bumped[k] = bumped[k] + 0.5 * math.log(2.0)  # doubles s_k^2
-            m = read(bumped)
-            if not (
-                torch.equal(m.transition_matrix, G)
-                and torch.equal(m.observation_matrix, F)
-                and torch.equal(m.init_mean, base.init_mean)
-                and torch.equal(m.init_cov, base.init_cov)
-            ):
-                why = "a scale changes G, F or the first state's prior (only W and V may)"
-                break
-            state.append((m.transition_cov.diagonal() - W.diagonal()) / scales2[k])
-            observation.append((m.observation_cov[0, 0] - V[0, 0]) / scales2[k])
-        if why is None:
-            state, observation = torch.stack(state), torch.stack(observation)
-            rebuilt_w = (scales2.unsqueeze(-1) * state).sum(0)
-            rebuilt_v = (scales2 * observation).sum()
-            tol = 1e-8 * max(1.0, float(W.diagonal().abs().max()), float(V.abs().max()))
-            drives = (state.abs() > tol).sum(0)
-            if not (
-                torch.allclose(rebuilt_w, W.diagonal(), rtol=1e-8, atol=tol)
-                and torch.allclose(rebuilt_v, V[0, 0], rtol=1e-8, atol=tol)
-            ):
-                why = "W and V are not linear in the squared scales"
-            elif bool((state < -tol).any()) or bool((observation < -tol).any()):
-                why = "a scale lowers a variance"
-            elif bool((drives > 1).any()) or int((observation.abs() > tol).sum()) > 1:
-                why = "two scales drive the same state (or both the observation)"
-            elif bool(((state.abs() > tol).sum(1) + (observation.abs() > tol)).eq(0).any()):
-                why = "a scale drives neither a state nor the observation"
+        state, observation, tol = linear.state, linear.observation, linear.tol
+        drives = (state.abs() > tol).sum(0)
+        if bool((state < -tol).any()) or bool((observation < -tol).any()):
+            why = "a scale lowers a variance"
+        elif bool((drives > 1).any()) or int((observation.abs() > tol).sum()) > 1:
+            why = "two scales drive the same state (or both the observation)"
+        elif bool(((state.abs() > tol).sum(1) + (observation.abs() > tol)).eq(0).any()):
+            why = "a scale drives neither a state nor the observation"
     if why is not None:
         raise ValueError(
             f"method='em' fits scales that each own diagonal entries of W or the observation "
@@ -280,7 +365,7 @@ def _em_patterns(build, log_scales, num_steps):
         drives.sum(-1).to(state.dtype),
         observes.to(state.dtype),
     )
-    return patterns, G, F
+    return patterns, linear
 
 
 def _em_step(y, matrices, patterns, G, F, present):
@@ -320,7 +405,8 @@ def _fit_em(build, names, y, starts, options, max_iterations, tolerance, init, n
         raise ValueError(f"method='em' fits one series y of shape (T,), got {tuple(y.shape)}")
     present = ~torch.isnan(y)
     num_observed = int(present.sum())
-    patterns, G, F = _em_patterns(build, starts[0].to(**options), y.shape[0])
+    patterns, linear = _em_patterns(build, starts[0].to(**options), y.shape[0])
+    G, F = linear.matrices.transition_matrix, linear.matrices.observation_matrix
     build(starts[0].to(**options)).log_likelihood(y)  # the values checked once (see lbfgs)
 
     def em_map(log_s):
@@ -328,8 +414,8 @@ def _fit_em(build, names, y, starts, options, max_iterations, tolerance, init, n
         log-likelihood at ``log_s`` (``-inf`` where the pass fails)."""
         try:
             with pyro.validation_enabled(False):
-                matrices = build(log_s).matrices(y.shape[0])
-                squared, value = _em_step(y, matrices, patterns, G, F, present)
+                # W and V from the scales directly: the model is not rebuilt every pass.
+                squared, value = _em_step(y, linear.at(log_s), patterns, G, F, present)
         except (torch.linalg.LinAlgError, ValueError):
             return log_s, -math.inf
         if not math.isfinite(value):

@@ -182,3 +182,66 @@ def test_em_refuses_models_it_cannot_fit_and_says_what_to_use(nile):
         fit_dlm(ar, nile, {"phi": 0.5, "noise": 10.0, "observation": 100.0}, method="em")
     with pytest.raises(ValueError, match=r"one series y of shape \(T,\)"):
         fit_dlm(local_level, nile.expand(2, -1), {"level": 10.0, "observation": 100.0}, method="em")
+
+
+def _trend_and_season(s):
+    # Two scales tied (level and season share one), so the structure is linear but not EM's.
+    return DLM(
+        [
+            LocalLinearTrend(s["level"], s["slope"], init_scale=100.0),
+            Seasonal(4, s["level"], init_scale=10.0),
+        ],
+        s["obs"],
+    )
+
+
+def test_lbfgs_takes_value_and_gradient_from_the_kernels_when_w_and_v_are_linear():
+    # W and V linear in the squared scales: each evaluation assembles only W and V and
+    # takes the log-likelihood and its gradient from the kernels' score. Both equal the
+    # model's own log_likelihood and its autograd gradient at random points, with missing
+    # values and two scales tied to one.
+    from pyro_ext.timeseries import dlm_fit
+
+    g = torch.Generator().manual_seed(5)
+    y = torch.randn(50, generator=g, dtype=torch.float64).cumsum(0)
+    y[[7, 20]] = math.nan
+    names = ["level", "slope", "obs"]
+
+    def build(log_scales):
+        return _trend_and_season({n: log_scales[i].exp() for i, n in enumerate(names)})
+
+    base = torch.tensor([-1.0, -2.0, 0.0], dtype=torch.float64)
+    scored = dlm_fit._kernel_score(build, base, y)
+    assert scored is not None
+    for _ in range(3):
+        point = base + torch.randn(3, generator=g, dtype=torch.float64)
+        value, gradient = scored(point)
+        leaf = point.clone().requires_grad_()
+        expected = build(leaf).log_likelihood(y)
+        (expected_gradient,) = torch.autograd.grad(expected, leaf)
+        assert value == pytest.approx(float(expected.detach()), rel=1e-12)
+        torch.testing.assert_close(gradient, expected_gradient, rtol=1e-8, atol=1e-10)
+    # A regression puts a time axis on the matrices: the model's own path, same optimum.
+    x = torch.randn(50, 1, generator=g, dtype=torch.float64)
+    regression = lambda s: DLM(  # noqa: E731
+        [LocalLevel(s["level"], init_scale=100.0), Regression(x, s["coef"])], s["obs"]
+    )
+    start = torch.zeros(3, dtype=torch.float64)
+    assert (
+        dlm_fit._kernel_score(
+            lambda v: regression(dict(zip(["level", "coef", "obs"], v.exp()))), start, y
+        )
+        is None
+    )
+
+
+def test_the_kernel_path_and_the_model_path_reach_the_same_fit(nile, monkeypatch):
+    from pyro_ext.timeseries import dlm_fit
+
+    fast = fit_dlm(local_level, nile, {"level": 10.0, "observation": 100.0})
+    monkeypatch.setattr(dlm_fit, "_kernel_score", lambda *args: None)
+    slow = fit_dlm(local_level, nile, {"level": 10.0, "observation": 100.0})
+    assert fast.log_likelihood == pytest.approx(slow.log_likelihood, abs=1e-8)
+    for name in fast.scales:
+        assert fast.scales[name] == pytest.approx(slow.scales[name], rel=1e-5)
+    assert fast.restart_log_likelihoods == pytest.approx(slow.restart_log_likelihoods, abs=1e-8)
