@@ -45,6 +45,7 @@ import math
 from collections.abc import Callable
 from typing import NamedTuple
 
+import numpy as np
 import pyro
 import torch
 
@@ -213,21 +214,24 @@ def _kernel_score(build, log_scales, y):
     args = kalman._validate(y.unsqueeze(-1), linear.matrices)
     if not _sequential.available("_kalman_kernels", *args[:7]):
         return None
-    S = linear.state.shape[-1]
+    # The kernels' float64 inputs are made once; each call replaces W's and V's.
+    inputs = list(kalman._sequential_inputs(args))
+    state = linear.state.detach().to(torch.float64).numpy()
+    observation = linear.observation.detach().to(torch.float64).numpy()
+    S = state.shape[-1]
 
     def scored(point):
-        matrices = linear.at(point)
-        terms = kalman._score_terms(
-            args._replace(W=matrices.transition_cov, V=matrices.observation_cov)
-        )
+        squared = np.exp(2 * point.detach().to(torch.float64).numpy())
+        inputs[3] = np.diag(squared @ state).reshape(1, 1, S, S)
+        inputs[4] = (squared @ observation).reshape(1, 1, 1, 1)
+        terms = kalman._score_terms(args, arrays=inputs)
         if terms is None:
             return None
         ll, grads = terms
-        d_w = grads[3].reshape(S, S).diagonal().to(point)
-        d_v = grads[4].reshape(()).to(point)
-        squared = (2 * point).exp()
-        gradient = 2 * squared * (linear.state @ d_w + linear.observation * d_v)
-        return float(ll.sum()), gradient
+        d_w = grads[3].numpy().reshape(S, S).diagonal()
+        d_v = grads[4].numpy().reshape(())
+        gradient = 2 * squared * (state @ d_w + observation * d_v)
+        return float(ll.sum()), torch.from_numpy(gradient).to(point)
 
     return scored
 

@@ -1062,11 +1062,13 @@ def _sequential_inputs(args):
     )
 
 
-def _compiled_filter(args, moments):
+def _compiled_filter(args, moments, arrays=None):
     """Run the compiled filter: ``(arrays, ll, [m, P, mp, Pp])`` as numpy (the moments with
     ``T`` steps, or none), or ``None`` where it meets a covariance that is not positive
-    definite (the scans then name it, or give NaN with validation off)."""
-    arrays = _sequential_inputs(args)
+    definite (the scans then name it, or give NaN with validation off). ``arrays``: the
+    kernels' inputs of ``args`` (:func:`_sequential_inputs`) where the caller has them."""
+    if arrays is None:
+        arrays = _sequential_inputs(args)
     size, T, _ = arrays[0].shape
     S = arrays[5].shape[-1]
     steps = T if moments else 0
@@ -1099,11 +1101,11 @@ def _sequential_filter(args, moments=True):
     return tuple(_from_kernels(args, [ll] + (outputs if moments else [])))
 
 
-def _compiled_smoother(args):
+def _compiled_smoother(args, arrays=None):
     """Run the compiled filter and RTS smoother: ``(arrays, ll, [m, P, mp, Pp], [ms, Ps,
     gains])`` as numpy, or ``None`` where a covariance is not positive definite (see
-    :func:`_compiled_filter`)."""
-    run = _compiled_filter(args, moments=True)
+    :func:`_compiled_filter`, and for ``arrays``)."""
+    run = _compiled_filter(args, moments=True, arrays=arrays)
     if run is None:
         return None
     arrays, ll, moments = run
@@ -1125,7 +1127,7 @@ def _sequential_smoother(args):
     return tuple(_from_kernels(args, [ll, *smoothed]))
 
 
-def _score_terms(args):
+def _score_terms(args, arrays=None):
     r"""``(ll, grads)``: :math:`\log p(y)` per series ``(B,)`` and its gradient with respect to
     ``y, G, F, W, V, m0, P0``, each shaped as the kernels' input (:func:`_sequential_inputs`:
     per series, and per step where the input has a time axis), float64, from one pass of the
@@ -1153,8 +1155,10 @@ def _score_terms(args):
 
     (the disturbance smoother's :math:`r_t, N_t` of Durbin & Koopman 2012, section 4.5, and
     Koopman & Shephard 1992's exact score), over the observed coordinates of each step.
+    ``arrays``: as for :func:`_compiled_filter` (``fit_dlm`` changes only ``W`` and ``V``
+    between calls).
     """
-    run = _compiled_smoother(args)
+    run = _compiled_smoother(args, arrays)
     if run is None:
         return None
     arrays, ll, (_, P, mp, Pp), (ms, Ps, gains) = run
