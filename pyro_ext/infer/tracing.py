@@ -226,21 +226,34 @@ def _tensors_spec(count):
     return pytree.tree_flatten((tuple(torch.zeros(()) for _ in range(count)), {}))[1]
 
 
+def contiguous(values):
+    """``values`` (a sequence) with every tensor among them made contiguous. A compiled
+    graph is specialised to its example inputs' strides (inductor asserts them at every
+    call), and its callers key graphs by shape: a column-major (Fortran-ordered) batch, or
+    a column of one, would otherwise stop a graph compiled for row-major data."""
+    return [
+        v.contiguous() if isinstance(v, torch.Tensor) and not v.is_contiguous() else v
+        for v in values
+    ]
+
+
 def data_spec(args, kwargs):
     """
     Leaves of a model's arguments and a hashable key of what a trace depends on: the
     tensors' shapes, dtypes and devices (they are inputs of the traced function) and the
-    other values themselves (they are constants of it).
+    other values themselves (they are constants of it). Tensor leaves come contiguous
+    (:func:`contiguous`).
     """
     if not kwargs and all(isinstance(arg, torch.Tensor) for arg in args):
         # The common call of a compiled update or step (tensors only), once per update:
         # without the general flattening, which costs tens of microseconds.
-        args = tuple(args)
+        args = tuple(contiguous(args))
         key = tuple((tuple(a.shape), a.dtype, a.device, a.requires_grad) for a in args)
         # The number of tensors stands for the spec in the key: hashing a spec costs
         # microseconds (pytree hashes it node by node), and no general key equals it.
         return list(args), _tensors_spec(len(args)), (len(args), key)
     leaves, spec = pytree.tree_flatten((tuple(args), dict(kwargs)))
+    leaves = contiguous(leaves)
     key = []
     for leaf in leaves:
         if isinstance(leaf, torch.Tensor):

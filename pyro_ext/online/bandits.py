@@ -46,7 +46,7 @@ import pyro.distributions as dist
 import torch
 from pyro.infer.autoguide.initialization import init_to_mean, init_to_sample
 
-from ..infer.tracing import ModelNotTraceableError, compile_graph, trace_pure
+from ..infer.tracing import ModelNotTraceableError, compile_graph, contiguous, trace_pure
 from ..ops.random import device_random_state, set_device_random_state
 from ..ops.validation import check_int, check_real
 from . import updates
@@ -722,13 +722,13 @@ class ThompsonBandit:
         if graph is False:
             return None
         device = belief.mean.device
-        inputs, random_state = list(belief), None
+        inputs, random_state = contiguous(belief), None
         if thompson:
             random_state = device_random_state(device)
             mean = belief.mean
             inputs.append(torch.randn((1,) + mean.shape, dtype=mean.dtype, device=device))
         if context is not None:
-            inputs.append(context)
+            inputs.append(context.contiguous())
         if graph is None:
             num_belief, belief_type = len(belief), type(belief)
 

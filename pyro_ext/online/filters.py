@@ -29,6 +29,7 @@ from ..infer.tracing import (
     ModelNotTraceableError,
     check_jit_compile,
     compile_graph,
+    contiguous,
     data_spec,
     trace_pure,
 )
@@ -1464,7 +1465,7 @@ class BONG:
             ]
         if graph.cudagraphs:
             torch.compiler.cudagraph_mark_step_begin()
-        outputs = graph.fn(*belief, *noises, *data)
+        outputs = graph.fn(*contiguous(belief), *noises, *data)
         if graph.cudagraphs:
             # A CUDA graph's outputs live in its memory, which the next replay overwrites.
             outputs = [output.clone() for output in outputs]
@@ -1557,7 +1558,7 @@ class BONG:
                 )
             return (*belief, torch.stack(flags).all(), *extras)
 
-        inputs = [*belief]
+        inputs = contiguous(belief)
         if num_noise:
             half = (self.num_samples // 2,) + belief.mean.shape
             inputs += [belief.mean.new_zeros(half) for _ in range(num_noise * steps)]

@@ -529,3 +529,22 @@ def test_an_inductor_failure_falls_back_to_the_traced_step(monkeypatch):
         )
     a, b = traced.get_samples(), fallback.get_samples()
     assert a.keys() == b.keys() and all(torch.equal(a[name], b[name]) for name in a)
+
+
+def test_column_major_data_runs_the_step_compiled_for_row_major_data():
+    # Inductor specialises a graph to its example inputs' strides; data of the same shape
+    # but another layout (a Fortran-ordered array, a column of a table) is made
+    # contiguous, not refused by the graph's stride assertion.
+    x, y = logistic_data("cpu")
+    kernel = SGLD(logistic_model, 2e-3, num_particles=2, jit_compile=True)
+    kernel.setup(0, x, y)
+    params = kernel.sample(kernel.initial_params)
+    before = kernel.state_dict()
+    pyro.set_rng_seed(5)
+    kernel.set_data(x.T.contiguous().T, torch.stack([y, y], 1)[:, 0])
+    column_major = kernel.sample(params)["w"]
+    assert kernel.compiled_step.num_traces == 1
+    kernel.load_state_dict(before)
+    pyro.set_rng_seed(5)
+    kernel.set_data(x, y)
+    torch.testing.assert_close(kernel.sample(params)["w"], column_major)

@@ -327,3 +327,21 @@ def test_a_traced_agent_plays_the_eager_agents_game(policy, make):
             assert [g is not False for g in agent._score_graphs.values()] == [True]
     assert torch.equal(histories[0].actions, histories[1].actions)
     torch.testing.assert_close(beliefs[1], beliefs[0], atol=1e-5, rtol=1e-5)
+
+
+def test_a_compiled_agent_scores_a_strided_context():
+    # The scoring graph is compiled for the first context's layout; a context of the same
+    # shape read from a column-major table (strided) gives the same draw and action.
+    env = LinearContextualBandit(torch.randn(3, 4, generator=torch.Generator().manual_seed(0)))
+    agent = ThompsonBandit(
+        lambda: LoFi(neural_contextual_model(4, 3, hidden=(8,)), 4, jit_compile=True), 3
+    )
+    agent.run(env, num_steps=5, seed=1)
+    table = torch.randn(4, 6, generator=torch.Generator().manual_seed(2)).T  # column-major
+    assert not table[0].is_contiguous()
+    actions = []
+    for context in (table[0], table[0].contiguous()):
+        pyro.set_rng_seed(4)
+        actions.append((agent.act(context), agent._scores(context)))
+    assert actions[0][0] == actions[1][0]
+    torch.testing.assert_close(actions[0][1], actions[1][1])

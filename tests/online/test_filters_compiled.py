@@ -312,3 +312,25 @@ def test_unrolled_update_many_takes_the_observations_by_keyword(float64):
     torch.testing.assert_close(
         predictions.log_likelihood, expected.log_likelihood, atol=1e-10, rtol=0
     )
+
+
+def test_column_major_data_runs_the_graph_compiled_for_row_major_data(float64):
+    # A graph compiled for row-major rows takes the same rows from a column-major table
+    # (made contiguous: inductor's graph asserts its inputs' strides), one at a time and by
+    # update_many's chunks, with the eager filter's beliefs.
+    dim, n = 3, 14
+    x, y, _ = linear_data(n, dim, 0.5)
+    x_columns, y_strided = x.T.contiguous().T, torch.stack([y, y], 1)[:, 0]
+    model = linear_model(dim, 1.5, 0.5)
+    compiled = BONG(model, jit_compile=True, unroll=2)
+    eager = BONG(model)
+    for t in range(4):
+        compiled.update(x[t : t + 1], y[t : t + 1])
+        eager.update(x[t : t + 1], y[t : t + 1])
+    for t in range(4, 8):
+        compiled.update(x_columns[t : t + 1], y_strided[t : t + 1])
+        eager.update(x[t : t + 1], y[t : t + 1])
+    compiled.update_many(x_columns[8:], y_strided[8:])
+    eager.update_many(x[8:], y[8:])
+    for mine, theirs in zip(compiled.belief, eager.belief):
+        torch.testing.assert_close(mine, theirs, atol=1e-8, rtol=0)
