@@ -758,7 +758,9 @@ class ThompsonBandit:
             if filter.jit_compile == "trace":
                 fn = traced
             else:
-                fn, _, cudagraphs = compile_graph(traced, inputs, filter.compile_mode, "scoring")
+                fn, _, cudagraphs = compile_graph(
+                    traced, inputs, filter.compile_mode, "scoring", contiguous_inputs=True
+                )
             graph = self._score_graphs[key] = (fn, cudagraphs)
         fn, cudagraphs = graph
         if cudagraphs:

@@ -1568,7 +1568,9 @@ class BONG:
         self.trace_seconds += time.perf_counter() - started
         if self.jit_compile == "trace":
             return _Graph(graph, False)
-        fn, seconds, cudagraphs = compile_graph(graph, inputs, self.compile_mode, "update")
+        fn, seconds, cudagraphs = compile_graph(
+            graph, inputs, self.compile_mode, "update", contiguous_inputs=True
+        )
         self.compile_seconds += seconds
         return _Graph(fn, cudagraphs)
 
