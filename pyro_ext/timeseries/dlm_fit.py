@@ -196,11 +196,42 @@ def fit_dlm(
     return _kept(best, finals, build, names, init, num_restarts)
 
 
+class _KernelInputs:
+    """The compiled Kalman kernels' float64 inputs (:func:`~.kalman._sequential_inputs`) of
+    a model whose ``W`` and ``V`` are linear in the squared scales (a :class:`_Linear`), made
+    once: :meth:`at` replaces ``W``'s and ``V``'s, so that an evaluation neither rebuilds
+    the model nor validates and converts its matrices again."""
+
+    def __init__(self, linear, args):
+        self.args = args
+        self._inputs = kalman._sequential_inputs(args)
+        self.state = linear.state.detach().to(torch.float64).cpu().numpy()
+        self.observation = linear.observation.detach().to(torch.float64).cpu().numpy()
+
+    @staticmethod
+    def of(linear, y):
+        """The inputs of ``y`` ``(T,)`` under ``linear``'s model, or ``None`` where the
+        kernels do not run (CUDA tensors, numba not installed, the kernels switched off)."""
+        args = kalman._validate(y.unsqueeze(-1), linear.matrices)
+        if not _sequential.available("_kalman_kernels", *args[:7]):
+            return None
+        return _KernelInputs(linear, args)
+
+    def at(self, log_scales):
+        """``(squared scales, inputs)`` at ``log_scales`` (numpy, float64)."""
+        squared = np.exp(2 * log_scales.detach().to(torch.float64).cpu().numpy())
+        S = self.state.shape[-1]
+        inputs = list(self._inputs)
+        inputs[3] = np.diag(squared @ self.state).reshape(1, 1, S, S)
+        inputs[4] = (squared @ self.observation).reshape(1, 1, 1, 1)
+        return squared, inputs
+
+
 def _kernel_score(build, log_scales, y):
     """For a model whose ``W`` and ``V`` are linear in the squared scales
     (:func:`_linear_in_squared_scales`), on tensors the compiled Kalman kernels take: a
     function ``log_scales -> (log-likelihood, its gradient)`` that assembles only ``W`` and
-    ``V`` (the model is not rebuilt) and takes both from one pass of the kernels' filter,
+    ``V`` (:class:`_KernelInputs`) and takes both from one pass of the kernels' filter,
     smoother and score (Fisher's identity, as
     :func:`~pyro_ext.timeseries.kalman_log_likelihood` does), the gradient by the chain
     rule ``d/d log s_k = 2 s_k^2 (sum_i c_ki dW_ii + d_k dV)``; it returns ``None`` where the
@@ -211,20 +242,15 @@ def _kernel_score(build, log_scales, y):
     linear, _ = _linear_in_squared_scales(build, log_scales, y.shape[0])
     if linear is None:
         return None
-    args = kalman._validate(y.unsqueeze(-1), linear.matrices)
-    if not _sequential.available("_kalman_kernels", *args[:7]):
+    kernel_inputs = _KernelInputs.of(linear, y)
+    if kernel_inputs is None:
         return None
-    # The kernels' float64 inputs are made once; each call replaces W's and V's.
-    inputs = list(kalman._sequential_inputs(args))
-    state = linear.state.detach().to(torch.float64).numpy()
-    observation = linear.observation.detach().to(torch.float64).numpy()
+    state, observation = kernel_inputs.state, kernel_inputs.observation
     S = state.shape[-1]
 
     def scored(point):
-        squared = np.exp(2 * point.detach().to(torch.float64).numpy())
-        inputs[3] = np.diag(squared @ state).reshape(1, 1, S, S)
-        inputs[4] = (squared @ observation).reshape(1, 1, 1, 1)
-        terms = kalman._score_terms(args, arrays=inputs)
+        squared, inputs = kernel_inputs.at(point)
+        terms = kalman._score_terms(kernel_inputs.args, arrays=inputs)
         if terms is None:
             return None
         ll, grads = terms
@@ -372,10 +398,12 @@ def _em_patterns(build, log_scales, num_steps):
     return patterns, linear
 
 
-def _em_step(y, matrices, patterns, G, F, present):
-    """One E-step (filter and smoother) and the M-step's new squared scales ``(K,)``, with
-    the log-likelihood at the current scales."""
-    means, covs, cross, log_likelihood = smoothed_second_moments(y.unsqueeze(-1), matrices)
+def _em_step(y, moments, patterns, G, F, present):
+    """The M-step's new squared scales ``(K,)`` from the E-step's ``moments`` (smoothed
+    means, covariances, lag-one covariances and log-likelihood, as
+    :func:`~pyro_ext.timeseries.kalman.smoothed_second_moments` gives them), with the
+    log-likelihood at the current scales."""
+    means, covs, cross, log_likelihood = moments
     # E[(x_t - G x_{t-1})_i^2], t = 2..T: the disturbances' second moments.
     residual = means[1:] - means[:-1] @ G.mT
     GP = G @ covs[:-1]
@@ -412,14 +440,26 @@ def _fit_em(build, names, y, starts, options, max_iterations, tolerance, init, n
     patterns, linear = _em_patterns(build, starts[0].to(**options), y.shape[0])
     G, F = linear.matrices.transition_matrix, linear.matrices.observation_matrix
     build(starts[0].to(**options)).log_likelihood(y)  # the values checked once (see lbfgs)
+    kernel_inputs = _KernelInputs.of(linear, y)
+
+    def e_step(log_s):
+        """The smoothed moments at ``log_s``, with ``W`` and ``V`` from the scales directly
+        (the model is not rebuilt every pass): from the kernels' filter and smoother where
+        they run, else by :func:`smoothed_second_moments`."""
+        if kernel_inputs is not None:
+            run = kalman._compiled_smoother(kernel_inputs.args, kernel_inputs.at(log_s)[1])
+            if run is not None:
+                _, ll, _, smoothed = run
+                means, covs, gains = (torch.from_numpy(x[0]).to(y.dtype) for x in smoothed)
+                return means, covs, covs[1:] @ gains.mT, float(ll[0])
+        return smoothed_second_moments(y.unsqueeze(-1), linear.at(log_s))
 
     def em_map(log_s):
         """One EM step from ``log_s`` (half log squared scales): the next point and the
         log-likelihood at ``log_s`` (``-inf`` where the pass fails)."""
         try:
             with pyro.validation_enabled(False):
-                # W and V from the scales directly: the model is not rebuilt every pass.
-                squared, value = _em_step(y, linear.at(log_s), patterns, G, F, present)
+                squared, value = _em_step(y, e_step(log_s), patterns, G, F, present)
         except (torch.linalg.LinAlgError, ValueError):
             return log_s, -math.inf
         if not math.isfinite(value):
