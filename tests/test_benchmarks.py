@@ -1,5 +1,6 @@
 """The benchmark scripts run end to end in their quick mode (full runs: ``make bench``)."""
 
+import importlib.util
 import inspect
 import os
 import subprocess
@@ -312,6 +313,23 @@ def check_ara_spam(text):
             assert 0.5 < clean <= 1 and 0 <= tainted <= clean + 0.05, row
 
 
+def check_hmm_fit(text):
+    # The same start against hmmlearn and against dynamax's fit_em: a row per family in each,
+    # and the Poisson and categorical fits reach dynamax's log-likelihood (flat priors there;
+    # its Gaussian emissions keep a weak prior, so that row is not compared).
+    table = text.split("## The same start, to convergence")[1].split("\n## ")[0]
+    for family in ("gaussian", "poisson", "categorical"):
+        assert f"| {family} |" in table, family
+    table = text.split("against dynamax")[1].split("\n## ")[0]
+    if importlib.util.find_spec("dynamax") is None:  # not in the test extra: the bench one
+        assert "dynamax is not installed here" in table
+        return
+    for family in ("poisson", "categorical"):
+        row = next(r for r in table.splitlines() if r.startswith(f"| {family} |"))
+        low, high = (float(v) for v in row.split("|")[2].split(" / "))
+        assert -1e-2 < low <= high < 1e-2, row
+
+
 def check_bsts_delta_bias(text):
     # One row per variant of the sales, each with a coverage count of its one seed and an
     # error of delta inside (-1, 1); the per-seed table holds seed 100's four intervals.
@@ -337,6 +355,7 @@ CONTENT_CHECKS = {
     "bsts_delta_bias": check_bsts_delta_bias,
     "bsts_peers": check_bsts_peers,
     "first_try": check_first_try,
+    "hmm_fit": check_hmm_fit,
     "ngvi": check_ngvi,
     "bsts_selection": check_bsts_selection,
     "online": check_online,
