@@ -35,6 +35,7 @@ Example::
 """
 
 import abc
+import functools
 import math
 import numbers
 import reprlib
@@ -746,7 +747,13 @@ class ThompsonBandit:
                     else:
                         theta = current.mean
                     means = self._arm_means(filter.potential.constrain(theta), *rest or [None])
-                ok = torch.stack(flags).all() if flags else means.new_ones((), dtype=torch.bool)
+                # A chain of ands, which the graph fuses (a stacked vector of the flags
+                # costs a buffer and a view per flag at every call).
+                ok = (
+                    functools.reduce(torch.logical_and, flags)
+                    if flags
+                    else means.new_ones((), dtype=torch.bool)
+                )
                 return means, ok
 
             try:

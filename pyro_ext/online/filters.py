@@ -6,6 +6,7 @@ model (its latent sites, their Gaussian priors, its observed sites' means and va
 and wires them together.
 """
 
+import functools
 import inspect
 import math
 import numbers
@@ -1556,7 +1557,9 @@ class BONG:
                     torch.stack(column) if column[0].dim() == 0 else torch.cat(column)
                     for column in zip(*per_step)
                 )
-            return (*belief, torch.stack(flags).all(), *extras)
+            # A chain of ands, which the graph fuses into its kernels (a stacked vector of
+            # the flags cost a buffer and a view per flag at every call: 4 us of 31 at D = 65).
+            return (*belief, functools.reduce(torch.logical_and, flags), *extras)
 
         inputs = contiguous(belief)
         if num_noise:

@@ -389,11 +389,16 @@ def natural_step(
                 # compiled update's time).
                 innovation = 1 + (scaled @ cov_scaled).squeeze(-1)
                 gain = cov_scaled.transpose(-1, -2) / innovation.unsqueeze(-1)
+                # The rank-one downdate as a broadcast product, which a compiled update
+                # fuses into its kernel (a matrix product would be a library call and a
+                # D x D buffer); each entry is the same single product.
+                downdate = cov_scaled * gain
             else:
                 eye = torch.eye(scaled.shape[-2], dtype=wide, device=cov.device)
                 chol = _cholesky(_sym(eye + scaled @ cov_scaled), "innovation covariance")
                 gain = _solve(chol, cov_scaled.transpose(-1, -2))
-            new_cov = _sym(cov - cov_scaled @ gain)
+                downdate = cov_scaled @ gain
+            new_cov = _sym(cov - downdate)
             # Positive definite on paper; its diagonal is the cheap round-off check.
             require(
                 new_cov.diagonal() > 0,
