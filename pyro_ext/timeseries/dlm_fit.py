@@ -152,48 +152,68 @@ def fit_dlm(
     # The model's values are checked once, at the first start (a covariance that is not
     # positive semi-definite is named there); the optimiser's evaluations then run unchecked,
     # as samplers evaluate potentials: a step into an invalid region gets a NaN
-    # log-likelihood, which the line search backs away from.
+    # log-likelihood, which the line search backs away from (or, where it does not come
+    # back, the start runs once more from its best point).
     build(base.to(**options)).log_likelihood(y)
     scored = _kernel_score(build, base.to(**options), y)
     best, finals = None, []
     for start in [base] + list(base + jitter):
-        log_scales = start.to(**options).requires_grad_()
-        optimizer = torch.optim.LBFGS(
-            [log_scales],
-            max_iter=max_iterations,
-            tolerance_grad=tolerance,
-            tolerance_change=tolerance,
-            line_search_fn="strong_wolfe",
-        )
         seen = {}  # the log-likelihood at each point evaluated, so the last is not redone
-
-        def closure(log_scales=log_scales, optimizer=optimizer, seen=seen):
-            optimizer.zero_grad()
-            point = log_scales.detach()
-            out = None if scored is None else scored(point)
-            if out is not None:
-                value, gradient = out
-                loss = torch.tensor(-value, dtype=point.dtype, device=point.device)
-                log_scales.grad = -gradient.to(point)
-            else:
-                loss = -build(log_scales).log_likelihood(y)
-                if torch.isfinite(loss):
-                    loss.backward()
-                value = -float(loss.detach())
-            seen[tuple(point.tolist())] = value
-            return loss
-
-        with pyro.validation_enabled(False):
-            optimizer.step(closure)
-            value = seen.get(tuple(log_scales.detach().tolist()))
-            if value is None:
-                with torch.no_grad():
-                    value = float(build(log_scales).log_likelihood(y))
-        iterations = optimizer.state[log_scales].get("n_iter", 0)
+        point = start.to(**options)
+        for attempt in range(2):
+            log_scales, value, iterations = _lbfgs(
+                build, y, scored, point, seen, max_iterations, tolerance
+            )
+            finite = {p: v for p, v in seen.items() if math.isfinite(v)}
+            if math.isfinite(value) or attempt == 1 or not finite:
+                break
+            # The line search stepped where the likelihood is not finite (a variance that
+            # overflows) and L-BFGS does not come back from there: once more from the best
+            # point it evaluated, with a fresh memory.
+            point = torch.tensor(max(finite, key=finite.get), **options)
         finals.append(value if math.isfinite(value) else -math.inf)
         if math.isfinite(value) and (best is None or value > best[0]):
             best = (value, log_scales.detach().clone(), iterations < max_iterations)
     return _kept(best, finals, build, names, init, num_restarts)
+
+
+def _lbfgs(build, y, scored, start, seen, max_iterations, tolerance):
+    """One L-BFGS run from the log-scales ``start``: ``(log_scales, log-likelihood there,
+    iterations)``. Each evaluation takes the kernels' ``scored`` where it applies, else
+    autograd through the model's own ``log_likelihood``; ``seen`` collects the value at every
+    point evaluated."""
+    log_scales = start.clone().requires_grad_()
+    optimizer = torch.optim.LBFGS(
+        [log_scales],
+        max_iter=max_iterations,
+        tolerance_grad=tolerance,
+        tolerance_change=tolerance,
+        line_search_fn="strong_wolfe",
+    )
+
+    def closure():
+        optimizer.zero_grad()
+        point = log_scales.detach()
+        out = None if scored is None else scored(point)
+        if out is not None:
+            value, gradient = out
+            loss = torch.tensor(-value, dtype=point.dtype, device=point.device)
+            log_scales.grad = -gradient.to(point)
+        else:
+            loss = -build(log_scales).log_likelihood(y)
+            if torch.isfinite(loss):
+                loss.backward()
+            value = -float(loss.detach())
+        seen[tuple(point.tolist())] = value
+        return loss
+
+    with pyro.validation_enabled(False):
+        optimizer.step(closure)
+        value = seen.get(tuple(log_scales.detach().tolist()))
+        if value is None:
+            with torch.no_grad():
+                value = float(build(log_scales).log_likelihood(y))
+    return log_scales, value, optimizer.state[log_scales].get("n_iter", 0)
 
 
 class _KernelInputs:
@@ -218,12 +238,15 @@ class _KernelInputs:
         return _KernelInputs(linear, args)
 
     def at(self, log_scales):
-        """``(squared scales, inputs)`` at ``log_scales`` (numpy, float64)."""
-        squared = np.exp(2 * log_scales.detach().to(torch.float64).cpu().numpy())
-        S = self.state.shape[-1]
-        inputs = list(self._inputs)
-        inputs[3] = np.diag(squared @ self.state).reshape(1, 1, S, S)
-        inputs[4] = (squared @ self.observation).reshape(1, 1, 1, 1)
+        """``(squared scales, inputs)`` at ``log_scales`` (numpy, float64). A line search's
+        step that overflows gives infinite variances (and a NaN log-likelihood), as the
+        model's own path gives them, without numpy's warnings."""
+        with np.errstate(over="ignore", invalid="ignore"):
+            squared = np.exp(2 * log_scales.detach().to(torch.float64).cpu().numpy())
+            S = self.state.shape[-1]
+            inputs = list(self._inputs)
+            inputs[3] = np.diag(squared @ self.state).reshape(1, 1, S, S)
+            inputs[4] = (squared @ self.observation).reshape(1, 1, 1, 1)
         return squared, inputs
 
 
@@ -256,7 +279,8 @@ def _kernel_score(build, log_scales, y):
         ll, grads = terms
         d_w = grads[3].numpy().reshape(S, S).diagonal()
         d_v = grads[4].numpy().reshape(())
-        gradient = 2 * squared * (state @ d_w + observation * d_v)
+        with np.errstate(over="ignore", invalid="ignore"):
+            gradient = 2 * squared * (state @ d_w + observation * d_v)
         return float(ll.sum()), torch.from_numpy(gradient).to(point)
 
     return scored

@@ -2,6 +2,7 @@
 same data, restarts, devices and the argument contract."""
 
 import math
+import warnings
 
 import pytest
 import torch
@@ -221,6 +222,12 @@ def test_lbfgs_takes_value_and_gradient_from_the_kernels_when_w_and_v_are_linear
         (expected_gradient,) = torch.autograd.grad(expected, leaf)
         assert value == pytest.approx(float(expected.detach()), rel=1e-12)
         torch.testing.assert_close(gradient, expected_gradient, rtol=1e-8, atol=1e-10)
+    # A line search's step that overflows: a non-finite value, quietly, as on the model's
+    # own path (numpy would warn of the overflow).
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out = scored(torch.tensor([400.0, -2.0, 0.0], dtype=torch.float64))
+    assert out is None or not math.isfinite(out[0])
     # A regression puts a time axis on the matrices: the model's own path, same optimum.
     x = torch.randn(50, 1, generator=g, dtype=torch.float64)
     regression = lambda s: DLM(  # noqa: E731
@@ -251,3 +258,32 @@ def test_the_kernel_path_and_the_model_path_reach_the_same_fit(nile, monkeypatch
     for name in fast.scales:
         assert fast.scales[name] == pytest.approx(slow.scales[name], rel=1e-5)
     assert fast.restart_log_likelihoods == pytest.approx(slow.restart_log_likelihoods, abs=1e-8)
+
+
+def test_a_start_whose_line_search_overflows_recovers(monkeypatch):
+    # On the standardised CO2 series the second start's line search steps to a log-scale
+    # of about 4800, where the likelihood is not finite, and L-BFGS does not come back from
+    # a non-finite point: the start runs once more from the best point it evaluated, and
+    # every start reaches the maximum.
+    from pyro_ext.datasets import load_co2
+    from pyro_ext.timeseries import dlm_fit
+
+    train = load_co2("vis")[:-60].double()
+    y = (train - train.mean()) / train.std()
+
+    def model(s):
+        return DLM(
+            [
+                LocalLinearTrend(s["level"], s["slope"], init_scale=2.0),
+                Seasonal(12, s["season"], init_scale=2.0),
+            ],
+            s["obs"],
+        )
+
+    runs = []
+    lbfgs = dlm_fit._lbfgs
+    monkeypatch.setattr(dlm_fit, "_lbfgs", lambda *args: runs.append(None) or lbfgs(*args))
+    fit = fit_dlm(model, y, {"level": 0.1, "slope": 0.1, "season": 0.1, "obs": 0.1})
+    assert len(runs) == 4  # three starts, one of them twice
+    assert fit.restart_log_likelihoods == pytest.approx([fit.log_likelihood] * 3, abs=1e-6)
+    assert fit.log_likelihood == pytest.approx(1585.886, abs=1e-3)
