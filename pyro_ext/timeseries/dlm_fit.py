@@ -356,7 +356,13 @@ def _linear_in_squared_scales(build, log_scales, num_steps):
     for k in range(log_scales.shape[0]):
         bumped = log_scales.clone()
         bumped[k] = bumped[k] + 0.5 * math.log(2.0)  # doubles s_k^2
-        m = read(bumped)
+        try:
+            m = read(bumped)
+        except Exception as error:  # a probe: make_dlm may refuse the doubled value
+            return None, (
+                f"make_dlm refused scale {k} doubled ({type(error).__name__}: {error}), so "
+                "it is not a variance's scale"
+            )
         if not (
             torch.equal(m.transition_matrix, G)
             and torch.equal(m.observation_matrix, F)

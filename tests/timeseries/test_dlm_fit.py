@@ -287,3 +287,21 @@ def test_a_start_whose_line_search_overflows_recovers(monkeypatch):
     assert len(runs) == 4  # three starts, one of them twice
     assert fit.restart_log_likelihoods == pytest.approx([fit.log_likelihood] * 3, abs=1e-6)
     assert fit.log_likelihood == pytest.approx(1585.886, abs=1e-3)
+
+
+def test_a_model_that_refuses_a_doubled_scale_keeps_the_model_path(nile):
+    # Reading how the scales enter doubles each squared scale in turn; a model that refuses
+    # the doubled value (an AR coefficient kept below 1) is fitted through its own
+    # log_likelihood, and EM says why it does not apply.
+    y = nile - nile.mean()
+
+    def ar(s):
+        if float(s["phi"]) >= 1:
+            raise ValueError("phi must be below 1")
+        return DLM(Autoregressive(s["phi"].reshape(1), s["noise"]), s["observation"])
+
+    start = {"phi": 0.8, "noise": 100.0, "observation": 100.0}
+    fit = fit_dlm(ar, y, start, num_restarts=1, max_iterations=5)
+    assert math.isfinite(fit.log_likelihood) and fit.scales["phi"] < 1
+    with pytest.raises(ValueError, match="make_dlm refused scale 0 doubled.*method='lbfgs'"):
+        fit_dlm(ar, y, start, method="em")
