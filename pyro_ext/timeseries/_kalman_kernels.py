@@ -253,11 +253,23 @@ def filter(y, G, F, W, V, m0, P0, ll, steady_steps, m_out, P_out, mp_out, Pp_out
 
 
 @_jit
+def _equal(a, b, S):
+    """Whether the ``S x S`` matrices ``a`` and ``b`` are equal entry for entry."""
+    for i in range(S):
+        for j in range(S):
+            if a[i, j] != b[i, j]:
+                return False
+    return True
+
+
+@_jit
 def smoother(G, m, P, mp, Pp, ms, Ps, gains):
     """Rauch-Tung-Striebel smoother from the filter's moments: ``ms (B, T, S)``, ``Ps (B,
     T, S, S)`` and the gains :math:`E_t = P_t G_{t+1}^T P_{t+1|t}^{-1}` ``(B, T-1, S, S)``.
-    Returns ``-1`` on success, else the flat index ``b * T + t`` of the first predicted
-    covariance ``P_{t|t-1}`` that is not positive definite."""
+    Where the filter's covariances repeat exactly (its steady state, with static ``G``), a
+    gain is the next step's, copied rather than factorised again. Returns ``-1`` on success,
+    else the flat index ``b * T + t`` of the first predicted covariance ``P_{t|t-1}`` that
+    is not positive definite."""
     num_batch, duration, S = m.shape
     L = np.empty((S, S))
     X = np.empty((S, S))
@@ -268,16 +280,26 @@ def smoother(G, m, P, mp, Pp, ms, Ps, gains):
         copy_vector(m[b, duration - 1], ms[b, duration - 1])
         copy_matrix(P[b, duration - 1], Ps[b, duration - 1])
         for t in range(duration - 2, -1, -1):
-            g = G[b, t + 1 if G.shape[1] > 1 else 0]
-            copy_matrix(Pp[b, t + 1], L)
-            if not _cholesky(L, S):
-                return b * duration + t + 1
-            # X = G P_t (S x S); solve P^-_{t+1} E^T = X, so E = X^T P^-_{t+1}^{-1}.
-            _product(g, P[b, t], X, S, S, S)
-            _cholesky_solve(L, X, S, S)
-            for i in range(S):  # E = X^T
-                for j in range(S):
-                    gains[b, t, i, j] = X[j, i]
+            if (
+                G.shape[1] == 1
+                and t + 2 < duration
+                and _equal(P[b, t], P[b, t + 1], S)
+                and _equal(Pp[b, t + 1], Pp[b, t + 2], S)
+            ):
+                # The filter's steady state (or any repeat of the same covariances): the
+                # gain is the next step's, bit for bit, without its factorisation.
+                copy_matrix(gains[b, t + 1], gains[b, t])
+            else:
+                g = G[b, t + 1 if G.shape[1] > 1 else 0]
+                copy_matrix(Pp[b, t + 1], L)
+                if not _cholesky(L, S):
+                    return b * duration + t + 1
+                # X = G P_t (S x S); solve P^-_{t+1} E^T = X, so E = X^T P^-_{t+1}^{-1}.
+                _product(g, P[b, t], X, S, S, S)
+                _cholesky_solve(L, X, S, S)
+                for i in range(S):  # E = X^T
+                    for j in range(S):
+                        gains[b, t, i, j] = X[j, i]
             E = gains[b, t]
             for i in range(S):
                 d[i] = ms[b, t + 1, i] - mp[b, t + 1, i]

@@ -219,8 +219,8 @@ def _steady_steps(args):
 
 @pytest.mark.parametrize("p", [1, 2])
 def test_the_steady_state_switch_equals_the_full_recursion(p):
-    # A static model converges within a few dozen steps; the kernels then update the mean
-    # only. Missing stretches (a whole row, a single coordinate) leave the steady state and
+    # A static model converges within a few dozen steps; the kernels' filter then updates
+    # the mean only. Missing stretches (a whole row, a single coordinate) leave the steady state and
     # it is found again. Against the per-step scan, which never switches, for the
     # log-likelihood and every moment; the switch must really have happened.
     T = 600
@@ -235,6 +235,11 @@ def test_the_steady_state_switch_equals_the_full_recursion(p):
     for a, b in zip(ours, scan):
         torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-9)
     torch.testing.assert_close(torch.from_numpy(ll), scan[0], rtol=1e-12, atol=1e-9)
+    # The smoother copies the gain across the steady stretch rather than factorising again.
+    _, ms, Ps, gains = kalman_module._sequential_smoother(args)
+    expected = kalman_module._run_smoother(kalman_module._build(args), *scan[1:], gains=True)
+    for a, b in zip((ms, Ps, gains), expected):
+        torch.testing.assert_close(a, b, rtol=1e-8, atol=1e-8)
     # Time-varying matrices never switch.
     y, matrices = _model(11, T, 4, p, True, (2,), [])
     assert (_steady_steps(kalman_module._validate(y, matrices))[1] == 0).all()
