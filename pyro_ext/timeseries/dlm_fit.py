@@ -481,7 +481,7 @@ def _fit_em(build, names, y, starts, options, max_iterations, tolerance, init, n
             if run is not None:
                 _, ll, _, smoothed = run
                 means, covs, gains = (torch.from_numpy(x[0]).to(y.dtype) for x in smoothed)
-                return means, covs, covs[1:] @ gains.mT, float(ll[0])
+                return means, covs, kalman._lag_one_covariances(covs, gains), float(ll[0])
         return smoothed_second_moments(y.unsqueeze(-1), linear.at(log_s))
 
     def em_map(log_s):

@@ -1364,12 +1364,19 @@ def _smoothed(args):
     return ll, ms, Ps, gains
 
 
+def _lag_one_covariances(covs: torch.Tensor, gains: torch.Tensor) -> torch.Tensor:
+    r""":math:`\mathrm{Cov}(x_{t+1}, x_t \mid y_{1:T}) = \hat P_{t+1} E_t^\top` from the
+    smoothed covariances ``(T, ..., S, S)`` and the RTS gains ``(T-1, ..., S, S)``
+    (time-first)."""
+    return covs[1:] @ gains.mT
+
+
 def smoothed_second_moments(y: torch.Tensor, matrices: StateSpaceMatrices):
     r"""What EM's E-step needs: smoothed means ``(..., T, S)``, covariances ``(..., T, S,
     S)``, lag-one covariances :math:`\mathrm{Cov}(x_{t+1}, x_t \mid y_{1:T})` ``(..., T-1,
     S, S)`` and the log-likelihood, from one filter and one smoother pass."""
     ll, ms, Ps, gains = _smoothed(_validate(y, matrices))
-    cross = Ps[1:] @ gains.mT
+    cross = _lag_one_covariances(Ps, gains)
     return _to_external(ms, 1), _to_external(Ps, 2), _to_external(cross, 2), ll
 
 
