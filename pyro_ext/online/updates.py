@@ -338,7 +338,9 @@ def project_low_rank(
     """
     u, s, _ = torch.linalg.svd(columns, full_matrices=False)
     kept = min(rank, s.shape[-1])
-    W = u[:, :kept] * s[:kept]
+    # Row-major, as the belief's other tensors: LAPACK's ``u`` is column-major, and a
+    # compiled update, keyed by row-major inputs, would copy W at every call.
+    W = (u[:, :kept] * s[:kept]).contiguous()
     if kept < s.shape[-1]:
         rest = u[:, kept:] * s[kept:]
         diagonal = diagonal + rest.square().sum(-1)

@@ -196,6 +196,21 @@ def test_act_with_a_nan_context_is_refused():
         fresh.act(context)
 
 
+@pytest.mark.parametrize(
+    "bad, index", [(math.inf, 1), (-math.inf, 0), (math.nan, 1)], ids=["inf", "-inf", "nan"]
+)
+def test_a_context_whose_sum_overflows_is_finite_and_a_bad_entry_is_named(bad, index):
+    # The check sums the entries first (a finite sum has no bad entry); a sum that
+    # overflows is not a bad entry, and a bad entry beside huge ones is still named.
+    huge = torch.tensor([3e38, 3e38], dtype=torch.float32)
+    agent = contextual_agent("thompson")
+    assert 0 <= agent.act(huge) < 3
+    context = huge.clone()
+    context[index] = bad
+    with pytest.raises(ValueError, match=rf"context must be finite.*index \({index},\)"):
+        agent.act(context)
+
+
 def test_act_with_a_nan_context_under_ucb_is_refused():
     with pytest.raises(ValueError, match="context must be finite"):
         contextual_agent("ucb").act(torch.tensor([1.0, math.nan]))

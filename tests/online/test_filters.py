@@ -150,6 +150,34 @@ def test_low_rank_draws_have_the_belief_covariance_exactly(dtype, dominant):
     )
 
 
+def test_float32_low_rank_draws_keep_nearly_parallel_columns_accurate():
+    """Two large, nearly parallel columns of ``W`` (a precision with a small eigenvalue
+    between two large ones): a float32 draw equals the float64 draw of the same belief and
+    noise to float32 round-off. (A draw through the eigendecomposition of the Gram matrix
+    ``V^T V``, which avoids the SVD of ``V``, cancels terms of the columns' squared size
+    and is off by 1e-3 here in float32.)"""
+    g = torch.Generator().manual_seed(4)
+    dim = 9
+    diagonal = torch.rand(dim, generator=g) + 0.2
+    column = torch.randn(dim, generator=g)
+    W = torch.stack(
+        [
+            300 * column,
+            300 * column + 0.5 * torch.randn(dim, generator=g),
+            torch.randn(dim, generator=g),
+        ],
+        dim=-1,
+    )
+    mean = torch.randn(dim, generator=g)
+    noise = torch.randn(4, dim, generator=g)
+    single = updates.sample(updates.DLRBelief(mean, diagonal, W), 4, noise=noise)
+    double = updates.sample(
+        updates.DLRBelief(mean.double(), diagonal.double(), W.double()), 4, noise=noise.double()
+    )
+    scale = (double - mean.double()).abs().max()
+    assert ((single.double() - double).abs().max() / scale).item() < 2e-5
+
+
 def test_lofi_update_matches_svd_of_the_full_update(float64):
     dim, noise, rank = 6, 0.4, 2
     x, y, _ = linear_data(5, dim, noise)
