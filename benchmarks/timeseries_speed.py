@@ -39,7 +39,9 @@ noise):
    ``lgssm_smoother`` against ``kalman_log_likelihood``, ``kalman_filter`` and
    ``kalman_smoother`` on the same model and series, checked to agree. On CPU, rows of the
    compiled sequential kernels (what a call without gradients gets) against the torch
-   scans (blocked or parallel: what gradients, CUDA and torch.func get).
+   scans (blocked or parallel: what gradients, CUDA and torch.func get). The same rows on
+   random dense static models at the issue's sizes (S = 8 and 20 states, p = 2 observed
+   coordinates, T = 1e4; ``dense_state_space``).
 4. DLM maximum likelihood: ``fit_dlm`` (L-BFGS through the exact Kalman likelihood, and EM
    with SQUAREM; its default 3 seeded starts, and 1) against statsmodels'
    ``UnobservedComponents(y, "local level").fit()`` on the Nile, with the estimates and
@@ -468,33 +470,31 @@ def trend_seasonal_matrices(variances, dtype, device):
     return G, F, W, V
 
 
-def _dynamax_kalman_rows(
-    peer, y, variances, init_mean, init_cov, setting, repeats, device, ours, ours_filter
-):
+def _dynamax_kalman_rows(peer, y, matrices, setting, repeats, device, ours, ours_filter):
     """Ours against dynamax's jitted ``lgssm_filter`` (log-likelihood; all filtered
-    moments) and ``lgssm_smoother`` on the same model and series, checked to agree."""
+    moments) and ``lgssm_smoother`` on the same static model (``matrices``) and series ``y``
+    ``(T, p)``, checked to agree."""
     jax, _, _, lgssm, _ = peer
     jnp = jax.numpy
-    G, F, W, V = trend_seasonal_matrices(variances, torch.float64, device)
+    G, F, W, V, init_mean, init_cov = matrices
     as_jax = lambda t: jnp.asarray(t.cpu().numpy())  # noqa: E731
-    S = G.shape[0]
+    S, p = G.shape[0], F.shape[0]
     params = lgssm.ParamsLGSSM(
         initial=lgssm.ParamsLGSSMInitial(mean=as_jax(init_mean), cov=as_jax(init_cov)),
         dynamics=lgssm.ParamsLGSSMDynamics(
             weights=as_jax(G), bias=jnp.zeros(S), input_weights=jnp.zeros((S, 0)), cov=as_jax(W)
         ),
         emissions=lgssm.ParamsLGSSMEmissions(
-            weights=as_jax(F), bias=jnp.zeros(1), input_weights=jnp.zeros((1, 0)), cov=as_jax(V)
+            weights=as_jax(F), bias=jnp.zeros(p), input_weights=jnp.zeros((p, 0)), cov=as_jax(V)
         ),
     )
-    emissions = as_jax(y)[:, None]
+    emissions = as_jax(y)
     their_ll = _jax_timed(lambda e: lgssm.lgssm_filter(params, e).marginal_loglik, emissions)
     their_filter = _jax_timed(lambda e: lgssm.lgssm_filter(params, e), emissions)
     their_smoother = _jax_timed(lambda e: lgssm.lgssm_smoother(params, e), emissions)
-    matrices = StateSpaceMatrices(G, F, W, V, init_mean, init_cov)
 
     def ours_smoother():
-        return kalman_smoother(y[:, None], matrices)
+        return kalman_smoother(y, matrices)
 
     if not np.isclose(float(ours()), float(their_ll()), rtol=1e-8, atol=1e-6):
         raise AssertionError(
@@ -574,18 +574,11 @@ def kalman_tables(lengths, repeats, device):
                     )
                 )
         if peer is not None and device.type == "cpu":
+            G, F, W, V = trend_seasonal_matrices(variances, dtype, device)
+            matrices = StateSpaceMatrices(G, F, W, V, init_mean, init_cov)
             rows.extend(
                 _dynamax_kalman_rows(
-                    peer,
-                    y,
-                    variances,
-                    init_mean,
-                    init_cov,
-                    setting,
-                    repeats,
-                    device,
-                    ours,
-                    ours_filter,
+                    peer, y[:, None], matrices, setting, repeats, device, ours, ours_filter
                 )
             )
         if not have_statsmodels:
@@ -634,6 +627,71 @@ def kalman_tables(lengths, repeats, device):
                 )
             )
     return rows, grad_rows
+
+
+def dense_state_space(num_states, obs_dim, length, generator, dtype, device):
+    """A random static model with dense matrices and a series drawn from it: ``G`` a
+    random orthogonal matrix scaled to spectral radius 0.95, ``F`` standard normal, ``W``
+    and ``V`` Wishart-like (``Q Q^T / S`` plus a small ridge), a prior of scale 1.
+    ``(y (T, p), StateSpaceMatrices)``."""
+    S, p = num_states, obs_dim
+    g = lambda *shape: torch.randn(*shape, generator=generator, dtype=dtype)  # noqa: E731
+    G = 0.95 * torch.linalg.qr(g(S, S))[0]
+    F = g(p, S)
+    W = (lambda q: q @ q.T / S + 0.01 * torch.eye(S, dtype=dtype))(g(S, S)) * 0.1
+    V = (lambda q: q @ q.T / p + 0.1 * torch.eye(p, dtype=dtype))(g(p, p))
+    x, ys = torch.zeros(S, dtype=dtype), []
+    w_root, v_root = torch.linalg.cholesky(W), torch.linalg.cholesky(V)
+    for _ in range(length):
+        x = G @ x + w_root @ g(S)
+        ys.append(F @ x + v_root @ g(p))
+    prior = (torch.zeros(S, dtype=dtype), torch.eye(S, dtype=dtype))
+    matrices = StateSpaceMatrices(G, F, W, V, *prior)
+    return torch.stack(ys).to(device), StateSpaceMatrices(*(t.to(device) for t in matrices))
+
+
+#: the issue's Kalman sizes against dynamax: (states S, observed coordinates p)
+DENSE_SIZES = ((8, 2), (20, 2))
+
+
+def dense_kalman_table(length, repeats, device):
+    """``kalman_log_likelihood``, ``kalman_filter`` and ``kalman_smoother`` against
+    dynamax's jitted ``lgssm_filter`` / ``lgssm_smoother`` on random dense static models at
+    the issue's sizes (:data:`DENSE_SIZES`), T = ``length``; and the compiled kernels
+    against the torch scans on the same calls."""
+    peer = _dynamax()
+    rows = []
+    generator = torch.Generator().manual_seed(3)
+    for S, p in DENSE_SIZES:
+        y, matrices = dense_state_space(S, p, length, generator, torch.float64, device)
+        setting = f"dense S={S}, p={p}, T={length:.0e}"
+
+        def ours():
+            return kalman_log_likelihood(y, matrices)
+
+        def ours_filter():
+            return kalman_filter(y, matrices)
+
+        if device.type == "cpu":
+            for name, fn in (
+                ("kalman_log_likelihood", ours),
+                ("kalman_filter", ours_filter),
+                ("kalman_smoother", lambda: kalman_smoother(y, matrices)),
+            ):
+                rows.append(
+                    _row(
+                        f"{name}: compiled kernels vs torch scans (f64)",
+                        setting,
+                        timed_pair(fn, _on_scans(fn), repeats, device),
+                    )
+                )
+        if peer is None or device.type != "cpu":
+            rows.append(["dynamax lgssm_filter", setting, "", "", "not run"])
+            continue
+        rows.extend(
+            _dynamax_kalman_rows(peer, y, matrices, setting, repeats, device, ours, ours_filter)
+        )
+    return rows
 
 
 def dlm_fit_table(repeats, device):
@@ -714,6 +772,7 @@ def main(argv=None):
     enum_rows = enumeration_table(200, repeats, device)
     loglik_rows, grad_rows, viterbi_rows, smooth_rows = hmm_tables(hmm_sizes, repeats, device)
     kalman_rows, kalman_grad_rows = kalman_tables(kalman_lengths, repeats, device)
+    dense_rows = dense_kalman_table(200 if args.quick else 10000, repeats, device)
     fit_rows, fit_note = dlm_fit_table(repeats, device)
     header = [
         "ours vs baseline",
@@ -745,6 +804,8 @@ def main(argv=None):
         + markdown(header, enum_rows),
         "## Kalman log-likelihood\n\n" + markdown(header, kalman_rows),
         "## Kalman log-likelihood with gradient\n\n" + markdown(header, kalman_grad_rows),
+        "## Kalman inference on dense models (the issue's sizes)\n\n"
+        + markdown(header, dense_rows),
         "## DLM maximum likelihood\n\n" + markdown(header, fit_rows) + "\n\n" + fit_note,
     ]
     write_report(preamble, sections, args.output)

@@ -73,6 +73,12 @@ def _seed_and_clear():
     pyro.clear_param_store()
     yield
     pyro.clear_param_store()
+    # A test must not leave Pyro's validation off (the package's value checks follow it).
+    assert pyro.distributions.is_validation_enabled(), "this test left validation off"
+    # The first torch.compile of a process turns torch.distributions' default validation
+    # off for good (TorchDynamo's patches); each test starts from Pyro's switch instead of
+    # depending on whether a test before it compiled something.
+    torch.distributions.Distribution.set_default_validate_args(True)
 
 
 def pytest_configure(config):

@@ -12,7 +12,7 @@ import numbers
 import reprlib
 
 import torch
-from torch.distributions import Distribution
+from pyro.distributions.util import is_validation_enabled as pyro_validation_enabled
 
 __all__ = [
     "broadcast_shapes",
@@ -253,11 +253,15 @@ def values_checked() -> bool:
     Whether to check tensor values (label ranges, NaN, negative variances, failed
     factorisations), not only shapes and dtypes.
 
-    These checks follow torch.distributions' global validation switch
-    (``pyro.enable_validation`` / ``pyro.validation_enabled``), like distributions' own
-    argument and sample checks. Samplers turn validation off while they evaluate potentials:
-    a particle that strays into an invalid region then gets a NaN log density (reported as a
-    divergence) instead of an exception, ``torch.func.vmap`` (which cannot branch on values)
-    can batch the model, and a traced, compiled step never reads a tensor on the host.
+    These checks follow Pyro's global validation switch (``pyro.enable_validation`` /
+    ``pyro.validation_enabled``), which also sets distributions' own argument and sample
+    checks. Samplers turn validation off while they evaluate potentials: a particle that
+    strays into an invalid region then gets a NaN log density (reported as a divergence)
+    instead of an exception, ``torch.func.vmap`` (which cannot branch on values) can batch
+    the model, and a traced, compiled step never reads a tensor on the host.
+
+    Pyro's switch, not torch.distributions' default ``Distribution._validate_args``: the
+    first ``torch.compile`` of a process turns that default off for good (TorchDynamo's
+    patches), which would silently switch every value check off from then on.
     """
-    return Distribution._validate_args
+    return pyro_validation_enabled()

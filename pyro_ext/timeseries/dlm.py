@@ -25,7 +25,6 @@ import pyro
 import pyro.distributions as dist
 import torch
 from pyro.distributions import constraints
-from torch.distributions import Distribution
 
 from ..ops.validation import (
     broadcast_shapes,
@@ -33,6 +32,7 @@ from ..ops.validation import (
     check_int,
     check_real_tensor,
     first_nonfinite,
+    values_checked,
 )
 from .kalman import (
     KalmanFilterResult,
@@ -94,7 +94,7 @@ def _scale(x, name, allow_zero=True):
     if not x.is_floating_point():
         x = x.to(torch.get_default_dtype())
     # Value checks follow the global validation switch, as in the Kalman functions.
-    if Distribution._validate_args:
+    if values_checked():
         with torch.no_grad():
             if bool((x < 0).any()) or not bool(torch.isfinite(x).all()):
                 raise ValueError(f"{name} must be finite and non-negative")
@@ -282,7 +282,7 @@ class Regression(Component):
             raise ValueError(f"X must have shape (..., T, num_covariates), got {tuple(X.shape)}")
         # Checked once here (covariates cannot be missing: NaN in X would make the whole
         # likelihood NaN); value checks follow the global validation switch.
-        if Distribution._validate_args:
+        if values_checked():
             index = first_nonfinite(X)
             if index is not None:
                 raise ValueError(
@@ -653,7 +653,7 @@ class DLM:
         if tv:
             raise ValueError("signal_covariance needs a time-invariant DLM (no Regression)")
         # Value checks follow the global validation switch (vmap cannot branch on values).
-        if Distribution._validate_args and bool((m0 != 0).any()):
+        if values_checked() and bool((m0 != 0).any()):
             raise ValueError("signal_covariance needs a zero initial mean")
         S = G.shape[-1]
         eye = torch.eye(S, dtype=G.dtype, device=G.device).expand(G.shape)

@@ -287,3 +287,27 @@ def test_broadcast_shapes_is_torchs(shapes):
         return
     assert broadcast_shapes(*shapes) == expected
     assert isinstance(broadcast_shapes(*shapes), torch.Size)
+
+
+def test_value_checks_follow_pyros_switch_not_torch_distributions_default():
+    # The first torch.compile of a process turns torch.distributions' default validation
+    # off for good (TorchDynamo's TorchPatcher); the package's value checks follow Pyro's
+    # switch, which that leaves on, and still refuse a NaN.
+    import pyro
+    from torch.distributions import Distribution
+
+    from pyro_ext.ops.validation import values_checked
+    from pyro_ext.timeseries import hmm_log_likelihood
+
+    torch.compile(lambda x: x + 1, backend="eager")(torch.zeros(2))
+    Distribution.set_default_validate_args(False)  # what the patch leaves, whenever it ran
+    try:
+        assert values_checked()
+        with pytest.raises(ValueError, match="init_logits"):
+            hmm_log_likelihood(
+                torch.tensor([0.0, math.nan, 0.0]), torch.zeros(3, 3), torch.zeros(4, 3)
+            )
+        with pyro.validation_enabled(False):
+            assert not values_checked()
+    finally:
+        Distribution.set_default_validate_args(True)
