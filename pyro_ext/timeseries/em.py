@@ -19,7 +19,7 @@ from typing import NamedTuple
 
 import torch
 
-from ..ops.validation import check_int, check_positive
+from ..ops.validation import check_int, check_positive, values_checked
 from .hmm import hmm_expected_statistics
 
 __all__ = ["HMMFit", "fit_hmm_em"]
@@ -56,18 +56,74 @@ def _present(y):
     return ~torch.isnan(y) if y.is_floating_point() else torch.ones_like(y, dtype=torch.bool)
 
 
-def _emission_log_probs(kind, params, y, present):
-    """``(..., T, K)`` emission log-probabilities, 0 where ``y`` is missing."""
-    filled = torch.where(present, y, torch.zeros_like(y)).unsqueeze(-1)
-    if kind == "categorical":
-        log_probs = params["emission_probs"].log().T[filled.squeeze(-1).long()]
-    elif kind == "poisson":
-        log_probs = torch.distributions.Poisson(params["emission_rates"]).log_prob(filled)
+def _check_observations(y, emission, num_symbols=None):
+    """
+    The observed values of ``y`` against a built-in emission's support: finite for
+    ``"gaussian"``, non-negative integer counts for ``"poisson"``, integer symbols in ``[0,
+    num_symbols)`` for ``"categorical"``; NaN marks a missing value and passes. A bad value
+    raises a ``ValueError`` naming ``y``, the value and its first index (rather than
+    torch.distributions' support error, or an index error deep in the recursions).
+    """
+    present = _present(y)
+    if emission == "gaussian":
+        bad, expected = present & torch.isinf(y), "finite values (NaN marks a missing one)"
     else:
-        log_probs = torch.distributions.Normal(
-            params["emission_loc"], params["emission_scale"]
-        ).log_prob(filled)
-    return torch.where(present.unsqueeze(-1), log_probs, torch.zeros_like(log_probs))
+        integral = y == torch.floor(y) if y.is_floating_point() else present
+        bad = present & (~integral | (y < 0))
+        expected = "non-negative integer counts (NaN marks a missing one)"
+        if emission == "categorical":
+            bad = bad | (present & (y >= num_symbols))
+            expected = (
+                f"integer symbols in [0, {num_symbols}) (num_symbols {num_symbols}; NaN marks "
+                "a missing one)"
+            )
+    if bool(bad.any()):
+        index = tuple(int(i) for i in bad.nonzero()[0])
+        index = index[0] if len(index) == 1 else index
+        raise ValueError(
+            f"y must hold {expected} for {emission} emissions; got {y[bad][0].item()} at "
+            f"index {index}"
+        )
+
+
+class _EmissionTerms:
+    r"""
+    What the emission log-densities need from the data, computed once per fit rather than at
+    every EM iteration: the observed values (0 where missing), the symbols' indices, and the
+    Poisson's :math:`\log y!`, which does not change between iterations. :meth:`log_probs`
+    gives torch.distributions' ``log_prob`` term for term (the same operations, so the same
+    values), without building a distribution and checking its arguments at each iteration.
+    """
+
+    def __init__(self, kind, y, present):
+        self.kind = kind
+        self.missing = None if bool(present.all()) else ~present.unsqueeze(-1)
+        self.filled = torch.where(present, y, torch.zeros_like(y)).unsqueeze(-1)
+        if kind == "categorical":
+            self.symbols = self.filled.squeeze(-1).long()
+        elif kind == "poisson":
+            self.log_factorial = (self.filled + 1).lgamma()
+
+    def log_probs(self, params):
+        """``(..., T, K)`` emission log-probabilities at ``params``, 0 where ``y`` is
+        missing."""
+        if self.kind == "categorical":
+            log_probs = params["emission_probs"].log().T[self.symbols]
+        elif self.kind == "poisson":
+            # torch.distributions.Poisson.log_prob: y log(rate) - rate - log(y!)
+            rates = params["emission_rates"]
+            log_probs = self.filled.xlogy(rates) - rates - self.log_factorial
+        else:
+            # torch.distributions.Normal.log_prob, term for term
+            loc, scale = params["emission_loc"], params["emission_scale"]
+            log_probs = (
+                -((self.filled - loc) ** 2) / (2 * scale**2)
+                - scale.log()
+                - math.log(math.sqrt(2 * math.pi))
+            )
+        if self.missing is None:
+            return log_probs
+        return log_probs.masked_fill(self.missing, 0.0)
 
 
 def _emission_update(kind, weights, y, present, num_symbols, data_scale):
@@ -187,7 +243,11 @@ def fit_hmm_em(
     num_restarts = check_int(num_restarts, "num_restarts", low=1)
     max_iterations = check_int(max_iterations, "max_iterations", low=1)
     tolerance = check_positive(tolerance, "tolerance")
+    if emission == "categorical":
+        num_symbols = check_int(num_symbols, "num_symbols", low=1)
     fixed = dict(fixed or {})
+    if values_checked():
+        _check_observations(y, emission, num_symbols)
     present = _present(y)
     num_observed = int(present.sum())
     if num_observed == 0:
@@ -201,6 +261,7 @@ def fit_hmm_em(
     data_scale = float(values.std()) if values.numel() > 1 else 1.0
     generator = torch.Generator().manual_seed(seed)
     mask = None if bool(present.all()) else present
+    terms = _EmissionTerms(emission, y, present)
     results = []
     for restart in range(num_restarts):
         if restart == 0 and init is not None:
@@ -213,7 +274,7 @@ def fit_hmm_em(
             stats = hmm_expected_statistics(
                 params["init_probs"].log(),
                 params["transition_probs"].log(),
-                _emission_log_probs(emission, params, y, present),
+                terms.log_probs(params),
                 mask,
             )
             log_likelihood = float(stats.log_likelihood.sum())

@@ -25,7 +25,7 @@ from pyro.nn import PyroModule
 from pyro.ops.indexing import Vindex
 
 from ..ops.validation import check_choice, check_int, check_positive, values_checked
-from .em import fit_hmm_em
+from .em import _check_observations, fit_hmm_em
 from .hmm import HiddenMarkovDistribution, check_stochastic_matrix
 
 __all__ = ["HiddenMarkovModel"]
@@ -221,34 +221,10 @@ class HiddenMarkovModel(PyroModule):
                 f"y must have shape (T,) or (num_series, T) with T >= 1, got {tuple(y.shape)}"
             )
         if values_checked() and isinstance(self.emission, str):
-            self._check_symbols(y)
+            # Once per call, so that a bad value is reported naming y and its first index
+            # rather than as Pyro's support error at the observation site.
+            _check_observations(y, self.emission, self.num_symbols)
         return y
-
-    def _check_symbols(self, y):
-        """The observed values against the emission's support, once per call (the same
-        scan torch.distributions' sample validation does, and under the same switch), so
-        that a bad value is reported naming ``y`` and its first index rather than as Pyro's
-        support error at the observation site. NaN marks a missing value and passes."""
-        present = ~torch.isnan(y) if y.is_floating_point() else torch.ones_like(y, dtype=bool)
-        if self.emission == "gaussian":
-            bad, expected = present & torch.isinf(y), "finite values (NaN marks a missing one)"
-        else:
-            integral = y == torch.floor(y) if y.is_floating_point() else present
-            bad = present & (~integral | (y < 0))
-            expected = "non-negative integer counts (NaN marks a missing one)"
-            if self.emission == "categorical":
-                bad = bad | (present & (y >= self.num_symbols))
-                expected = (
-                    f"integer symbols in [0, {self.num_symbols}) (num_symbols "
-                    f"{self.num_symbols}; NaN marks a missing one)"
-                )
-        if bool(bad.any()):
-            index = tuple(int(i) for i in bad.nonzero()[0])
-            index = index[0] if len(index) == 1 else index
-            raise ValueError(
-                f"y must hold {expected} for {self.emission} emissions; got {y[bad][0].item()} "
-                f"at index {index}"
-            )
 
     def _distribution(self, init, trans, obs_dist, duration=None):
         # Parameters drawn under an outer particle/sample plate keep their leading dims; the

@@ -185,3 +185,62 @@ def test_fit_refuses_what_it_cannot_fit():
         fit_hmm_em(y, 2, "gaussian", num_restarts=1.5)
     with pytest.raises(ValueError, match="emission="):
         fit_hmm_em(y, 2, "student")
+
+
+@pytest.mark.parametrize(
+    "emission, y, message",
+    [
+        ("categorical", [0.0, 1.5, 2.0], r"integer symbols in \[0, 3\).*got 1.5 at index 1"),
+        ("categorical", [0.0, 1.0, 3.0], r"integer symbols in \[0, 3\).*got 3.0 at index 2"),
+        ("poisson", [2.0, -1.0, 0.0], r"non-negative integer counts.*got -1.0 at index 1"),
+        ("poisson", [2.0, 0.5, 0.0], r"non-negative integer counts.*got 0.5 at index 1"),
+        ("gaussian", [0.3, float("inf"), 1.0], r"finite values.*got inf at index 1"),
+    ],
+)
+def test_fit_hmm_em_refuses_values_outside_the_emissions_support(emission, y, message):
+    # Named as HiddenMarkovModel.fit names them (one check for both); a fractional symbol
+    # was truncated silently before, a symbol out of range failed deep in the recursions.
+    y = torch.tensor(y)
+    with pytest.raises(ValueError, match=message):
+        fit_hmm_em(y, 2, emission, num_symbols=3)
+    with pytest.raises(ValueError, match=message):
+        HiddenMarkovModel(2, emission, num_symbols=3).fit(y)
+
+
+def test_fit_hmm_em_needs_num_symbols_for_categorical_emissions():
+    with pytest.raises(TypeError, match="num_symbols must be an integer"):
+        fit_hmm_em(torch.tensor([0.0, 1.0, 2.0]), 2, "categorical")
+
+
+@pytest.mark.parametrize("emission", ["categorical", "poisson", "gaussian"])
+def test_the_precomputed_emission_terms_equal_torch_distributions_log_prob(emission):
+    # EM's emission log-densities are computed from terms made once per fit (log y! for the
+    # Poisson); they equal torch.distributions' log_prob at every iteration's parameters,
+    # with 0 at a missing value.
+    from pyro_ext.timeseries.em import _EmissionTerms
+
+    g = torch.Generator().manual_seed(0)
+    y = torch.randint(0, 4, (2, 50), generator=g).double()
+    if emission == "gaussian":
+        y = torch.randn(2, 50, generator=g, dtype=torch.float64)
+    y[0, 7] = y[1, 0] = float("nan")
+    present = ~torch.isnan(y)
+    params = {
+        "emission_probs": torch.rand(3, 4, generator=g, dtype=torch.float64).softmax(-1),
+        "emission_rates": torch.tensor([0.5, 2.0, 7.0], dtype=torch.float64),
+        "emission_loc": torch.tensor([-1.0, 0.2, 1.5], dtype=torch.float64),
+        "emission_scale": torch.tensor([0.3, 1.0, 2.5], dtype=torch.float64),
+    }
+    filled = torch.where(present, y, torch.zeros_like(y)).unsqueeze(-1)
+    if emission == "categorical":
+        expected = torch.distributions.Categorical(params["emission_probs"]).log_prob(filled)
+    elif emission == "poisson":
+        expected = torch.distributions.Poisson(params["emission_rates"]).log_prob(filled)
+    else:
+        expected = torch.distributions.Normal(
+            params["emission_loc"], params["emission_scale"]
+        ).log_prob(filled)
+    expected = torch.where(present.unsqueeze(-1), expected, torch.zeros_like(expected))
+    got = _EmissionTerms(emission, y, present).log_probs(params)
+    torch.testing.assert_close(got, expected, atol=1e-12, rtol=0)
+    assert bool((got[0, 7] == 0).all()) and bool((got[1, 0] == 0).all())
