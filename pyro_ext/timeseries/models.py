@@ -213,7 +213,7 @@ class HiddenMarkovModel(PyroModule):
 
     def _check_series(self, y):
         if not isinstance(y, torch.Tensor):
-            raise ValueError(
+            raise TypeError(
                 f"y must be a torch.Tensor of shape (T,) or (num_series, T), got {type(y).__name__}"
             )
         if y.dim() not in (1, 2) or y.shape[-1] < 1:

@@ -181,6 +181,8 @@ def test_fit_refuses_what_it_cannot_fit():
         fit_hmm_em(torch.full((4,), float("nan")), 2, "gaussian")
     with pytest.raises(TypeError, match="y must be a torch.Tensor"):
         fit_hmm_em([0.0, 1.0], 2, "gaussian")
+    with pytest.raises(TypeError, match="y must be a torch.Tensor"):
+        HiddenMarkovModel(2, "gaussian").fit([0.0, 1.0])
     with pytest.raises(TypeError, match="num_restarts must be an integer"):
         fit_hmm_em(y, 2, "gaussian", num_restarts=1.5)
     with pytest.raises(ValueError, match="emission="):
