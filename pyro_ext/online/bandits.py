@@ -49,7 +49,7 @@ from pyro.infer.autoguide.initialization import init_to_mean, init_to_sample
 
 from ..infer.tracing import ModelNotTraceableError, compile_graph, contiguous, trace_pure
 from ..ops.random import device_random_state, set_device_random_state
-from ..ops.validation import check_int, check_real
+from ..ops.validation import check_int, check_real, first_nonfinite
 from . import updates
 from .filters import BONG, LoFi
 
@@ -110,16 +110,8 @@ def _check_tensor(name, value, dim=None):
 
 def _check_finite_tensor(name, value):
     """Refuse NaN or infinite entries of a floating-point ``value``, naming the first."""
-    if not value.is_floating_point():
-        return value
-    # A finite sum has no NaN or infinite term (a NaN, or an inf not cancelled by another
-    # inf, makes the sum non-finite): one reduction, a third of isfinite's cost, at every
-    # round. Only a sum that overflows (or a bad entry) takes the exact check.
-    if math.isfinite(value.sum().item()):
-        return value
-    bad = ~torch.isfinite(value)
-    if bool(bad.any()):
-        index = tuple(int(i) for i in bad.nonzero()[0])
+    index = first_nonfinite(value)
+    if index is not None:
         where = f" first at index {index}" if index else ""
         raise ValueError(f"{name} must be finite, got {value[index].item()!r}{where}")
     return value

@@ -100,8 +100,8 @@ def fit_dlm(
         value is 0, where L-BFGS is the better choice).
     :param float tolerance: L-BFGS stops when an iteration changes the log-likelihood by
         less than ``tolerance`` times its magnitude at the start (at least 1), or when no
-        entry of the gradient of the log-scales exceeds ``tolerance``; EM stops when an iteration raises the
-        log-likelihood by less than ``tolerance`` per observation.
+        entry of the gradient of the log-scales exceeds ``tolerance``; EM stops when an
+        iteration raises the log-likelihood by less than ``tolerance`` per observation.
     :param str method: ``"lbfgs"`` (default) or ``"em"`` (see the module docstring).
     :returns: :class:`DLMFit`.
     :raises TypeError: if ``make_dlm`` is not callable, ``y`` not a floating-point tensor,

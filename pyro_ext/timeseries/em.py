@@ -90,9 +90,11 @@ class _EmissionTerms:
     r"""
     What the emission log-densities need from the data, computed once per fit rather than at
     every EM iteration: the observed values (0 where missing), the symbols' indices, and the
-    Poisson's :math:`\log y!`, which does not change between iterations. :meth:`log_probs`
-    gives torch.distributions' ``log_prob`` term for term (the same operations, so the same
-    values), without building a distribution and checking its arguments at each iteration.
+    Poisson's :math:`\log y!`, which does not change between iterations (its ``lgamma``
+    over the data was a fifth of a Poisson iteration). :meth:`log_probs` gives
+    torch.distributions' ``log_prob``: the Poisson's term for term with that constant, the
+    others through the distributions themselves, without checking their arguments at each
+    iteration (the M-step's parameters are valid by construction).
     """
 
     def __init__(self, kind, y, present):
@@ -114,12 +116,9 @@ class _EmissionTerms:
             rates = params["emission_rates"]
             log_probs = self.filled.xlogy(rates) - rates - self.log_factorial
         else:
-            # torch.distributions.Normal.log_prob, term for term
             loc, scale = params["emission_loc"], params["emission_scale"]
-            log_probs = (
-                -((self.filled - loc) ** 2) / (2 * scale**2)
-                - scale.log()
-                - math.log(math.sqrt(2 * math.pi))
+            log_probs = torch.distributions.Normal(loc, scale, validate_args=False).log_prob(
+                self.filled
             )
         if self.missing is None:
             return log_probs

@@ -311,3 +311,20 @@ def test_value_checks_follow_pyros_switch_not_torch_distributions_default():
             assert not values_checked()
     finally:
         Distribution.set_default_validate_args(True)
+
+
+def test_first_nonfinite_is_exact_when_the_sum_overflows():
+    # The check sums first (a finite sum has no bad entry); a sum that overflows is no bad
+    # entry, and a bad entry beside huge ones, or two infinities that cancel to NaN, is
+    # still found at its index.
+    from pyro_ext.ops.validation import first_nonfinite
+
+    huge = torch.full((2, 3), 3e38, dtype=torch.float32)
+    assert first_nonfinite(huge) is None
+    for bad, index in [(math.inf, (1, 2)), (math.nan, (0, 1)), (-math.inf, (1, 0))]:
+        x = huge.clone()
+        x[index] = bad
+        assert first_nonfinite(x) == index
+    cancelling = torch.tensor([1.0, math.inf, -math.inf])
+    assert first_nonfinite(cancelling) == (1,)
+    assert first_nonfinite(torch.tensor([1, 2])) is None

@@ -322,3 +322,20 @@ def test_a_model_that_refuses_a_doubled_scale_keeps_the_model_path(nile):
     assert math.isfinite(fit.log_likelihood) and fit.scales["phi"] < 1
     with pytest.raises(ValueError, match="make_dlm refused scale 0 doubled.*method='lbfgs'"):
         fit_dlm(ar, y, start, method="em")
+
+
+def test_a_start_far_below_the_data_scale_reaches_ems_maximum(nile):
+    # LocalLevel's default prior scale and starting scales of 1 on a series in the
+    # thousands: torch's L-BFGS line search failed here (an IndexError in its strong-Wolfe
+    # bracketing). Every start now reaches the maximum that EM, an independent algorithm,
+    # finds for the same model.
+    def model(s):
+        return DLM(LocalLevel(s["level"]), s["observation"])
+
+    fit = fit_dlm(model, nile, {"level": 1.0, "observation": 1.0})
+    em = fit_dlm(model, nile, {"level": 1.0, "observation": 1.0}, method="em")
+    assert fit.converged and em.converged
+    assert fit.restart_log_likelihoods == pytest.approx([fit.log_likelihood] * 3, abs=1e-6)
+    assert fit.log_likelihood == pytest.approx(em.log_likelihood, abs=1e-6)
+    for name in ("level", "observation"):
+        assert fit.scales[name] == pytest.approx(em.scales[name], rel=1e-4)
