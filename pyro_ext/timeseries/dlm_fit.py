@@ -186,18 +186,17 @@ def _lbfgs(build, y, scored, start, max_iterations, tolerance):
     seen = {}  # the log-likelihood at each point evaluated, so the last is not redone
 
     def evaluate(x):
-        point = torch.from_numpy(x).to(**options)
-        out = None if scored is None else scored(point)
+        out = None if scored is None else scored(x)
         if out is not None:
             value, gradient = out
         else:
-            log_scales = point.clone().requires_grad_()
+            log_scales = torch.from_numpy(x).to(**options).requires_grad_()
             log_likelihood = build(log_scales).log_likelihood(y)
-            value, gradient = float(log_likelihood.detach()), torch.zeros_like(log_scales)
+            value, gradient = float(log_likelihood.detach()), np.zeros_like(x)
             if math.isfinite(value):
                 gradient = torch.autograd.grad(log_likelihood, log_scales)[0]
+                gradient = gradient.detach().to(torch.float64).cpu().numpy()
         seen[tuple(x.tolist())] = value
-        gradient = gradient.detach().to(torch.float64).cpu().numpy()
         if not (math.isfinite(value) and np.isfinite(gradient).all()):
             # An infinite or NaN value would end the run there as if it had converged.
             return penalty, np.zeros_like(gradient)
@@ -231,44 +230,51 @@ def _lbfgs(build, y, scored, start, max_iterations, tolerance):
 
 class _KernelInputs:
     """The compiled Kalman kernels' float64 inputs (:func:`~.kalman._sequential_inputs`) of
-    a model whose ``W`` and ``V`` are linear in the squared scales (a :class:`_Linear`), made
-    once: :meth:`at` replaces ``W``'s and ``V``'s, so that an evaluation neither rebuilds
-    the model nor validates and converts its matrices again."""
+    a model whose ``W`` and ``V`` are linear in the squared scales (a :class:`_Linear`) and
+    their outputs (a :class:`~.kalman._KernelRun`), made once: :meth:`at` writes ``W``'s and
+    ``V``'s values in place (arrays of its own, never the model's), so that an evaluation
+    neither rebuilds the model nor validates, converts or allocates arrays again."""
 
     def __init__(self, linear, args):
         self.args = args
-        self._inputs = kalman._sequential_inputs(args)
+        inputs = list(kalman._sequential_inputs(args))
+        S = inputs[5].shape[-1]
+        inputs[3] = np.zeros((1, 1, S, S))
+        inputs[4] = np.empty((1, 1, 1, 1))
+        self.run = kalman._KernelRun(tuple(inputs))
         self.state = linear.state.detach().to(torch.float64).cpu().numpy()
         self.observation = linear.observation.detach().to(torch.float64).cpu().numpy()
 
     @staticmethod
     def of(linear, y):
         """The inputs of ``y`` ``(T,)`` under ``linear``'s model, or ``None`` where the
-        kernels do not run (CUDA tensors, numba not installed, the kernels switched off)."""
-        args = kalman._validate(y.unsqueeze(-1), linear.matrices)
+        kernels do not run (CUDA tensors, numba not installed, the kernels switched off).
+        The model's values are not checked again (:func:`fit_dlm` has checked them)."""
+        with pyro.validation_enabled(False):
+            args = kalman._validate(y.unsqueeze(-1), linear.matrices)
         if not _sequential.available("_kalman_kernels", *args[:7]):
             return None
         return _KernelInputs(linear, args)
 
     def at(self, log_scales):
-        """``(squared scales, inputs)`` at ``log_scales`` (numpy, float64). A line search's
-        step that overflows gives infinite variances (and a NaN log-likelihood), as the
-        model's own path gives them, without numpy's warnings."""
+        """Set ``W`` and ``V`` to their values at ``log_scales`` (a float64 numpy array) and
+        return the squared scales. A line search's step that overflows gives infinite
+        variances (and a NaN log-likelihood), as the model's own path gives them, without
+        numpy's warnings."""
         with np.errstate(over="ignore", invalid="ignore"):
-            squared = np.exp(2 * log_scales.detach().to(torch.float64).cpu().numpy())
-            S = self.state.shape[-1]
-            inputs = list(self._inputs)
-            inputs[3] = np.diag(squared @ self.state).reshape(1, 1, S, S)
-            inputs[4] = (squared @ self.observation).reshape(1, 1, 1, 1)
-        return squared, inputs
+            squared = np.exp(2 * log_scales)
+            W, V = self.run.arrays[3], self.run.arrays[4]
+            np.fill_diagonal(W[0, 0], squared @ self.state)
+            V[0, 0, 0, 0] = squared @ self.observation
+        return squared
 
 
 def _kernel_score(build, log_scales, y):
     """For a model whose ``W`` and ``V`` are linear in the squared scales
     (:func:`_linear_in_squared_scales`), on tensors the compiled Kalman kernels take: a
-    function ``log_scales -> (log-likelihood, its gradient)`` that assembles only ``W`` and
-    ``V`` (:class:`_KernelInputs`) and takes both from one pass of the kernels' filter,
-    smoother and score (Fisher's identity, as
+    function ``log_scales -> (log-likelihood, its gradient)`` on float64 numpy arrays that
+    sets only ``W`` and ``V`` (:class:`_KernelInputs`) and takes both from one pass of the
+    kernels' filter, smoother and score (Fisher's identity, as
     :func:`~pyro_ext.timeseries.kalman_log_likelihood` does), the gradient by the chain
     rule ``d/d log s_k = 2 s_k^2 (sum_i c_ki dW_ii + d_k dV)``; it returns ``None`` where the
     kernels stop (a covariance not positive definite), for the model's own path. ``None``
@@ -281,20 +287,17 @@ def _kernel_score(build, log_scales, y):
     kernel_inputs = _KernelInputs.of(linear, y)
     if kernel_inputs is None:
         return None
-    state, observation = kernel_inputs.state, kernel_inputs.observation
-    S = state.shape[-1]
+    state, observation, run = kernel_inputs.state, kernel_inputs.observation, kernel_inputs.run
 
     def scored(point):
-        squared, inputs = kernel_inputs.at(point)
-        terms = kalman._score_terms(kernel_inputs.args, arrays=inputs)
-        if terms is None:
+        squared = kernel_inputs.at(point)
+        if not run.score():
             return None
-        ll, grads = terms
-        d_w = grads[3].numpy().reshape(S, S).diagonal()
-        d_v = grads[4].numpy().reshape(())
+        d_w = run.grads[3][0, 0].diagonal()
+        d_v = run.grads[4][0, 0, 0, 0]
         with np.errstate(over="ignore", invalid="ignore"):
             gradient = 2 * squared * (state @ d_w + observation * d_v)
-        return float(ll.sum()), torch.from_numpy(gradient).to(point)
+        return float(run.ll[0]), gradient
 
     return scored
 
@@ -490,11 +493,11 @@ def _fit_em(build, names, y, starts, options, max_iterations, tolerance, init, n
         (the model is not rebuilt every pass): from the kernels' filter and smoother where
         they run, else by :func:`smoothed_second_moments`."""
         if kernel_inputs is not None:
-            run = kalman._compiled_smoother(kernel_inputs.args, kernel_inputs.at(log_s)[1])
-            if run is not None:
-                _, ll, _, smoothed = run
-                means, covs, gains = (torch.from_numpy(x[0]).to(y.dtype) for x in smoothed)
-                return means, covs, kalman._lag_one_covariances(covs, gains), float(ll[0])
+            kernel_inputs.at(log_s.detach().to(torch.float64).cpu().numpy())
+            run = kernel_inputs.run
+            if run.smoother():
+                means, covs, gains = (torch.from_numpy(x[0]).to(y.dtype) for x in run.smoothed)
+                return means, covs, kalman._lag_one_covariances(covs, gains), float(run.ll[0])
         return smoothed_second_moments(y.unsqueeze(-1), linear.at(log_s))
 
     def em_map(log_s):

@@ -4,6 +4,7 @@ same data, restarts, devices and the argument contract."""
 import math
 import warnings
 
+import numpy as np
 import pytest
 import torch
 
@@ -216,17 +217,19 @@ def test_lbfgs_takes_value_and_gradient_from_the_kernels_when_w_and_v_are_linear
     assert scored is not None
     for _ in range(3):
         point = base + torch.randn(3, generator=g, dtype=torch.float64)
-        value, gradient = scored(point)
+        value, gradient = scored(point.numpy())
         leaf = point.clone().requires_grad_()
         expected = build(leaf).log_likelihood(y)
         (expected_gradient,) = torch.autograd.grad(expected, leaf)
         assert value == pytest.approx(float(expected.detach()), rel=1e-12)
-        torch.testing.assert_close(gradient, expected_gradient, rtol=1e-8, atol=1e-10)
+        torch.testing.assert_close(
+            torch.from_numpy(gradient), expected_gradient, rtol=1e-8, atol=1e-10
+        )
     # A line search's step that overflows: a non-finite value, quietly, as on the model's
     # own path (numpy would warn of the overflow).
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        out = scored(torch.tensor([400.0, -2.0, 0.0], dtype=torch.float64))
+        out = scored(np.array([400.0, -2.0, 0.0]))
     assert out is None or not math.isfinite(out[0])
     # A regression puts a time axis on the matrices: the model's own path, same optimum.
     x = torch.randn(50, 1, generator=g, dtype=torch.float64)
