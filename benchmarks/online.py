@@ -82,9 +82,14 @@ which builds the filter, included; OGD: all its inner steps for the observation)
    and compiled one update at a time, and compiled through ``update_many`` (which also
    returns each step's predictions); dynamax's jitted ``extended_kalman_filter`` on the
    same network, start and stream (its ``lax.scan`` over the stream; compile excluded and
-   reported), whose final mean is compared with ours. LoFi rank 10 also at D = 100,001
-   (H = 25,000), where no dense filter fits in memory. Compile times are reported apart
-   from the per-update times.
+   reported), whose final mean is compared with ours. dynamax has only dense filters: the
+   diagonal and LoFi updates are written out in JAX from their papers' equations
+   (``_jax_families``: BONG's linearised diagonal step and LoFi's condition step, as the
+   authors' ``rebayes`` code computes it) and jitted over the stream in one ``lax.scan``
+   the same way, our means compared with theirs; each of our rows also gets its ratio to
+   its own family's JAX scan. LoFi rank 10 also at D = 100,001 (H = 25,000), where no
+   dense filter fits in memory (there against the JAX LoFi alone). Compile times are
+   reported apart from the per-update times.
 
 Run from the repository root::
 
@@ -759,16 +764,11 @@ def speed_section(args, quick):
 
 
 # -- 5. compiled updates against dynamax ------------------------------------------------------
-def _dynamax_ekf(widths, start, prior, noise, x, y, repeats):
-    """dynamax's ``extended_kalman_filter`` on the same MLP, start and stream, jitted
-    (float32): ``(compile seconds, per-update seconds of each repeat, final mean)`` or
-    ``None`` when dynamax is not installed."""
-    try:
-        import jax
-        import jax.numpy as jnp
-        from dynamax.nonlinear_gaussian_ssm import ParamsNLGSSM, extended_kalman_filter
-    except ImportError:
-        return None
+def _jax_mlp(widths):
+    """The tanh MLP of section 5 in JAX, ``(theta (D,), inputs (..., d)) -> (..., 1)``, its
+    weights flattened in our order (each layer's ``(in, out)`` weight, then its bias)."""
+    import jax.numpy as jnp
+
     shapes = []
     for i in range(len(widths) - 1):
         shapes += [(widths[i], widths[i + 1]), (widths[i + 1],)]
@@ -786,6 +786,36 @@ def _dynamax_ekf(widths, start, prior, noise, x, y, repeats):
                 h = jnp.tanh(h)
         return h
 
+    return emission
+
+
+def _timed_jax(run, args, steps, repeats):
+    """``(compile seconds, per-update seconds of each repeat, output)`` of the jitted
+    ``run(*args)`` over a stream of ``steps``."""
+    import jax
+
+    began = time.perf_counter()
+    out = jax.block_until_ready(run(*args))
+    compile_seconds = time.perf_counter() - began
+    per_update = []
+    for _ in range(repeats):
+        began = time.perf_counter()
+        out = jax.block_until_ready(run(*args))
+        per_update.append((time.perf_counter() - began) / steps)
+    return compile_seconds, per_update, out
+
+
+def _dynamax_ekf(widths, start, prior, noise, x, y, repeats):
+    """dynamax's ``extended_kalman_filter`` on the same MLP, start and stream, jitted
+    (float32): ``(compile seconds, per-update seconds of each repeat, final mean)`` or
+    ``None`` when dynamax is not installed."""
+    try:
+        import jax
+        import jax.numpy as jnp
+        from dynamax.nonlinear_gaussian_ssm import ParamsNLGSSM, extended_kalman_filter
+    except ImportError:
+        return None
+    emission = _jax_mlp(widths)
     dim = start.shape[0]
     params = ParamsNLGSSM(
         initial_mean=jnp.asarray(start.numpy()),
@@ -799,18 +829,74 @@ def _dynamax_ekf(widths, start, prior, noise, x, y, repeats):
         lambda e, u: extended_kalman_filter(params, e, u, output_fields=["filtered_means"])
     )
     emissions, inputs = jnp.asarray(y.numpy()[:, None]), jnp.asarray(x.numpy())
-    began = time.perf_counter()
-    out = run(emissions, inputs)
-    jax.block_until_ready(out)
-    compile_seconds = time.perf_counter() - began
-    per_update = []
-    for _ in range(repeats):
-        began = time.perf_counter()
-        out = run(emissions, inputs)
-        jax.block_until_ready(out)
-        per_update.append((time.perf_counter() - began) / len(x))
+    compile_seconds, per_update, out = _timed_jax(run, (emissions, inputs), len(x), repeats)
     final = torch.from_numpy(jax.device_get(out.filtered_means[-1]).copy())
     return compile_seconds, per_update, final
+
+
+def _jax_families(widths, start, prior, noise, x, y, ranks, repeats):
+    """The diagonal and low-rank families' updates written out in JAX on the same MLP,
+    start and stream, each one jitted ``lax.scan`` (float32), as the peer dynamax does not
+    have (its filters are dense): ``{"diag" | rank: (compile seconds, per-update seconds of
+    each repeat, final mean)}``, or ``None`` without JAX.
+
+    Both are the linearised updates with the step size 1 of BONG (Jones, Chang & Murphy
+    2024; the diagonal one is the variational-diagonal EKF) from the same prior, ``N(start,
+    prior^2 I)``, with ``a = H / noise`` the whitened Jacobian row and ``e = (y - h(mu)) /
+    noise``: diagonal, ``upsilon += a^2`` and ``mu += a e / upsilon``; LoFi (Chang et al.
+    2023, the condition step of their ``rebayes`` code), ``C = [W, a]`` ``(D, L + 1)``,
+    ``mu += (upsilon + C C^T)^{-1} a e`` by Woodbury (a Cholesky factor of ``I + C^T
+    upsilon^{-1} C``), then the rank-``L`` projection of ``C C^T`` by its thin SVD, the
+    dropped direction's squares added to ``upsilon``. Written here from the equations,
+    not copied; our final means are compared with theirs."""
+    try:
+        import jax
+        import jax.numpy as jnp
+        from jax.scipy.linalg import cho_solve
+    except ImportError:
+        return None
+    emission = _jax_mlp(widths)
+    jacobian = jax.jacrev(lambda theta, inputs: emission(theta, inputs)[0])
+    dim = start.shape[0]
+    mean0 = jnp.asarray(start.numpy())
+    precision0 = jnp.full((dim,), 1.0 / prior**2, dtype=mean0.dtype)
+
+    def whitened(mean, inputs, target):
+        a = jacobian(mean, inputs) / noise
+        e = (target - emission(mean, inputs)[0]) / noise
+        return a, e
+
+    def diag_step(belief, data):
+        mean, precision = belief
+        a, e = whitened(mean, *data)
+        precision = precision + a * a
+        return (mean + a * e / precision, precision), None
+
+    def lofi_step(belief, data):
+        mean, diagonal, W = belief
+        a, e = whitened(mean, *data)
+        columns = jnp.concatenate([W, a[:, None]], axis=1)
+        scaled = columns / diagonal[:, None]
+        capacitance = jnp.eye(columns.shape[1], dtype=mean.dtype) + scaled.T @ columns
+        factor = jnp.linalg.cholesky(capacitance)
+        direction = a * e
+        step = direction / diagonal - scaled @ cho_solve((factor, True), scaled.T @ direction)
+        u, s, _ = jnp.linalg.svd(columns, full_matrices=False)
+        rank = W.shape[1]
+        dropped = u[:, rank:] * s[rank:]
+        return (mean + step, diagonal + (dropped * dropped).sum(1), u[:, :rank] * s[:rank]), None
+
+    stream = (jnp.asarray(x.numpy()), jnp.asarray(y.numpy()))
+    out = {}
+    run = jax.jit(lambda data: jax.lax.scan(diag_step, (mean0, precision0), data)[0])
+    compile_seconds, per_update, (mean, _) = _timed_jax(run, (stream,), len(x), repeats)
+    out["diag"] = (compile_seconds, per_update, torch.from_numpy(jax.device_get(mean).copy()))
+    for rank in ranks:
+        W0 = jnp.zeros((dim, rank), dtype=mean0.dtype)
+        run = jax.jit(lambda data, W0=W0: jax.lax.scan(lofi_step, (mean0, precision0, W0), data)[0])
+        compile_seconds, per_update, (mean, _, _) = _timed_jax(run, (stream,), len(x), repeats)
+        out[rank] = (compile_seconds, per_update, torch.from_numpy(jax.device_get(mean).copy()))
+    return out
 
 
 def regression_stream(widths, steps, prior, noise):
@@ -856,7 +942,8 @@ def compiled_section(args, quick):
                 ),
             ),
         ]
-        for rank in (5,) if quick else (5, 10, 20):
+        ranks = (5,) if quick else (5, 10, 20)
+        for rank in ranks:
             methods.append(
                 (
                     f"LoFi rank {rank}",
@@ -874,7 +961,24 @@ def compiled_section(args, quick):
                     ),
                 )
             )
-        baseline = _dynamax_ekf(widths, flat_start(model, x, y, init), prior, noise, x, y, 5)
+        start = flat_start(model, x, y, init)
+        baseline = _dynamax_ekf(widths, start, prior, noise, x, y, 5)
+        families = _jax_families(widths, start, prior, noise, x, y, ranks, 5)
+
+        def same_family(label, times):
+            """Our times over the same family's in JAX (dynamax's EKF for the full one)."""
+            if label == "BONG full (EKF)":
+                peer = baseline
+            elif families is None:
+                peer = None
+            elif label == "BONG diag":
+                peer = families["diag"]
+            elif label.startswith("LoFi rank "):
+                peer = families[int(label.split()[-1])]
+            else:
+                peer = None
+            return ratio(times, peer[1]) if peer else "-"
+
         ours = {}
         for label, make in methods:
             for jit in (False, True):
@@ -900,6 +1004,7 @@ def compiled_section(args, quick):
                         mode + ", one at a time",
                         ms3(times),
                         ratio(times, baseline[1]) if baseline else "-",
+                        same_family(label, times),
                         f"{compile_s:.1f}" if jit else "-",
                         break_even(compile_s, eager_times, times) if jit else "-",
                     ]
@@ -939,6 +1044,7 @@ def compiled_section(args, quick):
                         f"compiled, update_many (with predictions), unroll {unroll}",
                         spread(per_step, 1e3, "{:.3f}") + f" ({len(per_step)} blocks)",
                         ratio(per_step, baseline[1]) if baseline else "-",
+                        same_family(label, per_step),
                         f"{many_compile_s:.1f}",
                         repaid,
                     ]
@@ -957,6 +1063,7 @@ def compiled_section(args, quick):
                     "one scan over the stream",
                     spread(per_update, 1e3, "{:.3f}") + " (mean per update, 5 repeats)",
                     "1.00",
+                    "1.00",
                     f"{compile_s:.1f}",
                     "-",
                 ]
@@ -966,10 +1073,20 @@ def compiled_section(args, quick):
                 f"D = {dim:,}: after {steps} updates our compiled full-covariance mean and "
                 f"dynamax's EKF mean differ by at most {gap:.1e} (float32; the same filter)."
             )
+        if families is not None:
+            rows.extend(_jax_family_rows(dim, families, baseline))
+            one = _jax_families(widths, start, prior, noise, x[:1], y[:1], (), 1)
+            pyro.set_rng_seed(0)
+            first = BONG(model, family="diag", init_strategy=init)
+            first.update(x[:1], y[:1])
+            first_gap = float((first.mean - one["diag"][2]).abs().max())
+            notes.append(_jax_family_agreement(dim, steps, families, ours, first_gap))
     if not quick:
         # LoFi at D = 100,001 (H = 25,000): no dense filter fits (its covariance alone
         # would take 40 GB), so no dynamax row.
         x, y, dim, model, init = regression_stream([2, 25_000, 1], 60, prior, noise)
+        start = flat_start(model, x, y, init)
+        big = _jax_families([2, 25_000, 1], start, prior, noise, x, y, (10,), 3)
         for jit in (False, True):
             pyro.set_rng_seed(0)
             f, times, _, diverged = run_filter(
@@ -989,11 +1106,30 @@ def compiled_section(args, quick):
                     mode + ", one at a time",
                     ms3(times),
                     "-",
+                    ratio(times, big[10][1]) if big else "-",
                     f"{compile_s:.1f}" if jit else "-",
                     break_even(compile_s, eager_times, times) if jit else "-",
                 ]
             )
             print(f"  compiled D={dim} LoFi 10 {mode}: {ms3(times)} ms", flush=True)
+        if big is not None:
+            import jax
+
+            rows.extend(row for row in _jax_family_rows(dim, big, None) if "LoFi" in row[1])
+            # The reference: the JAX filter in float64 (an observation's whitened Jacobian
+            # row has a^T a ~ 1e6 here, which float32 solves must not cancel through).
+            with jax.enable_x64(True):
+                reference = _jax_families(
+                    [2, 25_000, 1], start.double(), prior, noise, x.double(), y.double(), (10,), 1
+                )[10][2]
+            ours_gap = float((f.mean.double() - reference).abs().max())
+            theirs_gap = float((big[10][2].double() - reference).abs().max())
+            notes.append(
+                f"D = {dim:,}: after {len(x)} updates, against the JAX LoFi run in float64 "
+                f"(largest |mean| {float(reference.abs().max()):.2g}), our compiled float32 "
+                f"LoFi rank 10 mean is off by at most {ours_gap:.1e}, the JAX float32 one's by "
+                f"{theirs_gap:.1e}."
+            )
     peer = "dynamax not installed: no baseline" if not notes else _dynamax_version()
     return (
         "## 5. Compiled updates against dynamax's EKF (2-H-1 tanh MLP regression, one "
@@ -1006,7 +1142,11 @@ def compiled_section(args, quick):
         "graphs), per observation, median / mean / p90 / max over the calls, `unroll` "
         "observations per compiled call; dynamax: its jitted filter over the whole stream (a "
         "`lax.scan`), divided by the stream's length, median / mean / p90 / max over 5 "
-        "repeats, compile excluded. ÷ dynamax: ratio of the medians. compile s: the wall "
+        "repeats, compile excluded. ÷ dynamax: ratio of the medians. ÷ same family in JAX: "
+        "the ratio of the medians to the same family's update written out in JAX, jitted "
+        "over the stream in one `lax.scan` as dynamax's filter is (dynamax has only dense "
+        "filters; see `_jax_families`): dynamax's EKF for the full family, the diagonal "
+        "update for the diagonal one, LoFi's of the same rank for LoFi. compile s: the wall "
         "time of the call that traces, compiles and first runs the graph, from a cold "
         "inductor cache (ours: the second update; `update_many`'s first call, its own graphs "
         "with the predictions: of one observation and, unrolled, of a chunk) or of the first "
@@ -1021,6 +1161,7 @@ def compiled_section(args, quick):
                 "mode",
                 "ms per update",
                 "÷ dynamax EKF (median)",
+                "÷ same family in JAX (median)",
                 "compile s",
                 "break-even (observations)",
             ],
@@ -1030,9 +1171,58 @@ def compiled_section(args, quick):
     )
 
 
+def _jax_family_rows(dim, families, baseline):
+    """Section 5's rows of the JAX diagonal and LoFi filters (:func:`_jax_families`)."""
+    rows = []
+    for key, (compile_s, per_update, final) in families.items():
+        label = "diagonal" if key == "diag" else f"LoFi rank {key}"
+        mode = "one scan over the stream"
+        if not bool(torch.isfinite(final).all()):
+            mode += " (its mean not finite at the end)"
+        rows.append(
+            [
+                f"{dim:,}",
+                f"JAX {label}, written out (jit)",
+                mode,
+                spread(per_update, 1e3, "{:.3f}")
+                + f" (mean per update, {len(per_update)} repeats)",
+                ratio(per_update, baseline[1]) if baseline else "-",
+                "1.00",
+                f"{compile_s:.1f}",
+                "-",
+            ]
+        )
+    return rows
+
+
+def _jax_family_agreement(dim, steps, families, ours, first_gap):
+    """How far our compiled diagonal and LoFi means are from the JAX ones' after the
+    stream, and the diagonal ones after the first update (``first_gap``): on these networks
+    the diagonal family's mean runs far within a few steps, and float32 round-off
+    differences then grow."""
+    parts = []
+    for (label, jit), f in ours.items():
+        if label == "BONG diag":
+            key = "diag"
+        elif label.startswith("LoFi rank "):
+            key = int(label.split()[-1])
+        else:
+            continue
+        if not jit:
+            continue
+        gap = float((f.mean - families[key][2]).abs().max())
+        parts.append(f"{label} {gap:.1e} (largest |mean| {float(f.mean.abs().max()):.2g})")
+    return (
+        f"D = {dim:,}: after {steps} updates our compiled means and the JAX ones' differ by "
+        "at most: " + "; ".join(parts) + f"; after the first update the diagonal family's "
+        f"by {first_gap:.1e}."
+    )
+
+
 def flat_start(model, x, y, init):
-    """The flat unconstrained start a filter reads from ``init`` (shared with dynamax)."""
-    f = BONG(model, init_strategy=init)
+    """The flat unconstrained start a filter reads from ``init`` (shared with dynamax; read
+    by a diagonal filter, whose set-up needs no D x D matrix)."""
+    f = BONG(model, family="diag", init_strategy=init)
     f.setup(x[:1], y[:1])
     return f.mean.detach().clone()
 

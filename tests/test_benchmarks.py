@@ -77,6 +77,14 @@ def check_online(text):
         assert "| 65 | dynamax `extended_kalman_filter` (jit) |" in compiled
         gap = float(compiled.split("differ by at most ")[1].split(" ")[0])
         assert gap < 1e-3
+        # The diagonal and LoFi families written out in JAX: the same filters as ours
+        # (LoFi over the stream; the diagonal one, whose mean runs far on this network,
+        # after its first update).
+        for label in ("diagonal", "LoFi rank 5"):
+            assert f"| 65 | JAX {label}, written out (jit) |" in compiled, label
+        lofi = float(compiled.split("LoFi rank 5 ")[-1].split(" ")[0])
+        first = float(compiled.split("the diagonal family's by ")[1].rstrip().split()[0][:-1])
+        assert lofi < 1e-3 and first < 1e-5, (lofi, first)
 
 
 def check_bsts_selection(text):

@@ -1112,8 +1112,9 @@ class BONG:
 
     def _expectations(self, belief, weights, noise=None):
         """
-        ``(grad, factor, hessian, weights)`` of the expected log-likelihood under
-        ``belief``; ``weights=None`` reads the examples' weights at the belief's mean (the
+        ``(grad, factor, hessian, weights, coefficients)`` of the expected log-likelihood
+        under ``belief``, ``grad`` being ``factor^T coefficients`` where there is a factor
+        (``coefficients`` ``None`` otherwise); ``weights=None`` reads the examples' weights at the belief's mean (the
         predicted mean, at an update's first inner step) from the same model run.
         ``noise``: the Monte Carlo expectations' standard normal draws (a traced update
         takes them as inputs), else drawn here.
@@ -1131,7 +1132,8 @@ class BONG:
             num_examples = weights.shape[0]
             selector = examples == torch.arange(num_examples, device=examples.device).unsqueeze(-1)
             (per_example,) = torch.func.vmap(pullback, chunk_size=chunk)(selector * weighted)
-            return per_example.sum(0), per_example, None, weights
+            ones = per_example.new_ones(per_example.shape[0])
+            return per_example.sum(0), per_example, None, weights, ones
         if self.linearize:
             jacobian, (e, examples, weights_here) = torch.func.jacrev(
                 lambda theta: self._linear_terms(theta), has_aux=True, chunk_size=chunk
@@ -1141,7 +1143,7 @@ class BONG:
             root = weights.sqrt()[examples]
             A, e = jacobian * root.unsqueeze(-1), e * root
             grad = A.transpose(-1, -2) @ e
-            return grad, A, None, weights
+            return grad, A, None, weights, e
         # Antithetic pairs: exact for a gradient linear in theta (a linear-Gaussian model).
         draws = updates.sample(belief, self.num_samples, antithetic=True, noise=noise)
 
@@ -1153,7 +1155,7 @@ class BONG:
         per_example = torch.func.vmap(torch.func.jacrev(log_likelihood))(draws).mean(0)
         grad = per_example.sum(0)
         if self.hessian == "ef":
-            return grad, per_example, None, weights
+            return grad, per_example, None, weights, per_example.new_ones(per_example.shape[0])
 
         def total(points):
             return torch.func.vmap(lambda theta: log_likelihood(theta).sum())(points).sum()
@@ -1164,7 +1166,7 @@ class BONG:
             ).mean(0)
         else:
             hessian = hessian_diagonal(total, draws).mean(0)
-        return grad, None, hessian, weights
+        return grad, None, hessian, weights, None
 
     # -- the public interface ---------------------------------------------------------------
     def setup(self, *args, **kwargs) -> "BONG":
@@ -1356,7 +1358,9 @@ class BONG:
         current = prior
         for inner in range(self.num_iters):
             noise = None if noises is None else noises[inner]
-            grad, factor, hessian, weights = self._expectations(current, weights, noise)
+            grad, factor, hessian, weights, coefficients = self._expectations(
+                current, weights, noise
+            )
             if (
                 self.num_updates == 0
                 and inner == 0
@@ -1375,7 +1379,14 @@ class BONG:
             )
             if self.method in ("bong", "blr"):
                 current = updates.natural_step(
-                    current, prior, grad, factor, hessian, self.learning_rate, self.rank
+                    current,
+                    prior,
+                    grad,
+                    factor,
+                    hessian,
+                    self.learning_rate,
+                    self.rank,
+                    coefficients,
                 )
             else:
                 current = updates.euclidean_step(

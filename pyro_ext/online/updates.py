@@ -164,26 +164,41 @@ def _sym(matrix):
 
 # -- dense and diagonal-plus-low-rank algebra ----------------------------------------------
 def _dlr_capacitance(belief: DLRBelief):
-    r"""Cholesky factor of :math:`C = I + W^\top \Upsilon^{-1} W` ``(L, L)``."""
-    W = belief.low_rank
-    scaled = W / belief.diagonal.unsqueeze(-1)
-    eye = torch.eye(W.shape[-1], dtype=W.dtype, device=W.device)
-    capacitance = eye.double() + scaled.transpose(-1, -2).double() @ W.double()
+    r"""Cholesky factor of :math:`C = I + W^\top \Upsilon^{-1} W` ``(L, L)`` and
+    :math:`\Upsilon^{-1} W` ``(D, L)``, both in float64 whatever the belief's dtype (see
+    :func:`dlr_solve`)."""
+    W = belief.low_rank.to(torch.float64)
+    scaled = W / belief.diagonal.to(torch.float64).unsqueeze(-1)
+    eye = torch.eye(W.shape[-1], dtype=torch.float64, device=W.device)
+    capacitance = eye + scaled.transpose(-1, -2) @ W
     return _cholesky(capacitance, "low-rank capacitance"), scaled
+
+
+def _dlr_solve64(belief: DLRBelief, rhs: torch.Tensor) -> torch.Tensor:
+    """:func:`dlr_solve` of ``rhs`` ``(D, K)``, returned in float64."""
+    chol, scaled = _dlr_capacitance(belief)
+    r = rhs.to(torch.float64)
+    first = r / belief.diagonal.to(torch.float64).unsqueeze(-1)
+    return first - scaled @ torch.cholesky_solve(scaled.transpose(-1, -2) @ r, chol)
 
 
 def dlr_solve(belief: DLRBelief, rhs: torch.Tensor) -> torch.Tensor:
     r"""
     :math:`\Lambda^{-1} r` for :math:`\Lambda = \Upsilon + W W^\top` by Woodbury:
     :math:`\Upsilon^{-1} r - \Upsilon^{-1} W C^{-1} W^\top \Upsilon^{-1} r`. ``rhs`` is
-    ``(D,)`` or ``(D, K)``.
+    ``(D,)`` or ``(D, K)``; the result has its dtype.
+
+    Computed in float64 whatever the belief's dtype: where the precision is large along
+    ``r`` the two terms nearly cancel (by the factor :math:`1 + a^\top \Upsilon^{-1} a` of
+    an observation's whitened Jacobian row :math:`a`, some 1e5 to 1e6 for a wide network),
+    and float32 leaves the difference with a relative error of 6e-8 times that factor.
+    Measured in float32: a LoFi update of a 2-25,000-1 tanh network (D = 100,001) was 3 %
+    off after one observation and ran to means of 600 within 30, where the float64
+    filter's stay below 4.4.
     """
     vector = rhs.dim() == 1
     r = rhs.unsqueeze(-1) if vector else rhs
-    chol, scaled = _dlr_capacitance(belief)
-    first = r / belief.diagonal.unsqueeze(-1)
-    inner = _solve(chol, scaled.transpose(-1, -2) @ r)
-    out = first - scaled @ inner
+    out = _dlr_solve64(belief, r).to(rhs.dtype)
     return out.squeeze(-1) if vector else out
 
 
@@ -236,15 +251,21 @@ def marginal_variance(belief: Belief) -> torch.Tensor:
     if isinstance(belief, DiagBelief):
         return belief.precision.reciprocal()
     chol, scaled = _dlr_capacitance(belief)
-    # diag(U^-1 W C^-1 W^T U^-1) = row sums of (U^-1 W L^-T)^2 with C = L L^T.
+    # diag(U^-1 W C^-1 W^T U^-1) = row sums of (U^-1 W L^-T)^2 with C = L L^T; in float64,
+    # as dlr_solve, since the difference cancels where the variance shrinks most.
     whitened = _triangular_solve(chol, scaled.transpose(-1, -2))
-    return belief.diagonal.reciprocal() - whitened.square().sum(0)
+    variance = belief.diagonal.to(torch.float64).reciprocal() - whitened.square().sum(0)
+    return variance.to(belief.diagonal.dtype)
 
 
 def quadratic_diagonal(belief: Belief, rows: torch.Tensor) -> torch.Tensor:
     r"""The diagonal of :math:`H \Sigma H^\top` for ``rows`` ``H`` ``(P, D)``: ``(P,)``."""
     if isinstance(belief, DiagBelief):
         return (rows.square() / belief.precision).sum(-1)
+    if isinstance(belief, DLRBelief):
+        # In float64 to the end (see dlr_solve): the sum is small where the solve cancels.
+        solved = _dlr_solve64(belief, rows.transpose(-1, -2)).transpose(-1, -2)
+        return (rows.to(torch.float64) * solved).sum(-1).to(rows.dtype)
     solved = covariance_solve_rows(belief, rows)
     return (rows * solved).sum(-1)
 
@@ -368,12 +389,16 @@ def natural_step(
     hessian: torch.Tensor | None,
     lr: float,
     rank: int | None = None,
+    coefficients: torch.Tensor | None = None,
 ) -> Belief:
     r"""
     One natural-gradient (BLR) step from ``current`` towards the ELBO with KL to ``prior``
     (BONG: ``current is prior``). ``factor`` ``A`` ``(P, D)`` gives :math:`-G = A^\top
     A`; otherwise ``hessian`` is :math:`G` itself (dense ``(D, D)`` for the full family,
-    its diagonal ``(D,)`` for the diagonal one).
+    its diagonal ``(D,)`` for the diagonal one). ``coefficients`` ``v`` ``(P,)``, where
+    ``grad`` is :math:`A^\top v` (the linearised step's whitened residuals, ones for the
+    empirical Fisher): given, the low-rank family's first step is formed from the
+    precision's columns by Kalman's gain (see below), exact to round-off.
     """
     first = current is prior
     offset = current.mean - prior.mean
@@ -446,11 +471,27 @@ def natural_step(
         columns = torch.cat(
             [(1 - lr) ** 0.5 * current.low_rank, lr**0.5 * prior.low_rank, scaled_factor], dim=-1
         )
-    direction = grad if first else grad - dlr_matvec(prior.diagonal, prior.low_rank, offset)
     # The mean moves with the precision before the projection (exact Bayes in the
     # conjugate case, as LoFi's gain); the belief keeps the projected one.
     unprojected = DLRBelief(current.mean, diagonal, columns)
-    mean = current.mean + lr * dlr_solve(unprojected, direction)
+    if first and coefficients is not None:
+        # grad = A^T v = C E with E = [0; v / sqrt(lr)], so Lambda^{-1} grad = Upsilon^{-1} C
+        # (I + C^T Upsilon^{-1} C)^{-1} E (Kalman's gain; "push-through"): a combination of
+        # the columns with no subtraction of nearly equal D-vectors. Woodbury's form of the
+        # same solve, from grad rounded to float32, keeps a relative error of 6e-8 times
+        # 1 + a^T Upsilon^{-1} a (a an observation's whitened Jacobian row), which a wide
+        # network makes 1e6 or more (measured: a 20,000-weight linear regression's mean 34 %
+        # off after three observations, 1,400 % with the float32 solve before).
+        chol, scaled = _dlr_capacitance(unprojected)
+        kept = current.low_rank.shape[-1]
+        E = torch.cat([coefficients.new_zeros(kept), coefficients / lr**0.5])
+        step = scaled @ torch.cholesky_solve(E.to(torch.float64).unsqueeze(-1), chol)
+        mean = current.mean + lr * step.squeeze(-1).to(current.mean.dtype)
+    else:
+        direction = grad
+        if not first:
+            direction = grad - dlr_matvec(prior.diagonal, prior.low_rank, offset)
+        mean = current.mean + lr * dlr_solve(unprojected, direction)
     diagonal, W = project_low_rank(diagonal, columns, rank)
     return DLRBelief(mean, diagonal, W)
 

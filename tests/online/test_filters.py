@@ -150,6 +150,37 @@ def test_low_rank_draws_have_the_belief_covariance_exactly(dtype, dominant):
     )
 
 
+@pytest.mark.parametrize("jit_compile", [False, True])
+def test_float32_lofi_on_a_wide_model_equals_the_exact_posterior(device, jit_compile):
+    """A 20,000-weight linear regression, three observations far from the prior's
+    prediction, in float32: an observation's whitened Jacobian row has a^T a = 8e6, so the
+    posterior mean is the prior's step shrunk by that much. LoFi of rank 3 is exact here;
+    its mean, its predictive variance of an observed input and its marginal variances equal
+    the float64 posterior's to float32 round-off. (Woodbury's form of the mean's solve
+    subtracts nearly equal vectors: 14 times the mean's size off in float32, 0.34 in float64
+    from a gradient rounded to float32; the predictive variance was 12 times too large.)"""
+    dim, noise, n = 20_000, 0.05, 3
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(n, dim, generator=g).to(device)
+    y = torch.tensor([50.0, -40.0, 30.0], device=device)
+    f = LoFi(
+        linear_model(dim, 1.0, noise), rank=n, init_strategy=init_to_mean, jit_compile=jit_compile
+    )
+    for t in range(n):
+        f.update(x[t : t + 1], y[t : t + 1])
+    X, Y = x.double(), y.double()
+    gram = noise**2 * torch.eye(n, dtype=torch.float64, device=device) + X @ X.T
+    mean = X.T @ torch.linalg.solve(gram, Y)
+    scale = float(mean.abs().max())
+    assert float((f.mean.double() - mean).abs().max()) < 1e-5 * scale
+    # x_0^T Sigma x_0 and diag(Sigma), Sigma = I - X^T (noise^2 I + X X^T)^{-1} X.
+    spread = X[0] - X.T @ torch.linalg.solve(gram, X @ X[0])
+    exact = float(X[0] @ spread)
+    assert updates.quadratic_diagonal(f.belief, x[:1]).item() == pytest.approx(exact, rel=1e-4)
+    variances = 1 - (X * torch.linalg.solve(gram, X)).sum(0)
+    assert float((updates.marginal_variance(f.belief).double() - variances).abs().max()) < 1e-6
+
+
 def test_float32_low_rank_draws_keep_nearly_parallel_columns_accurate():
     """Two large, nearly parallel columns of ``W`` (a precision with a small eigenvalue
     between two large ones): a float32 draw equals the float64 draw of the same belief and
