@@ -1114,8 +1114,9 @@ class BONG:
         """
         ``(grad, factor, hessian, weights, coefficients)`` of the expected log-likelihood
         under ``belief``, ``grad`` being ``factor^T coefficients`` where there is a factor
-        (``coefficients`` ``None`` otherwise); ``weights=None`` reads the examples' weights at the belief's mean (the
-        predicted mean, at an update's first inner step) from the same model run.
+        (``coefficients`` ``None`` otherwise); ``weights=None`` reads the examples' weights
+        at the belief's mean (the predicted mean, at an update's first inner step) from the
+        same model run.
         ``noise``: the Monte Carlo expectations' standard normal draws (a traced update
         takes them as inputs), else drawn here.
         """

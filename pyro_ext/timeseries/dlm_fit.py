@@ -496,6 +496,8 @@ def _fit_em(build, names, y, starts, options, max_iterations, tolerance, init, n
             kernel_inputs.at(log_s.detach().to(torch.float64).cpu().numpy())
             run = kernel_inputs.run
             if run.smoother():
+                # Views of the run's buffers, which the next pass overwrites: the M-step
+                # reads them before the next E-step.
                 means, covs, gains = (torch.from_numpy(x[0]).to(y.dtype) for x in run.smoothed)
                 return means, covs, kalman._lag_one_covariances(covs, gains), float(run.ll[0])
         return smoothed_second_moments(y.unsqueeze(-1), linear.at(log_s))
