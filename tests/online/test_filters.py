@@ -7,6 +7,8 @@ import pyro
 import pyro.distributions as dist
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from pyro.infer import Predictive
 from pyro.infer.autoguide.initialization import init_to_mean, init_to_sample
 
@@ -179,6 +181,32 @@ def test_float32_lofi_on_a_wide_model_equals_the_exact_posterior(device, jit_com
     assert updates.quadratic_diagonal(f.belief, x[:1]).item() == pytest.approx(exact, rel=1e-4)
     variances = 1 - (X * torch.linalg.solve(gram, X)).sum(0)
     assert float((updates.marginal_variance(f.belief).double() - variances).abs().max()) < 1e-6
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    dim=st.integers(3, 12),
+    rank=st.integers(1, 4),
+    outputs=st.integers(1, 3),
+    lr=st.sampled_from([1.0, 0.5, 0.1]),
+    seed=st.integers(0, 2**16),
+)
+def test_the_low_rank_step_by_kalman_gain_is_woodburys(dim, rank, outputs, lr, seed):
+    """The low-rank family's first step from the coefficients v of grad = A^T v (Kalman's
+    gain, a combination of the precision's columns) equals the Woodbury solve of grad, in
+    float64, for any prior low-rank part, number of outputs and step size."""
+    g = torch.Generator().manual_seed(seed)
+
+    def draw(*shape):
+        return torch.randn(*shape, generator=g, dtype=torch.float64)
+
+    prior = updates.DLRBelief(draw(dim), draw(dim).exp(), draw(dim, rank))
+    factor, v = draw(outputs, dim), draw(outputs)
+    grad = factor.T @ v
+    by_gain = updates.natural_step(prior, prior, grad, factor, None, lr, rank, v)
+    by_woodbury = updates.natural_step(prior, prior, grad, factor, None, lr, rank)
+    for ours, theirs in zip(by_gain, by_woodbury):
+        torch.testing.assert_close(ours, theirs, rtol=1e-9, atol=1e-10)
 
 
 def test_float32_low_rank_draws_keep_nearly_parallel_columns_accurate():
