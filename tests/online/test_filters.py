@@ -165,9 +165,7 @@ def test_float32_lofi_on_a_wide_model_equals_the_exact_posterior(device, jit_com
     g = torch.Generator().manual_seed(0)
     x = torch.randn(n, dim, generator=g).to(device)
     y = torch.tensor([50.0, -40.0, 30.0], device=device)
-    f = LoFi(
-        linear_model(dim, 1.0, noise), rank=n, init_strategy=init_to_mean, jit_compile=jit_compile
-    )
+    f = LoFi(linear_model(dim, 1.0, noise), rank=n, jit_compile=jit_compile)  # defaults
     for t in range(n):
         f.update(x[t : t + 1], y[t : t + 1])
     X, Y = x.double(), y.double()
