@@ -207,6 +207,21 @@ def test_the_low_rank_step_by_kalman_gain_is_woodburys(dim, rank, outputs, lr, s
         torch.testing.assert_close(ours, theirs, rtol=1e-9, atol=1e-10)
 
 
+def nearly_parallel_columns(generator, dim, tiny=False):
+    """A diagonal and low-rank columns with two large, nearly parallel columns (norm about
+    900) beside one of norm about 3 (``tiny``: and one of about 0.03)."""
+    diagonal = torch.rand(dim, generator=generator) + 0.2
+    column = torch.randn(dim, generator=generator)
+    columns = [
+        300 * column,
+        300 * column + 0.5 * torch.randn(dim, generator=generator),
+        torch.randn(dim, generator=generator),
+    ]
+    if tiny:
+        columns.append(0.01 * torch.randn(dim, generator=generator))
+    return diagonal, torch.stack(columns, dim=-1)
+
+
 def test_float32_low_rank_draws_keep_nearly_parallel_columns_accurate():
     """Two large, nearly parallel columns of ``W`` (a precision with a small eigenvalue
     between two large ones): a float32 draw equals the float64 draw of the same belief and
@@ -215,16 +230,7 @@ def test_float32_low_rank_draws_keep_nearly_parallel_columns_accurate():
     and is off by 1e-3 here in float32.)"""
     g = torch.Generator().manual_seed(4)
     dim = 9
-    diagonal = torch.rand(dim, generator=g) + 0.2
-    column = torch.randn(dim, generator=g)
-    W = torch.stack(
-        [
-            300 * column,
-            300 * column + 0.5 * torch.randn(dim, generator=g),
-            torch.randn(dim, generator=g),
-        ],
-        dim=-1,
-    )
+    diagonal, W = nearly_parallel_columns(g, dim)
     mean = torch.randn(dim, generator=g)
     noise = torch.randn(4, dim, generator=g)
     single = updates.sample(updates.DLRBelief(mean, diagonal, W), 4, noise=noise)
@@ -267,19 +273,7 @@ def test_float32_low_rank_projection_is_as_accurate_as_float64_allows():
     singular values span 1e6): the float32 projection's diagonal is within 5e-6 of the
     float64 one's (measured 2e-6; a float32 SVD is 9e-6 off, a Gram matrix formed in
     float32 1.4e-4), and its kept part within float32 round-off of the largest entry."""
-    g = torch.Generator().manual_seed(4)
-    dim = 9
-    diagonal = torch.rand(dim, generator=g) + 0.2
-    column = torch.randn(dim, generator=g)
-    columns = torch.stack(
-        [
-            300 * column,
-            300 * column + 0.5 * torch.randn(dim, generator=g),
-            torch.randn(dim, generator=g),
-            0.01 * torch.randn(dim, generator=g),
-        ],
-        dim=-1,
-    )
+    diagonal, columns = nearly_parallel_columns(torch.Generator().manual_seed(4), 9, tiny=True)
     for rank in (1, 2, 3):
         d32, W32 = updates.project_low_rank(diagonal, columns, rank)
         d64, W64 = updates.project_low_rank(diagonal.double(), columns.double(), rank)
