@@ -412,3 +412,140 @@ def score(y, G, F, V, P, mp, Pp, ms, Ps, gains, g_y, g_G, g_F, g_W, g_V, g_m0, g
                         acc += VFP[a, k] * VF[c, k]
                     gv[row, observed[c]] += 0.5 * (u[a, 0] * u[c, 0] - Vi[a, c] + acc)
     return -1
+
+
+@_jit
+def tangent_filter(y, G, F, W, v, m0, P0, dW, dV, out):
+    """The log-likelihood of one series of scalar observations ``y (T,)`` (NaN where
+    missing) under static ``G (S, S)``, ``F (S,)`` (the observation row), diagonal ``W (S,
+    S)`` and variance ``v``, and its derivatives along ``K`` directions in which ``W``'s
+    diagonal moves by ``dW[k] (S,)`` and ``v`` by ``dV[k]``: forward-mode sensitivities
+    carried through the covariance-form filter with the moments (:func:`fit_dlm
+    <pyro_ext.timeseries.fit_dlm>`'s gradient with respect to its squared scales, in one pass
+    instead of the filter, the RTS smoother and the score). Writes ``out[0]`` the
+    log-likelihood, ``out[1 + k]`` its derivative along direction ``k`` and ``out[1 + K]``
+    the number of steady-state steps (below). Returns ``-1``, or the first step whose
+    innovation variance is not positive.
+
+    With ``h = P^- F^T``, ``s = F h + v``, ``e = y - F m^-``: ``d log p = -(ds / s + 2 e de /
+    s - e^2 ds / s^2) / 2``, ``dm = dm^- + (dh / s - h ds / s^2) e + h de / s`` and ``dP =
+    dP^- - (dh h^T + h dh^T) / s + h h^T ds / s^2``; the prediction carries ``dm^- = G dm``,
+    ``dP^- = G dP G^T + diag(dW[k])``.
+
+    As :func:`filter`, it switches to the steady state once the predicted covariance and
+    its derivatives have all stopped moving between two observed steps (:func:`_converged`):
+    later observed steps update the means and their derivatives only (``O(K S^2)`` instead
+    of ``O(K S^3)``); a missing step leaves the steady state until they converge again."""
+    duration = y.shape[0]
+    S = m0.shape[0]
+    K = dV.shape[0]
+    m, mp, h = np.empty(S), np.empty(S), np.empty(S)
+    P, Pp = np.empty((S, S)), np.empty((S, S))
+    previous, work = np.empty((S, S)), np.empty((S, S))
+    # The derivatives along each direction: of m, m^-, h, P, P^- and s.
+    dm, dmp, dh = np.zeros((K, S)), np.zeros((K, S)), np.empty((K, S))
+    dP, dPp, ds = np.zeros((K, S, S)), np.zeros((K, S, S)), np.empty(K)
+    s = 1.0
+    total = 0.0
+    for k in range(K):
+        out[1 + k] = 0.0
+    steady = False
+    settled = False
+    steady_steps = 0
+    for t in range(duration):
+        observed = not math.isnan(y[t])
+        switch = False
+        if t == 0:
+            copy_vector(m0, mp)
+            copy_matrix(P0, Pp)
+        else:
+            for i in range(S):
+                acc = 0.0
+                for j in range(S):
+                    acc += G[i, j] * m[j]
+                mp[i] = acc
+            for k in range(K):
+                for i in range(S):
+                    acc = 0.0
+                    for j in range(S):
+                        acc += G[i, j] * dm[k, j]
+                    dmp[k, i] = acc
+            if not steady:
+                switch = settled and observed
+                copy_matrix(Pp, previous)
+                _sandwich(G, P, W, work, Pp)
+                switch = switch and _converged(Pp, previous, S)
+                for k in range(K):
+                    copy_matrix(dPp[k], previous)
+                    _product(G, dP[k], work, S, S, S)
+                    for i in range(S):
+                        for j in range(i + 1):
+                            acc = 0.0
+                            for q in range(S):
+                                acc += work[i, q] * G[j, q]
+                            dPp[k, i, j] = acc
+                            dPp[k, j, i] = acc
+                        dPp[k, i, i] += dW[k, i]
+                    switch = switch and _converged(dPp[k], previous, S)
+        if not observed:
+            # The steady state's Pp and dPp are still the fixed point's; P and dP follow.
+            steady = False
+            settled = False
+            copy_vector(mp, m)
+            copy_matrix(Pp, P)
+            for k in range(K):
+                copy_vector(dmp[k], dm[k])
+                copy_matrix(dPp[k], dP[k])
+            continue
+        e = y[t]
+        for i in range(S):
+            e -= F[i] * mp[i]
+        if not steady:
+            # h, s, dh and ds: the fixed point's once steady, so kept from here.
+            s = v
+            for i in range(S):
+                acc = 0.0
+                for j in range(S):
+                    acc += Pp[i, j] * F[j]
+                h[i] = acc
+                s += F[i] * acc
+            if not s > 0.0:
+                return t
+            for k in range(K):
+                acc_s = dV[k]
+                for i in range(S):
+                    acc = 0.0
+                    for j in range(S):
+                        acc += dPp[k, i, j] * F[j]
+                    dh[k, i] = acc
+                    acc_s += F[i] * acc
+                ds[k] = acc_s
+        else:
+            steady_steps += 1
+        total += -0.5 * (_LOG_2PI + math.log(s) + e * e / s)
+        for k in range(K):
+            de = 0.0
+            for i in range(S):
+                de -= F[i] * dmp[k, i]
+            out[1 + k] += -0.5 * (ds[k] / s + 2.0 * e * de / s - e * e * ds[k] / (s * s))
+            for i in range(S):
+                dm[k, i] = dmp[k, i] + (dh[k, i] / s - h[i] * ds[k] / (s * s)) * e + h[i] * (de / s)
+        for i in range(S):
+            m[i] = mp[i] + h[i] * (e / s)
+        if not steady:
+            for i in range(S):
+                for j in range(S):
+                    P[i, j] = Pp[i, j] - h[i] * h[j] / s
+            for k in range(K):
+                for i in range(S):
+                    for j in range(S):
+                        dP[k, i, j] = (
+                            dPp[k, i, j]
+                            - (dh[k, i] * h[j] + h[i] * dh[k, j]) / s
+                            + h[i] * h[j] * ds[k] / (s * s)
+                        )
+        settled = True
+        steady = steady or switch
+    out[0] = total
+    out[1 + K] = steady_steps
+    return -1

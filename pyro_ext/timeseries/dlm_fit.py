@@ -12,7 +12,9 @@ which on CPU comes in closed form from one filter and smoother pass of the compi
 see :func:`~pyro_ext.timeseries.kalman_log_likelihood`). Where the model's disturbance and
 observation variances are linear in the squared scales (local levels, trends, seasons, and
 any tying of their scales), ``make_dlm`` is called only at set-up: each evaluation then
-assembles those two matrices from the scales and nothing else.
+assembles those two matrices from the scales and nothing else, and takes the
+log-likelihood and its gradient from one forward pass of a compiled filter that carries
+the moments' derivatives along each squared scale.
 
 ``method="em"`` runs the EM algorithm of Shumway & Stoffer (1982) instead: the E-step is one
 Kalman filter and smoother pass (with the lag-one covariances
@@ -231,9 +233,12 @@ def _lbfgs(build, y, scored, start, max_iterations, tolerance):
 class _KernelInputs:
     """The compiled Kalman kernels' float64 inputs (:func:`~.kalman._sequential_inputs`) of
     a model whose ``W`` and ``V`` are linear in the squared scales (a :class:`_Linear`) and
-    their outputs (a :class:`~.kalman._KernelRun`), made once: :meth:`at` writes ``W``'s and
-    ``V``'s values in place (arrays of its own, never the model's), so that an evaluation
-    neither rebuilds the model nor validates, converts or allocates arrays again."""
+    their outputs (a :class:`~.kalman._KernelRun`, which EM's E-step runs), made once:
+    :meth:`at` writes ``W``'s and ``V``'s values in place (arrays of its own, never the
+    model's), so that an evaluation neither rebuilds the model nor validates, converts or
+    allocates arrays again. ``tangent_inputs``, ``initial`` and ``tangent_out`` are the
+    forward-mode filter's views of the same arrays and its output (see
+    :func:`_kernel_score`)."""
 
     def __init__(self, linear, args):
         self.args = args
@@ -244,6 +249,12 @@ class _KernelInputs:
         self.run = kalman._KernelRun(tuple(inputs))
         self.state = linear.state.detach().to(torch.float64).cpu().numpy()
         self.observation = linear.observation.detach().to(torch.float64).cpu().numpy()
+        # The forward-mode filter's views of the same arrays (one series, static matrices,
+        # scalar observations): W is read where at() writes it, V passed by value.
+        y, G, F, W, _, m0, P0 = inputs
+        self.tangent_inputs = (y[0, :, 0], G[0, 0], F[0, 0, 0], W[0, 0])
+        self.initial = (m0[0], P0[0], self.state, self.observation)
+        self.tangent_out = np.empty(2 + self.observation.shape[0])
 
     @staticmethod
     def of(linear, y):
@@ -274,11 +285,19 @@ def _kernel_score(build, log_scales, y):
     (:func:`_linear_in_squared_scales`), on tensors the compiled Kalman kernels take: a
     function ``log_scales -> (log-likelihood, its gradient)`` on float64 numpy arrays that
     sets only ``W`` and ``V`` (:class:`_KernelInputs`) and takes both from one pass of the
-    kernels' filter, smoother and score (Fisher's identity, as
-    :func:`~pyro_ext.timeseries.kalman_log_likelihood` does), the gradient by the chain
-    rule ``d/d log s_k = 2 s_k^2 (sum_i c_ki dW_ii + d_k dV)``; it returns ``None`` where the
-    kernels stop (a covariance not positive definite), for the model's own path. ``None``
-    for other models."""
+    forward-mode filter (``tangent_filter`` of the kernels: the moments' derivatives along
+    each squared scale, whose ``W`` and ``V`` move by ``c_k`` and ``d_k``), the gradient by
+    the chain rule ``d/d log s_k = 2 s_k^2 d/d s_k^2``; it returns ``None`` where the
+    kernel stops (an innovation variance not positive), for the model's own path. ``None``
+    for other models.
+
+    One pass replaces the filter, the RTS smoother and the score (Fisher's identity, as
+    :func:`~pyro_ext.timeseries.kalman_log_likelihood` computes the gradient): a DLM has a
+    few scales, and the pass costs ``O(K S^3)`` per step against the three's ``O(S^3)``
+    each; both switch to the steady state. Measured one-off, a whole evaluation against the
+    three kernels alone: 11 against 39 microseconds on the Nile's local level (T = 100), 2.4
+    against 2.9 ms and 7.8 against 23 ms on a trend with a 12-season component (4 scales,
+    T = 500 and 5,000)."""
     if y.dim() != 1:
         return None
     linear, _ = _linear_in_squared_scales(build, log_scales, y.shape[0])
@@ -287,17 +306,17 @@ def _kernel_score(build, log_scales, y):
     kernel_inputs = _KernelInputs.of(linear, y)
     if kernel_inputs is None:
         return None
-    state, observation, run = kernel_inputs.state, kernel_inputs.observation, kernel_inputs.run
+    kernels = _sequential.kernels("_kalman_kernels")
+    tangent_inputs, initial = kernel_inputs.tangent_inputs, kernel_inputs.initial
+    out, V = kernel_inputs.tangent_out, kernel_inputs.run.arrays[4]
 
     def scored(point):
         squared = kernel_inputs.at(point)
-        if not run.score():
+        if kernels.tangent_filter(*tangent_inputs, V[0, 0, 0, 0], *initial, out) >= 0:
             return None
-        d_w = run.grads[3][0, 0].diagonal()
-        d_v = run.grads[4][0, 0, 0, 0]
         with np.errstate(over="ignore", invalid="ignore"):
-            gradient = 2 * squared * (state @ d_w + observation * d_v)
-        return float(run.ll[0]), gradient
+            gradient = 2 * squared * out[1:-1]
+        return float(out[0]), gradient
 
     return scored
 

@@ -1065,8 +1065,8 @@ def _sequential_inputs(args):
 class _KernelRun:
     """The compiled filter's, RTS smoother's and score's outputs for kernel inputs ``arrays``
     (:func:`_sequential_inputs`), allocated once: a caller that changes the inputs' values
-    in place and runs again reuses them (``fit_dlm`` evaluates one model's likelihood and
-    gradient dozens of times with only ``W`` and ``V`` changed: measured on the Nile, T =
+    in place and runs again reuses them (``fit_dlm``'s EM runs one model's filter and
+    smoother dozens of times with only ``W`` and ``V`` changed: measured on the Nile, T =
     100, an evaluation took 71 us, 41 of them in the kernels, with a dozen arrays allocated
     and converted per pass, and 54 us with them kept). The methods return whether
     the kernels ran to the end: ``False`` where a covariance is not positive definite (the

@@ -197,6 +197,31 @@ def _trend_and_season(s):
     )
 
 
+def trend_and_season_series(seed, length, missing):
+    """A random walk of ``length`` steps with NaN at ``missing``, and ``log-scales ->
+    _trend_and_season model``; the generator goes on from the series."""
+    g = torch.Generator().manual_seed(seed)
+    y = torch.randn(length, generator=g, dtype=torch.float64).cumsum(0)
+    y[missing] = math.nan
+    names = ["level", "slope", "obs"]
+
+    def build(log_scales):
+        return _trend_and_season({n: log_scales[i].exp() for i, n in enumerate(names)})
+
+    return g, y, build
+
+
+def assert_scored_is_the_model(scored, build, y, point):
+    """The kernels' value and gradient at ``point`` equal the model's own log_likelihood
+    and its autograd gradient."""
+    value, gradient = scored(point.numpy())
+    leaf = point.clone().requires_grad_()
+    expected = build(leaf).log_likelihood(y)
+    (expected_gradient,) = torch.autograd.grad(expected, leaf)
+    assert value == pytest.approx(float(expected.detach()), rel=1e-12)
+    torch.testing.assert_close(torch.from_numpy(gradient), expected_gradient, rtol=1e-8, atol=1e-10)
+
+
 def test_lbfgs_takes_value_and_gradient_from_the_kernels_when_w_and_v_are_linear():
     # W and V linear in the squared scales: each evaluation assembles only W and V and
     # takes the log-likelihood and its gradient from the kernels' score. Both equal the
@@ -204,26 +229,13 @@ def test_lbfgs_takes_value_and_gradient_from_the_kernels_when_w_and_v_are_linear
     # values and two scales tied to one.
     from pyro_ext.timeseries import dlm_fit
 
-    g = torch.Generator().manual_seed(5)
-    y = torch.randn(50, generator=g, dtype=torch.float64).cumsum(0)
-    y[[7, 20]] = math.nan
-    names = ["level", "slope", "obs"]
-
-    def build(log_scales):
-        return _trend_and_season({n: log_scales[i].exp() for i, n in enumerate(names)})
-
+    g, y, build = trend_and_season_series(5, 50, [7, 20])
     base = torch.tensor([-1.0, -2.0, 0.0], dtype=torch.float64)
     scored = dlm_fit._kernel_score(build, base, y)
     assert scored is not None
     for _ in range(3):
-        point = base + torch.randn(3, generator=g, dtype=torch.float64)
-        value, gradient = scored(point.numpy())
-        leaf = point.clone().requires_grad_()
-        expected = build(leaf).log_likelihood(y)
-        (expected_gradient,) = torch.autograd.grad(expected, leaf)
-        assert value == pytest.approx(float(expected.detach()), rel=1e-12)
-        torch.testing.assert_close(
-            torch.from_numpy(gradient), expected_gradient, rtol=1e-8, atol=1e-10
+        assert_scored_is_the_model(
+            scored, build, y, base + torch.randn(3, generator=g, dtype=torch.float64)
         )
     # A line search's step that overflows: a non-finite value, quietly, as on the model's
     # own path (numpy would warn of the overflow).
@@ -243,6 +255,33 @@ def test_lbfgs_takes_value_and_gradient_from_the_kernels_when_w_and_v_are_linear
         )
         is None
     )
+
+
+def test_the_one_pass_gradient_holds_through_the_steady_state_and_a_gap_after_it():
+    # The forward-mode filter switches to the steady state once the predicted covariance and
+    # its derivatives stop moving, and leaves it at a missing value. A long series with
+    # gaps before and after convergence: the value and the gradient equal the model's own
+    # log_likelihood and its autograd gradient, and the steady state was reached.
+    from pyro_ext.timeseries import _sequential, dlm_fit
+
+    _, y, build = trend_and_season_series(11, 600, [5, 6, 300, 450, 451, 452])
+    base = torch.tensor([-1.0, -2.0, 0.5], dtype=torch.float64)
+    scored = dlm_fit._kernel_score(build, base, y)
+    assert scored is not None
+    for shift in (0.0, 0.7):
+        assert_scored_is_the_model(scored, build, y, base + shift)
+    # The kernel itself reached the steady state (after the gap at 450, with this slow
+    # trend: 92 steps), later than the filter does (116 steps): it waits for the
+    # derivatives of the covariance, which settle after the covariance itself.
+    linear, _ = dlm_fit._linear_in_squared_scales(build, base, y.shape[0])
+    inputs = dlm_fit._KernelInputs.of(linear, y)
+    inputs.at(base.numpy())
+    kernels = _sequential.kernels("_kalman_kernels")
+    out = inputs.tangent_out
+    V = inputs.run.arrays[4]
+    assert kernels.tangent_filter(*inputs.tangent_inputs, V[0, 0, 0, 0], *inputs.initial, out) < 0
+    assert inputs.run.filter()
+    assert 50 < out[-1] < inputs.run.steady_steps[0]
 
 
 @pytest.mark.parametrize("method", ["lbfgs", "em"])
