@@ -134,6 +134,38 @@ def test_the_kernels_score_is_the_gradient(seed, T, S, p, time_varying, batch, m
         torch.testing.assert_close(torch.nan_to_num(a), torch.nan_to_num(b), rtol=1e-7, atol=1e-8)
 
 
+@settings(max_examples=30, deadline=None)
+@given(
+    seed=st.integers(0, 10**6),
+    T=st.sampled_from([1, 2, 9, 400]),
+    S=st.integers(1, 4),
+    K=st.integers(1, 3),
+    missing=st.lists(st.integers(0, 10**4), max_size=6),
+)
+def test_the_forward_mode_filter_is_the_score_along_its_directions(seed, T, S, K, missing):
+    # fit_dlm's one-pass kernel (tangent_filter: one series, scalar observations, static
+    # matrices) against the score by Fisher's identity: its log-likelihood, and its
+    # derivatives along K directions that move W's diagonal and V, equal the filter's value
+    # and the score's gradient contracted with them. T = 400 reaches the steady state.
+    y, matrices = _model(seed, T, S, 1, False, (), missing)
+    arrays = kalman_module._sequential_inputs(kalman_module._validate(y, matrices))
+    run = kalman_module._KernelRun(arrays)
+    assert run.score()
+    rng = np.random.default_rng(seed)
+    dW, dV = rng.normal(size=(K, S)), rng.normal(size=K)
+    expected = dW @ run.grads[3][0, 0].diagonal() + dV * run.grads[4][0, 0, 0, 0]
+    y_, G, F, W, V, m0, P0 = arrays
+    out = np.empty(K + 2)
+    kernels = _sequential.kernels("_kalman_kernels")
+    ran = kernels.tangent_filter(
+        y_[0, :, 0], G[0, 0], F[0, 0, 0], W[0, 0], V[0, 0, 0, 0], m0[0], P0[0], dW, dV, out
+    )
+    assert ran < 0
+    assert out[0] == pytest.approx(run.ll[0], rel=1e-10, abs=1e-10)
+    scale = 1.0 + np.abs(expected).max()
+    np.testing.assert_allclose(out[1 : K + 1], expected, rtol=1e-7, atol=1e-9 * scale)
+
+
 def test_the_score_reduces_to_broadcast_and_static_inputs():
     # y batched (2, 3); G static and unbatched, F and W batched (3,), V time-varying with a
     # singleton batch dim, init_mean unbatched: each gradient summed back to its shape.
