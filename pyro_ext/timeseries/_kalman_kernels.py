@@ -417,8 +417,8 @@ def score(y, G, F, V, P, mp, Pp, ms, Ps, gains, g_y, g_G, g_F, g_W, g_V, g_m0, g
 @_jit
 def tangent_filter(y, G, F, W, v, m0, P0, dW, dV, out):
     """The log-likelihood of one series of scalar observations ``y (T,)`` (NaN where
-    missing) under static ``G (S, S)``, ``F (S,)`` (the observation row), diagonal ``W (S,
-    S)`` and variance ``v``, and its derivatives along ``K`` directions in which ``W``'s
+    missing) under static ``G (S, S)``, ``F (S,)`` (the observation row), ``W (S, S)``
+    (diagonal in ``fit_dlm``) and variance ``v``, and its derivatives along ``K`` directions in which ``W``'s
     diagonal moves by ``dW[k] (S,)`` and ``v`` by ``dV[k]``: forward-mode sensitivities
     carried through the covariance-form filter with the moments (:func:`fit_dlm
     <pyro_ext.timeseries.fit_dlm>`'s gradient with respect to its squared scales, in one pass
@@ -441,7 +441,7 @@ def tangent_filter(y, G, F, W, v, m0, P0, dW, dV, out):
     K = dV.shape[0]
     m, mp, h = np.empty(S), np.empty(S), np.empty(S)
     P, Pp = np.empty((S, S)), np.empty((S, S))
-    previous, work = np.empty((S, S)), np.empty((S, S))
+    previous, work, zero = np.empty((S, S)), np.empty((S, S)), np.zeros((S, S))
     # The derivatives along each direction: of m, m^-, h, P, P^- and s.
     dm, dmp, dh = np.zeros((K, S)), np.zeros((K, S)), np.empty((K, S))
     dP, dPp, ds = np.zeros((K, S, S)), np.zeros((K, S, S)), np.empty(K)
@@ -477,14 +477,8 @@ def tangent_filter(y, G, F, W, v, m0, P0, dW, dV, out):
                 switch = switch and _converged(Pp, previous, S)
                 for k in range(K):
                     copy_matrix(dPp[k], previous)
-                    _product(G, dP[k], work, S, S, S)
+                    _sandwich(G, dP[k], zero, work, dPp[k])
                     for i in range(S):
-                        for j in range(i + 1):
-                            acc = 0.0
-                            for q in range(S):
-                                acc += work[i, q] * G[j, q]
-                            dPp[k, i, j] = acc
-                            dPp[k, j, i] = acc
                         dPp[k, i, i] += dW[k, i]
                     switch = switch and _converged(dPp[k], previous, S)
         if not observed:
