@@ -356,6 +356,19 @@ def check_bsts_delta_bias(text):
     assert seed_row.count("[") == 4
 
 
+def check_kalman_gradient(text):
+    # The one-pass table: a row per model (the script raises before timing where the two
+    # gradients disagree), each with its state size and scales.
+    table = text.split("## fit_dlm's evaluation")[1].split("\n## ")[0]
+    rows = [r.split("|")[1:-1] for r in table.splitlines() if r.startswith("| ")][1:]
+    assert [(r[0].strip(), r[1].strip(), r[2].strip()) for r in rows] == [
+        ("local level", "1", "2"),
+        ("trend + 12 seasons", "13", "4"),
+    ]
+    for row in rows:
+        assert float(row[-1]) > 0, row
+
+
 #: content checks of a quick run's results, beyond "a table was written", by script name
 CONTENT_CHECKS = {
     "ara_spam": check_ara_spam,
@@ -364,6 +377,7 @@ CONTENT_CHECKS = {
     "bsts_peers": check_bsts_peers,
     "first_try": check_first_try,
     "hmm_fit": check_hmm_fit,
+    "kalman_gradient": check_kalman_gradient,
     "ngvi": check_ngvi,
     "bsts_selection": check_bsts_selection,
     "online": check_online,
