@@ -369,6 +369,20 @@ def check_kalman_gradient(text):
         assert float(row[-1]) > 0, row
 
 
+def check_lofi_projection(text):
+    # Ours is within 5e-6 of the float64 projection at every rank, the float32 Gram matrix
+    # (the variant not taken) is not at rank 2, and both speed rows were timed.
+    table = text.split("## Accuracy in float32")[1].split("\n## ")[0]
+    rows = [r.split("|")[1:-1] for r in table.splitlines() if r.startswith("| ")][1:]
+    for row in rows:
+        if row[1].strip().startswith("ours"):
+            assert float(row[2]) < 5e-6 and float(row[3]) < 2e-7, row
+        if row[1].strip().startswith("Gram matrix in float32") and row[0].strip() == "2":
+            assert float(row[2]) > 5e-6, row
+    speed = text.split("## Speed, compiled")[1].split("\n## ")[0]
+    assert len([r for r in speed.splitlines() if r.startswith("| ")]) == 3  # header, 2 rows
+
+
 #: content checks of a quick run's results, beyond "a table was written", by script name
 CONTENT_CHECKS = {
     "ara_spam": check_ara_spam,
@@ -378,6 +392,7 @@ CONTENT_CHECKS = {
     "first_try": check_first_try,
     "hmm_fit": check_hmm_fit,
     "kalman_gradient": check_kalman_gradient,
+    "lofi_projection": check_lofi_projection,
     "ngvi": check_ngvi,
     "bsts_selection": check_bsts_selection,
     "online": check_online,

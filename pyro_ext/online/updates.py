@@ -371,9 +371,9 @@ def project_low_rank(
     Computed from the Gram matrix :math:`C^\top C = R S^2 R^\top` (``K x K``, in float64)
     by its eigendecomposition: :math:`C R = U S` are the singular directions scaled by
     their singular values. Two products with ``C`` and a ``K x K`` eigendecomposition
-    replace a tall SVD, which factorises ``C`` itself and wants it column-major (one-off,
-    compiled, float32, ``K`` = 11: 21 against 22 microseconds at ``D`` = 65, 60 against 79
-    at ``D`` = 1,962, 2.3 against 3.2 ms at ``D`` = 100,001). Whatever the split, the kept
+    replace a tall SVD, which factorises ``C`` itself and wants it column-major
+    (``benchmarks/lofi_projection.py``, compiled, float32: 0.57-0.97 the SVD's time at
+    ranks 10 and 20 and ``D`` = 65 to 100,001, 0.82-1.10 at rank 5). Whatever the split, the kept
     and discarded parts sum to :math:`C C^\top`, ``R`` being orthogonal to float64
     round-off; the split itself is that of the float64 Gram matrix, more accurate than a
     float32 SVD (on two nearly parallel columns of norm 900 beside two small ones, the
