@@ -127,17 +127,18 @@ def accuracy_rows():
     return rows
 
 
+#: (D, rank) of the speed table: the sizes of online.py's section 5 and the MNIST bandit's
+SIZES = [(D, L) for D in (65, 401, 1201) for L in (5, 10, 20)] + [(1962, 10), (100_001, 10)]
+QUICK_SIZES = [(65, 5), (401, 10)]
+
+
 def main(argv=None):
     parser = argument_parser(__doc__, RESULTS, quick="two small sizes, 2 repeats (smoke test)")
-    parser.add_argument("--repeats", type=int, default=None)
+    parser.add_argument("--repeats", type=int, default=7)
     args = parser.parse_args(argv)
+    repeats = 2 if args.quick else args.repeats
+    sizes = QUICK_SIZES if args.quick else SIZES
     torch.set_num_threads(1)
-    repeats = args.repeats or (2 if args.quick else 7)
-    if args.quick:
-        sizes = [(65, 5), (401, 10)]
-    else:
-        sizes = [(D, L) for D in (65, 401, 1201) for L in (5, 10, 20)]
-        sizes += [(1962, 10), (100_001, 10)]
     started = time.perf_counter()
     speed = speed_rows(sizes, repeats)
     accuracy = accuracy_rows()
