@@ -383,6 +383,26 @@ def check_lofi_projection(text):
     assert len([r for r in speed.splitlines() if r.startswith("| ")]) == 3  # header, 2 rows
 
 
+def check_online_profile(text):
+    # The quick run profiles LoFi rank 10 at D = 65: the profiler found its factorisations
+    # and the one product that forms the capacitance and the Gram matrix, each timed; the
+    # graph is a part of the call, and the split adds up to it.
+    libraries = text.split("## The library calls inside each graph")[1]
+    rows = [r.split("|")[1:-1] for r in libraries.splitlines() if r.startswith("| LoFi")]
+    found = {(r[1].strip(), r[2].strip()): float(r[5]) for r in rows}
+    assert found[("_linalg_eigh", "11×11")] > 0
+    assert found[("linalg_cholesky_ex", "11×11")] > 0
+    assert found[("mm", "22×65 · 65×11 · 22×11")] > 0
+    summary = text.split("## Per call")[1].split("\n## ")[0]
+    (row,) = [r.split("|")[1:-1] for r in summary.splitlines() if r.startswith("| LoFi")]
+    call = float(row[1].split("/")[0])
+    graph, libraries_us, kernels, rest, outside = (
+        float(row[i].split("(")[0]) for i in (2, 3, 4, 5, 6)
+    )
+    assert 0 < graph < call and outside > 0
+    assert abs(libraries_us + kernels + rest - graph) < 0.2
+
+
 #: content checks of a quick run's results, beyond "a table was written", by script name
 CONTENT_CHECKS = {
     "ara_spam": check_ara_spam,
@@ -397,6 +417,7 @@ CONTENT_CHECKS = {
     "bsts_selection": check_bsts_selection,
     "online": check_online,
     "online_bandits": check_online_bandits,
+    "online_profile": check_online_profile,
     "vis_cvae": check_vis_cvae,
     "vis_state_space": check_vis_state_space,
     "vis_vae": check_vis_vae,
