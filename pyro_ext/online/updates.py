@@ -557,14 +557,14 @@ def natural_step(
             E.to(torch.float64).unsqueeze(-1), chol
         )
         mean = current.mean + lr * step.squeeze(-1).to(current.mean.dtype)
+        # The projection's Gram matrix came with the capacitance, from the same copy.
         diagonal, W = _project_by_gram(diagonal, columns.transpose(-1, -2), gram, rank)
-        return DLRBelief(mean, diagonal, W)
     else:
         direction = grad
         if not first:
             direction = grad - dlr_matvec(prior.diagonal, prior.low_rank, offset)
         mean = current.mean + lr * dlr_solve(unprojected, direction)
-    diagonal, W = project_low_rank(diagonal, columns, rank)
+        diagonal, W = project_low_rank(diagonal, columns, rank)
     return DLRBelief(mean, diagonal, W)
 
 
