@@ -400,6 +400,9 @@ def check_online_profile(text):
         float(row[i].split("(")[0]) for i in (2, 3, 4, 5, 6)
     )
     assert 0 < graph < call and outside > 0
+    # The generated kernels were found and timed (inductor's module layout, which the script
+    # reads, is as it expects), and the split adds up.
+    assert int(row[4].split("(")[1].rstrip(") ")) > 0 and kernels > 0
     assert abs(libraries_us + kernels + rest - graph) < 0.2
 
 
