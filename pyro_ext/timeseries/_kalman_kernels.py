@@ -543,3 +543,47 @@ def tangent_filter(y, G, F, W, v, m0, P0, dW, dV, out):
     out[0] = total
     out[1 + K] = steady_steps
     return -1
+
+
+@_jit
+def em_statistics(y, G, F, ms, Ps, gains, state_totals):
+    r"""EM's M-step sums (Shumway & Stoffer 1982) for one series of scalar observations
+    ``y (T,)`` (NaN where missing) under a static ``G (S, S)`` and ``F (S,)``, from the
+    smoothed moments ``ms (T, S)``, ``Ps (T, S, S)`` and the RTS gains ``(T - 1, S, S)``:
+    ``state_totals[i]`` receives :math:`\sum_{t \ge 1} E[(x_t - G x_{t-1})_i^2 \mid y]`,
+    with :math:`\mathrm{Cov}(x_t, x_{t-1} \mid y) = P_t E_{t-1}^\top`. Returns
+    :math:`\sum_t E[(y_t - F x_t)^2 \mid y]` over the observed steps and their number."""
+    duration, S = ms.shape
+    for i in range(S):
+        state_totals[i] = 0.0
+    observation_total = 0.0
+    observed = 0
+    for t in range(duration):
+        if not math.isnan(y[t]):
+            fitted = 0.0
+            spread = 0.0
+            for j in range(S):
+                fitted += F[j] * ms[t, j]
+                acc = 0.0
+                for k in range(S):
+                    acc += Ps[t, j, k] * F[k]
+                spread += F[j] * acc
+            observation_total += (y[t] - fitted) ** 2 + spread
+            observed += 1
+        if t == 0:
+            continue
+        for i in range(S):
+            residual = ms[t, i]
+            propagated = 0.0  # (G P_{t-1} G^T)_ii
+            crossed = 0.0  # (Cov(x_t, x_{t-1}) G^T)_ii
+            for j in range(S):
+                residual -= G[i, j] * ms[t - 1, j]
+                gp = 0.0
+                cross = 0.0
+                for k in range(S):
+                    gp += G[i, k] * Ps[t - 1, k, j]
+                    cross += Ps[t, i, k] * gains[t - 1, j, k]
+                propagated += gp * G[i, j]
+                crossed += cross * G[i, j]
+            state_totals[i] += residual * residual + Ps[t, i, i] + propagated - 2.0 * crossed
+    return observation_total, observed

@@ -247,6 +247,8 @@ class _KernelInputs:
         inputs[3] = np.zeros((1, 1, S, S))
         inputs[4] = np.empty((1, 1, 1, 1))
         self.run = kalman._KernelRun(tuple(inputs))
+        # W's diagonal as a writable view (np.fill_diagonal costs microseconds a call).
+        self.w_diagonal = inputs[3].reshape(-1)[:: S + 1]
         self.state = linear.state.detach().to(torch.float64).cpu().numpy()
         self.observation = linear.observation.detach().to(torch.float64).cpu().numpy()
         # The forward-mode filter's views of the same arrays (one series, static matrices,
@@ -274,9 +276,8 @@ class _KernelInputs:
         numpy's warnings."""
         with np.errstate(over="ignore", invalid="ignore"):
             squared = np.exp(2 * log_scales)
-            W, V = self.run.arrays[3], self.run.arrays[4]
-            np.fill_diagonal(W[0, 0], squared @ self.state)
-            V[0, 0, 0, 0] = squared @ self.observation
+            self.w_diagonal[:] = squared @ self.state
+            self.run.arrays[4][0, 0, 0, 0] = squared @ self.observation
         return squared
 
 
@@ -490,6 +491,11 @@ def _em_step(y, moments, patterns, G, F, present):
     return total / count, float(log_likelihood)
 
 
+def _numpy64(x):
+    """``x`` as a float64 numpy array (on the CPU)."""
+    return x.detach().to(torch.float64).cpu().numpy()
+
+
 def _fit_em(build, names, y, starts, options, max_iterations, tolerance, init, num_restarts):
     """
     :func:`fit_dlm` with ``method="em"``: EM from each start, the best kept. EM's linear
@@ -506,36 +512,60 @@ def _fit_em(build, names, y, starts, options, max_iterations, tolerance, init, n
     G, F = linear.matrices.transition_matrix, linear.matrices.observation_matrix
     build(starts[0].to(**options)).log_likelihood(y)  # the values checked once (see lbfgs)
     kernel_inputs = _KernelInputs.of(linear, y)
+    if kernel_inputs is not None and (
+        kernel_inputs.run.arrays[1].shape[1] != 1 or kernel_inputs.run.arrays[2].shape[1] != 1
+    ):
+        kernel_inputs = None  # the compiled M-step takes a static G and F
+    tiny = torch.finfo(y.dtype).tiny
 
-    def e_step(log_s):
-        """The smoothed moments at ``log_s``, with ``W`` and ``V`` from the scales directly
-        (the model is not rebuilt every pass): from the kernels' filter and smoother where
-        they run, else by :func:`smoothed_second_moments`."""
-        if kernel_inputs is not None:
-            kernel_inputs.at(log_s.detach().to(torch.float64).cpu().numpy())
-            run = kernel_inputs.run
-            if run.smoother():
-                # Views of the run's buffers, which the next pass overwrites: the M-step
-                # reads them before the next E-step.
-                means, covs, gains = (torch.from_numpy(x[0]).to(y.dtype) for x in run.smoothed)
-                return means, covs, kalman._lag_one_covariances(covs, gains), float(run.ll[0])
-        return smoothed_second_moments(y.unsqueeze(-1), linear.at(log_s))
+    if kernel_inputs is not None:
+        # The E- and M-steps on the kernels' float64 arrays, whose buffers every pass
+        # reuses: the filter, the smoother and the M-step's sums (em_statistics) are three
+        # compiled calls, and the scales stay numpy vectors (the torch M-step's thirty small
+        # tensor operations took 60 of a pass's 140 us on the Nile, one-off).
+        run = kernel_inputs.run
+        kernels = _sequential.kernels("_kalman_kernels")
+        y_np, G_np, F_np = run.arrays[0][0, :, 0], run.arrays[1][0, 0], run.arrays[2][0, 0, 0]
+        weights = _numpy64(patterns.state_weights)
+        observation_weights = _numpy64(patterns.observation_weights)
+        count = _numpy64(patterns.num_states) * (y.shape[0] - 1) + _numpy64(
+            patterns.observes
+        ) * float(num_observed)
+        state_totals = np.empty(G_np.shape[0])
 
-    def em_map(log_s):
-        """One EM step from ``log_s`` (half log squared scales): the next point and the
-        log-likelihood at ``log_s`` (``-inf`` where the pass fails)."""
-        try:
-            with pyro.validation_enabled(False):
-                squared, value = _em_step(y, e_step(log_s), patterns, G, F, present)
-        except (torch.linalg.LinAlgError, ValueError):
-            return log_s, -math.inf
-        if not math.isfinite(value):
-            return log_s, -math.inf
-        return 0.5 * squared.clamp_min(torch.finfo(y.dtype).tiny).log(), value
+        def em_map(log_s):
+            """One EM step from ``log_s`` (half log squared scales, a float64 numpy
+            vector): the next point and the log-likelihood at ``log_s`` (``-inf`` where the
+            pass fails)."""
+            kernel_inputs.at(log_s)
+            value = float(run.ll[0]) if run.smoother() else -math.inf
+            if not math.isfinite(value):
+                return log_s, -math.inf
+            means, covs, gains = (x[0] for x in run.smoothed)
+            observation_total, _ = kernels.em_statistics(
+                y_np, G_np, F_np, means, covs, gains, state_totals
+            )
+            squared = (weights @ state_totals + observation_weights * observation_total) / count
+            return 0.5 * np.log(np.maximum(squared, tiny)), value
+
+    else:
+
+        def em_map(log_s):
+            """As above, through :func:`smoothed_second_moments` and the torch M-step."""
+            at = torch.from_numpy(log_s).to(**options)
+            try:
+                with pyro.validation_enabled(False):
+                    moments = smoothed_second_moments(y.unsqueeze(-1), linear.at(at))
+                    squared, value = _em_step(y, moments, patterns, G, F, present)
+            except (torch.linalg.LinAlgError, ValueError):
+                return log_s, -math.inf
+            if not math.isfinite(value):
+                return log_s, -math.inf
+            return _numpy64(squared.clamp_min(tiny).log().mul(0.5)), value
 
     best, finals = None, []
     for start in starts:
-        current = start.to(**options)
+        current = _numpy64(start)
         following, value = em_map(current)
         passes, converged = 1, False
         while math.isfinite(value) and passes < max_iterations:
@@ -545,8 +575,8 @@ def _fit_em(build, names, y, starts, options, max_iterations, tolerance, init, n
             candidate, candidate_value, next_point = following, step_value, after
             r = following - current
             v = after - following - r
-            if passes < max_iterations and float(v.norm()) > 0:
-                alpha = min(-float(r.norm()) / float(v.norm()), -1.0)
+            if passes < max_iterations and np.linalg.norm(v) > 0:
+                alpha = min(-np.linalg.norm(r) / np.linalg.norm(v), -1.0)
                 extrapolated = current - 2 * alpha * r + alpha**2 * v
                 beyond, extrapolated_value = em_map(extrapolated)
                 passes += 1
@@ -570,5 +600,5 @@ def _fit_em(build, names, y, starts, options, max_iterations, tolerance, init, n
                 break
         finals.append(value if math.isfinite(value) else -math.inf)
         if math.isfinite(value) and (best is None or value > best[0]):
-            best = (value, current.clone(), converged)
+            best = (value, torch.from_numpy(current.copy()).to(**options), converged)
     return _kept(best, finals, build, names, init, num_restarts)

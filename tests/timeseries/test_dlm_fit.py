@@ -18,6 +18,7 @@ from pyro_ext.timeseries import (
     Regression,
     Seasonal,
     fit_dlm,
+    sequential_kernels,
 )
 
 
@@ -168,6 +169,39 @@ def test_em_fits_a_trend_and_a_season_with_missing_values_as_lbfgs_does():
     assert math.isfinite(em.log_likelihood)
     assert em.log_likelihood == pytest.approx(lbfgs.log_likelihood, abs=0.05)
     assert em.scales["obs"] == pytest.approx(lbfgs.scales["obs"], rel=0.05)
+
+
+def test_em_on_the_kernels_and_on_the_torch_scans_are_the_same_fit():
+    # EM's two paths: the compiled E- and M-steps (CPU, numba) and the torch scans with the
+    # torch M-step (CUDA, or with the kernels switched off), on a trend and a season with
+    # gaps, from the same start and with the same number of passes: the same iterates.
+    g = torch.Generator().manual_seed(5)
+    T, period = 40, 4
+    level = torch.cumsum(0.3 * torch.randn(T, generator=g, dtype=torch.float64), 0)
+    season = torch.sin(2 * math.pi * torch.arange(T, dtype=torch.float64) / period)
+    y = level + season + 0.4 * torch.randn(T, generator=g, dtype=torch.float64)
+    y[[3, 17, 18]] = math.nan
+
+    def model(s):
+        return DLM(
+            [
+                LocalLinearTrend(s["level"], s["slope"], init_scale=10.0),
+                Seasonal(period, s["season"], init_scale=10.0),
+            ],
+            s["obs"],
+        )
+
+    start = {"level": 0.5, "slope": 0.1, "season": 0.2, "obs": 1.0}
+    options = dict(method="em", num_restarts=2, max_iterations=25)
+    on_kernels = fit_dlm(model, y, start, **options)
+    with sequential_kernels(False):
+        on_scans = fit_dlm(model, y, start, **options)
+    assert on_kernels.log_likelihood == pytest.approx(on_scans.log_likelihood, rel=1e-9)
+    for name, value in on_kernels.scales.items():
+        assert value == pytest.approx(on_scans.scales[name], rel=1e-6)
+    assert on_kernels.restart_log_likelihoods == pytest.approx(
+        on_scans.restart_log_likelihoods, rel=1e-9
+    )
 
 
 def test_em_refuses_models_it_cannot_fit_and_says_what_to_use(nile):

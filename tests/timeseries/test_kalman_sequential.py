@@ -316,3 +316,42 @@ def test_the_kernels_equal_a_long_double_filter_when_explosive(seed):
     assert abs(float(ll) - float(ref_ll)) <= 1e-8 * max(1.0, abs(float(ref_ll)))
     assert np.abs(means.numpy() - ref_means).max() <= 1e-8 * np.abs(ref_means).max()
     assert np.abs(covs.numpy() - ref_covs).max() <= 1e-8 * np.abs(ref_covs).max()
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    seed=st.integers(0, 10**6),
+    T=st.sampled_from([2, 9, 60]),
+    S=st.integers(1, 4),
+    missing=st.lists(st.integers(0, 10**4), max_size=6),
+)
+def test_the_em_statistics_kernel_is_the_torch_m_step(seed, T, S, missing):
+    # fit_dlm's EM on the kernels (em_statistics: one series, scalar observations, static G
+    # and F) against the torch M-step (_em_step) on the same smoothed moments, gaps
+    # included: the disturbances' second moments summed per state, and the observations'.
+    from pyro_ext.timeseries.dlm_fit import _em_step, _Patterns
+
+    y, matrices = _model(seed, T, S, 1, False, (), missing)
+    arrays = kalman_module._sequential_inputs(kalman_module._validate(y, matrices))
+    run = kalman_module._KernelRun(arrays)
+    assert run.smoother()
+    means, covs, gains = (x[0] for x in run.smoothed)
+    state_totals = np.empty(S)
+    kernels = _sequential.kernels("_kalman_kernels")
+    observation_total, observed = kernels.em_statistics(
+        arrays[0][0, :, 0], arrays[1][0, 0], arrays[2][0, 0, 0], means, covs, gains, state_totals
+    )
+    present = ~torch.isnan(y[:, 0])
+    assert observed == int(present.sum())
+    moments = kalman_module.smoothed_second_moments(y, matrices)
+    G, F = matrices.transition_matrix, matrices.observation_matrix
+    eye, zeros = torch.eye(S, dtype=D), torch.zeros(S, dtype=D)
+    # One scale per state (its total over the T - 1 transitions), then one for y alone.
+    per_state = _Patterns(eye, zeros, torch.ones(S, dtype=D), zeros)
+    squared, _ = _em_step(y[:, 0], moments, per_state, G, F, present)
+    np.testing.assert_allclose(state_totals, squared.numpy() * (T - 1), rtol=1e-10, atol=1e-10)
+    if observed:
+        one = torch.ones(1, dtype=D)
+        on_y = _Patterns(torch.zeros(1, S, dtype=D), one, torch.zeros(1, dtype=D), one)
+        squared, _ = _em_step(y[:, 0], moments, on_y, G, F, present)
+        assert observation_total == pytest.approx(float(squared) * observed, rel=1e-10)
