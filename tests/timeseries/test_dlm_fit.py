@@ -141,6 +141,18 @@ def test_every_em_iteration_raises_the_likelihood(nile):
     assert values[-1] > values[0] + 1.0
 
 
+def trend_and_season_for_em(s):
+    """A trend with its slope and a season of period 4, each with a scale of its own, and
+    the observation noise: the model EM fits (each scale owns its states)."""
+    return DLM(
+        [
+            LocalLinearTrend(s["level"], s["slope"], init_scale=100.0),
+            Seasonal(4, s["season"], init_scale=10.0),
+        ],
+        s["obs"],
+    )
+
+
 # 10-30 s: in the integration run (`make test-integration`, CI), not the default one.
 @pytest.mark.integration
 def test_em_fits_a_trend_and_a_season_with_missing_values_as_lbfgs_does():
@@ -153,19 +165,9 @@ def test_em_fits_a_trend_and_a_season_with_missing_values_as_lbfgs_does():
     season = 2 * torch.sin(2 * math.pi * torch.arange(T, dtype=torch.float64) / period)
     y = level + season + 0.5 * torch.randn(T, generator=g, dtype=torch.float64)
     y[[10, 30, 31]] = math.nan
-
-    def model(s):
-        return DLM(
-            [
-                LocalLinearTrend(s["level"], s["slope"], init_scale=100.0),
-                Seasonal(period, s["season"], init_scale=10.0),
-            ],
-            s["obs"],
-        )
-
     start = {"level": 0.5, "slope": 0.1, "season": 0.1, "obs": 1.0}
-    em = fit_dlm(model, y, start, method="em", num_restarts=1)
-    lbfgs = fit_dlm(model, y, start, num_restarts=1)
+    em = fit_dlm(trend_and_season_for_em, y, start, method="em", num_restarts=1)
+    lbfgs = fit_dlm(trend_and_season_for_em, y, start, num_restarts=1)
     assert math.isfinite(em.log_likelihood)
     assert em.log_likelihood == pytest.approx(lbfgs.log_likelihood, abs=0.05)
     assert em.scales["obs"] == pytest.approx(lbfgs.scales["obs"], rel=0.05)
@@ -181,21 +183,11 @@ def test_em_on_the_kernels_and_on_the_torch_scans_are_the_same_fit():
     season = torch.sin(2 * math.pi * torch.arange(T, dtype=torch.float64) / period)
     y = level + season + 0.4 * torch.randn(T, generator=g, dtype=torch.float64)
     y[[3, 17, 18]] = math.nan
-
-    def model(s):
-        return DLM(
-            [
-                LocalLinearTrend(s["level"], s["slope"], init_scale=10.0),
-                Seasonal(period, s["season"], init_scale=10.0),
-            ],
-            s["obs"],
-        )
-
     start = {"level": 0.5, "slope": 0.1, "season": 0.2, "obs": 1.0}
     options = dict(method="em", num_restarts=2, max_iterations=25)
-    on_kernels = fit_dlm(model, y, start, **options)
+    on_kernels = fit_dlm(trend_and_season_for_em, y, start, **options)
     with sequential_kernels(False):
-        on_scans = fit_dlm(model, y, start, **options)
+        on_scans = fit_dlm(trend_and_season_for_em, y, start, **options)
     assert on_kernels.log_likelihood == pytest.approx(on_scans.log_likelihood, rel=1e-9)
     for name, value in on_kernels.scales.items():
         assert value == pytest.approx(on_scans.scales[name], rel=1e-6)
