@@ -44,33 +44,27 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import argument_parser, markdown, spread, write_report  # noqa: E402
 from online import regression_stream  # noqa: E402
+from timeseries_speed import _calls_per_batch as calls_per_batch  # noqa: E402
+from timeseries_speed import _per_call as per_call  # noqa: E402
 
 from pyro_ext.infer.tracing import compile_graph, trace_pure  # noqa: E402
 from pyro_ext.online import BONG, LoFi, ThompsonBandit  # noqa: E402
 from pyro_ext.online.bandits import neural_contextual_model  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results" / "online_profile.md"
+CPU = torch.device("cpu")
 
 
 def us(seconds):
     return f"{1e6 * seconds:.1f}"
 
 
-def median_time(fn, repeats=7, min_seconds=0.02):
+def median_time(fn, repeats=7):
     """The median over ``repeats`` of the seconds per call of a batch of back-to-back
-    calls lasting at least ``min_seconds``."""
+    calls lasting at least 20 ms (``timeseries_speed.py``'s batches)."""
     fn()
-    number, began = 1, time.perf_counter()
-    fn()
-    single = max(time.perf_counter() - began, 1e-7)
-    number = max(1, int(min_seconds / single))
-    times = []
-    for _ in range(repeats):
-        began = time.perf_counter()
-        for _ in range(number):
-            fn()
-        times.append((time.perf_counter() - began) / number)
-    return statistics.median(times)
+    calls = calls_per_batch(fn, CPU)
+    return statistics.median(per_call(fn, calls, CPU) for _ in range(repeats))
 
 
 class Recorder:

@@ -171,7 +171,7 @@ def _dlr_capacitance(belief: DLRBelief, with_gram: bool = False):
     row by row on ``L`` masked lanes), as :func:`natural_step` builds its stacked columns.
 
     ``with_gram``: also the Gram matrix :math:`W^\top W` in float64, which LoFi's update
-    projects (:func:`project_low_rank`). The plain and the scaled rows are then one float64
+    projects (:func:`project_low_rank`): the scaled and the plain rows are one float64
     buffer, multiplied by :math:`W` in one product. At ``D`` = 100,001 (LoFi rank 10,
     compiled, a fresh process, one-off) that took 6.8-7.9 ms per update; a float64 copy of
     ``W`` and a product for each, 12.7-17.1 ms; one shared copy and two products, 8.6-13.7
@@ -180,19 +180,14 @@ def _dlr_capacitance(belief: DLRBelief, with_gram: bool = False):
     L = belief.low_rank.shape[-1]
     diagonal = belief.diagonal.to(torch.float64)
     eye = torch.eye(L, dtype=torch.float64, device=diagonal.device)
-    if not with_gram:
-        Wt = belief.low_rank.transpose(-1, -2).to(
-            torch.float64, memory_format=torch.contiguous_format
-        )
-        scaled = Wt / diagonal
-        return _cholesky(eye + scaled @ Wt.transpose(-1, -2), "low-rank capacitance"), scaled
     factors = torch.stack([diagonal.reciprocal(), torch.ones_like(diagonal)])
     # (2, L, D): the scaled rows over the plain ones.
     stacked = belief.low_rank.transpose(-1, -2).to(torch.float64) * factors.unsqueeze(-2)
     scaled, Wt = stacked[0], stacked[1]
-    products = stacked.reshape(2 * L, -1) @ Wt.transpose(-1, -2)
+    rows = stacked.reshape(2 * L, -1) if with_gram else scaled
+    products = rows @ Wt.transpose(-1, -2)
     chol = _cholesky(eye + products[:L], "low-rank capacitance")
-    return chol, scaled, products[L:]
+    return (chol, scaled, products[L:]) if with_gram else (chol, scaled)
 
 
 def _dlr_solve64(belief: DLRBelief, rhs: torch.Tensor) -> torch.Tensor:

@@ -418,8 +418,8 @@ def score(y, G, F, V, P, mp, Pp, ms, Ps, gains, g_y, g_G, g_F, g_W, g_V, g_m0, g
 def tangent_filter(y, G, F, W, v, m0, P0, dW, dV, out):
     """The log-likelihood of one series of scalar observations ``y (T,)`` (NaN where
     missing) under static ``G (S, S)``, ``F (S,)`` (the observation row), ``W (S, S)``
-    (diagonal in ``fit_dlm``) and variance ``v``, and its derivatives along ``K`` directions in which ``W``'s
-    diagonal moves by ``dW[k] (S,)`` and ``v`` by ``dV[k]``: forward-mode sensitivities
+    (diagonal in ``fit_dlm``) and variance ``v``, and its derivatives along ``K``
+    directions in which ``W``'s diagonal moves by ``dW[k] (S,)`` and ``v`` by ``dV[k]``: forward-mode sensitivities
     carried through the covariance-form filter with the moments (:func:`fit_dlm
     <pyro_ext.timeseries.fit_dlm>`'s gradient with respect to its squared scales, in one pass
     instead of the filter, the RTS smoother and the score). Writes ``out[0]`` the
