@@ -44,6 +44,7 @@ maximum-likelihood variances are 15099 and 1469.1):
 """
 
 import math
+import warnings
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -141,6 +142,7 @@ def fit_dlm(
             raise TypeError(f"make_dlm must return a DLM, got {type(model).__name__}")
         return model
 
+    _warn_if_the_prior_misses_the_data(build(base.to(**options)), y)
     if method == "em":
         return _fit_em(
             build,
@@ -168,6 +170,30 @@ def fit_dlm(
         if math.isfinite(value) and (best is None or value > best[0]):
             best = (value, log_scales, status == 0)
     return _kept(best, finals, build, names, init, num_restarts)
+
+
+def _warn_if_the_prior_misses_the_data(model, y):
+    """Warn when the first observation lies more than 10 of the model's prior standard
+    deviations (of ``F x_1``) from the prior's mean: a first state's prior of the wrong
+    magnitude (a component's default ``init_scale`` on data in the thousands) that the fit
+    compensates for with inflated variances, at a far lower likelihood."""
+    if y.dim() != 1 or y.shape[0] == 0 or bool(torch.isnan(y[0])):
+        return
+    matrices = model.matrices(y.shape[0])
+    F = matrices.observation_matrix
+    F = (F[0] if F.dim() == 3 else F).reshape(-1).to(y.dtype)
+    spread = float(F @ matrices.init_cov.to(y.dtype) @ F)
+    miss = abs(float(y[0] - F @ matrices.init_mean.to(y.dtype)))
+    if spread > 0 and miss > 10 * spread**0.5:
+        warnings.warn(
+            f"y[0] = {float(y[0]):.4g} lies {miss / spread**0.5:.0f} prior standard deviations "
+            "from the model's first state: its prior (the components' init_scale) is far too "
+            "narrow for these data, and the fitted variances will grow to make up for it. "
+            "Give init_scale of the data's magnitude (e.g. LocalLevel(..., init_scale="
+            f"{10 ** math.ceil(math.log10(max(miss, 1.0))):.0e})), or centre y",
+            UserWarning,
+            stacklevel=3,
+        )
 
 
 def _lbfgs(build, y, scored, start, max_iterations, tolerance):
@@ -411,10 +437,12 @@ def _linear_in_squared_scales(build, log_scales, num_steps):
     state, observation = torch.stack(state), torch.stack(observation)
     rebuilt_w = (scales2.unsqueeze(-1) * state).sum(0)
     rebuilt_v = (scales2 * observation).sum()
-    tol = 1e-8 * max(1.0, float(W.diagonal().abs().max()), float(V.abs().max()))
+    # Round-off of the model's own dtype: float32 matrices rebuild to about 1e-7.
+    rtol = max(1e-8, 100 * torch.finfo(W.dtype).eps)
+    tol = rtol * max(1.0, float(W.diagonal().abs().max()), float(V.abs().max()))
     if not (
-        torch.allclose(rebuilt_w, W.diagonal(), rtol=1e-8, atol=tol)
-        and torch.allclose(rebuilt_v, V[0, 0], rtol=1e-8, atol=tol)
+        torch.allclose(rebuilt_w, W.diagonal(), rtol=rtol, atol=tol)
+        and torch.allclose(rebuilt_v, V[0, 0], rtol=rtol, atol=tol)
     ):
         return None, "W and V are not linear in the squared scales"
     return _Linear(state, observation, base, tol), None

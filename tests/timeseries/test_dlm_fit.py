@@ -411,3 +411,31 @@ def test_a_start_far_below_the_data_scale_reaches_ems_maximum(nile):
     assert fit.log_likelihood == pytest.approx(em.log_likelihood, abs=1e-6)
     for name in ("level", "observation"):
         assert fit.scales[name] == pytest.approx(em.scales[name], rel=1e-4)
+
+
+def test_a_float32_series_fits_by_em_as_a_float64_one():
+    # W and V are read as linear in the squared scales to the model dtype's round-off: a
+    # float32 series was refused by EM (its rebuilt W off by 1e-7) with a misleading message.
+    y64 = load_nile(dtype=torch.float64)[1]
+    start = {"level": 10.0, "observation": 100.0}
+    fits = [
+        fit_dlm(local_level, y64.to(dtype), start, method="em")
+        for dtype in (torch.float32, torch.float64)
+    ]
+    for name in start:
+        assert fits[0].scales[name] == pytest.approx(fits[1].scales[name], rel=1e-4)
+    assert fits[0].log_likelihood == pytest.approx(-642.6811, abs=1e-3)
+
+
+def test_a_first_state_prior_far_from_the_data_is_named_with_what_to_change(nile):
+    # LocalLevel's default init_scale (10) on the Nile (about 1,000): the fit makes up with
+    # variances ten times the maximum-likelihood ones; the warning names init_scale.
+    def narrow(s):
+        return DLM(LocalLevel(s["level"]), s["observation"])
+
+    start = {"level": 1.0, "observation": 1.0}
+    with pytest.warns(UserWarning, match="init_scale"):
+        fit_dlm(narrow, nile, start, num_restarts=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        fit_dlm(local_level, nile, start, num_restarts=1)
